@@ -1,0 +1,72 @@
+"""What every dataset provides: a DatasetInfo and in-memory (or lazy) splits of (image, label)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.utils.data import Dataset
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    num_classes: int
+    class_names: tuple[str, ...]
+    image_size: tuple[int, int]  # (H, W) in pixels
+    in_chans: int
+    # Named groups of class ids that a causal test can compare, e.g. classes decided by a
+    # vertical relation only vs a horizontal relation only. Empty when the data has none.
+    class_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    description: str = ""
+
+
+def split_seed(seed: int, name: str, split: str) -> int:
+    """A stable per-(dataset, split) seed, so splits never share samples and never drift."""
+    digest = hashlib.sha256(f"{name}:{split}:{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def to_float(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, C, H, W) in [0, 255] -> float32 in [-1, 1], the input scale of vitpos' own ViTs."""
+    return images_uint8.float().div_(127.5).sub_(1.0)
+
+
+class TensorImageDataset(Dataset):
+    """One split held in memory as uint8 (N, C, H, W) images and int64 (N,) labels."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, info: DatasetInfo, split: str):
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels must be ({images.shape[0]},), got {tuple(labels.shape)}")
+        self.images = images
+        self.labels = labels.long()
+        self.info = info
+        self.split = split
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return to_float(self.images[i : i + 1])[0], int(self.labels[i])
+
+    def subset(self, n: int | None) -> "TensorImageDataset":
+        """The first n samples (the split order is already random), or self when n is None."""
+        if n is None or n >= len(self):
+            return self
+        return TensorImageDataset(self.images[:n], self.labels[:n], self.info, self.split)
+
+    def batches(
+        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Float batches without a DataLoader (the data is already in memory)."""
+        n = len(self)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            yield to_float(self.images[idx]), self.labels[idx]
