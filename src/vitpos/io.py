@@ -26,6 +26,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; artifacts are ordinary files
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

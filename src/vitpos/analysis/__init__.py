@@ -1,0 +1,1 @@
+"""Analyses of captured activations (probes, ...)."""

@@ -1,0 +1,225 @@
+"""Hook engine: capture or edit any surface site, and remove RoPE axes per layer and head.
+
+Every context manager registers torch hooks on entry and removes them on exit, also when the
+body raises; contexts nest and compose (edits apply in the order they were entered).
+
+    with capture(surface, ["blocks.3.resid_post", "blocks.3.attn_pattern"]) as cache:
+        logits = surface(images)
+    with edit(surface, {"blocks.2.attn_out": zero_ablate()}), remove_rope(surface, {"row": None}, layers=[0, 1]):
+        logits = surface(images)
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from vitpos.errors import VitposError
+from vitpos.models.surface import AXES, CAPTURE_ONLY, Axis, ModelSurface, Site, expand_sites
+
+EditFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class _Registry:
+    """Handles and attribute changes made by one context; undone exactly once."""
+
+    def __init__(self) -> None:
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.restores: list[Callable[[], None]] = []
+
+    def close(self) -> None:
+        for h in reversed(self.handles):
+            h.remove()
+        for undo in reversed(self.restores):
+            undo()
+        self.handles.clear()
+        self.restores.clear()
+
+
+def _unfuse(reg: _Registry, attn: nn.Module) -> None:
+    """Attention patterns exist only on timm's unfused path; switch it for this context only."""
+    if getattr(attn, "fused_attn", False):
+        attn.fused_attn = False
+        reg.restores.append(lambda: setattr(attn, "fused_attn", True))
+
+
+def _as_sites(surface: ModelSurface, sites: Iterable[str | Site] | str) -> list[Site]:
+    if isinstance(sites, str):
+        return expand_sites(sites, surface.depth)
+    out = []
+    for s in sites:
+        out.extend([s] if isinstance(s, Site) else expand_sites(s, surface.depth))
+    return out
+
+
+def _attach(surface: ModelSurface, reg: _Registry, site: Site, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+    """Attach fn to a site: fn sees the site's tensor; a returned tensor replaces it."""
+    name, layer = site.name, site.layer
+    if name == "embed":
+        reg.handles.append(surface.embed_module().register_forward_hook(lambda m, a, out: fn(out)))
+        return
+    if name == "pos_embed":
+        raise AssertionError("pos_embed is handled without hooks")
+    if layer is None or not 0 <= layer < surface.depth:
+        raise VitposError(f"site {site} is outside layers 0..{surface.depth - 1}")
+    blk, attn = surface.block(layer), surface.attention(layer)
+    if name == "resid_pre":
+        def pre(m, args, kwargs):
+            new = fn(args[0])
+            return None if new is None else ((new, *args[1:]), kwargs)
+        reg.handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True))
+    elif name == "resid_post":
+        reg.handles.append(blk.register_forward_hook(lambda m, a, out: fn(out)))
+    elif name == "resid_mid":
+        reg.handles.append(blk.norm2.register_forward_pre_hook(lambda m, args: (fn(args[0]), None)[1]))
+    elif name == "attn_out":
+        reg.handles.append(attn.register_forward_hook(lambda m, a, out: fn(out)))
+    elif name == "mlp_out":
+        reg.handles.append(blk.mlp.register_forward_hook(lambda m, a, out: fn(out)))
+    elif name in ("q", "k"):
+        mod = attn.q_norm if name == "q" else attn.k_norm
+        reg.handles.append(mod.register_forward_hook(lambda m, a, out: fn(out)))
+    elif name in ("q_rot", "k_rot"):
+        # the rope tensor attention receives (after any rope edit on the block) is recorded first
+        seen: dict[str, torch.Tensor | None] = {}
+        reg.handles.append(attn.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.__setitem__("rope", kwargs.get("rope")), with_kwargs=True))
+        mod = attn.q_norm if name == "q_rot" else attn.k_norm
+        reg.handles.append(mod.register_forward_hook(
+            lambda m, a, out: (fn(surface.apply_rope(out, seen.get("rope"))), None)[1]))
+    elif name == "attn_pattern":
+        _unfuse(reg, attn)
+        reg.handles.append(attn.attn_drop.register_forward_hook(lambda m, a, out: fn(out)))
+    else:
+        raise VitposError(f"unknown site {site}")
+
+
+@contextmanager
+def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu: bool = True,
+            tokens: slice | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Record sites into a dict keyed by site name; repeated forwards append along the batch.
+
+    tokens: optional slice over the token axis (e.g. patches only) to keep memory down."""
+    cache: dict[str, torch.Tensor] = {}
+    parts: dict[str, list[torch.Tensor]] = {}
+    reg = _Registry()
+
+    def recorder(key: str, token_axis: int):
+        def fn(t: torch.Tensor) -> None:
+            t = t.detach()
+            if tokens is not None:
+                t = t[(slice(None),) * token_axis + (tokens,)]
+            parts.setdefault(key, []).append(t.cpu() if to_cpu else t)
+        return fn
+
+    try:
+        for site in _as_sites(surface, sites):
+            key = str(site)
+            if site.name == "pos_embed":
+                cache[key] = surface.patch_pos_embed().unsqueeze(0).clone()
+                continue
+            token_axis = 2 if site.name in ("q", "k", "q_rot", "k_rot", "attn_pattern") else 1
+            _attach(surface, reg, site, recorder(key, token_axis))
+
+        class _Cache(dict):
+            def __missing__(self, key):
+                if key in parts:
+                    return torch.cat(parts[key])
+                raise KeyError(f"{key} was not captured (captured: {', '.join(sorted(parts) + sorted(cache))})")
+
+            def __contains__(self, key):
+                return dict.__contains__(self, key) or key in parts
+
+            def keys(self):
+                return sorted(set(dict.keys(self)) | set(parts))
+
+        out = _Cache(cache)
+        yield out
+    finally:
+        reg.close()
+
+
+@contextmanager
+def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[None]:
+    """Replace sites by fn(site tensor) during the context."""
+    reg = _Registry()
+    try:
+        for key, fn in edits.items():
+            sites = [key] if isinstance(key, Site) else _as_sites(surface, key)
+            for site in sites:
+                if site.name in CAPTURE_ONLY:
+                    raise VitposError(f"site {site} can be captured but not edited; edit resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
+                _attach(surface, reg, site, fn)
+        yield
+    finally:
+        reg.close()
+
+
+@contextmanager
+def remove_rope(surface: ModelSurface, remove: dict[Axis, list[int] | None], layers: Iterable[int] | None = None) -> Iterator[None]:
+    """Remove RoPE axes: remove = {'row': heads or None (all heads), 'col': ...}, in `layers` (None = all).
+
+    The rotary tensor passed to each chosen block is rebuilt with that axis coordinate set to 0
+    (identity for axial channels, the axis term dropped for mixed RoPE), in q and k alike."""
+    if not surface.has_rope:
+        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE model")
+    for axis in remove:
+        if axis not in AXES:
+            raise VitposError(f"unknown axis {axis!r}; use row or col")
+    layer_list = list(range(surface.depth)) if layers is None else sorted(set(layers))
+    reg = _Registry()
+    try:
+        for layer in layer_list:
+            if not 0 <= layer < surface.depth:
+                raise VitposError(f"layer {layer} is outside 0..{surface.depth - 1}")
+            memo: dict[int, torch.Tensor] = {}
+
+            def pre(m, args, kwargs, layer=layer, memo=memo):
+                base = kwargs.get("rope")
+                if base is None:
+                    return None
+                key = id(base)
+                if key not in memo:
+                    memo.clear()
+                    memo[key] = surface.rope_embed(layer, base, remove)
+                return args, {**kwargs, "rope": memo[key]}
+
+            reg.handles.append(surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True))
+        yield
+    finally:
+        reg.close()
+
+
+# --- edit functions ----------------------------------------------------------------------------
+
+def zero_ablate(tokens: slice | None = None) -> EditFn:
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        out[:, tokens if tokens is not None else slice(None)] = 0
+        return out
+    return fn
+
+
+def mean_ablate(mean: torch.Tensor) -> EditFn:
+    """Replace by a fixed mean (broadcast over the batch), e.g. the dataset mean of the site."""
+    return lambda t: mean.to(t.dtype).expand_as(t).clone()
+
+
+def replace_with(source: torch.Tensor) -> EditFn:
+    """Patch in activations from another run (same shape)."""
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        if source.shape != t.shape:
+            raise VitposError(f"patch source has shape {tuple(source.shape)}, site has {tuple(t.shape)}")
+        return source.to(t.dtype)
+    return fn
+
+
+def stack(*managers) -> ExitStack:
+    """Enter several hook contexts as one: `with stack(edit(...), remove_rope(...)):`."""
+    es = ExitStack()
+    for m in managers:
+        es.enter_context(m)
+    return es

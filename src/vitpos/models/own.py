@@ -1,0 +1,79 @@
+"""vitpos' own small ViTs: timm's `Eva` (its real attention, RoPE and APE modules) at a CPU size.
+
+Every --pe builds the same timm `Eva` with the same blocks (timm's `AttentionRope`); only the
+positional encoding differs, so APE vs RoPE comparisons are matched architectures:
+  ape         learned absolute embedding added to patch tokens (no_embed_class, as naver's APE ViTs)
+  ape-sincos  fixed 2D sin-cos absolute embedding (timm's build_sincos2d_pos_embed, frozen)
+  rope-axial  timm RotaryEmbeddingCat, grid 'xy': half of each head's pairs turn with the column,
+              half with the row (naver's vit_*_rope_224 layout)
+  rope-mixed  timm RotaryEmbeddingMixed: learned per-layer, per-head 2D frequencies
+  rope-ape    rope-axial plus a learned APE (naver's vit_*_rope_ape_224)
+  none        no positional signal at all (control: a bag of patches)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from timm.layers import build_sincos2d_pos_embed
+from timm.models.eva import Eva
+
+PE = Literal["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none"]
+PE_CHOICES: tuple[str, ...] = ("ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none")
+
+
+class OwnViTConfig(BaseModel):
+    """Everything needed to rebuild one of vitpos' own ViTs (written to config.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: Literal["vitpos-own"] = "vitpos-own"
+    pe: PE
+    img_size: int = 32
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 4
+    embed_dim: int = 128
+    depth: int = 6
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    # naver's RoPE ViTs use 100 for axial and 10 for mixed; small grids need no other value.
+    rope_temperature: float | None = Field(default=None, description="None = 100 axial / 10 mixed")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        n = self.img_size // self.patch_size
+        return (n, n)
+
+
+def build_own_vit(cfg: OwnViTConfig) -> Eva:
+    uses_rope = cfg.pe.startswith("rope")
+    mixed = cfg.pe == "rope-mixed"
+    temperature = cfg.rope_temperature if cfg.rope_temperature is not None else (10.0 if mixed else 100.0)
+    model = Eva(
+        img_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        global_pool="token",
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        attn_type="rope",
+        qkv_bias=True,
+        class_token=True,
+        no_embed_class=True,
+        use_abs_pos_emb=cfg.pe in ("ape", "ape-sincos", "rope-ape"),
+        use_rot_pos_emb=uses_rope,
+        rope_type="mixed" if mixed else "cat",
+        rope_grid_indexing="xy",
+        rope_temperature=temperature,
+    )
+    if cfg.pe == "ape-sincos":
+        table = build_sincos2d_pos_embed(list(cfg.grid), dim=cfg.embed_dim, temperature=10000.0)
+        model.pos_embed.data.copy_(table.unsqueeze(0))
+        model.pos_embed.requires_grad_(False)
+    return model

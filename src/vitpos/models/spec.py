@@ -1,0 +1,111 @@
+"""Model SPECs: `builtin:NAME` (shipped), a directory written by `vitpos train`, or `timm:NAME`.
+
+timm specs take keyword arguments for timm.create_model in a query string, e.g.
+`timm:vit_small_patch16_224?img_size=64&depth=4`; weights come from the hub (`pretrained=True`,
+timm's own loading code) or from a local `checkpoint` (.safetensors, loaded through timm's
+pretrained-file path so its checkpoint filters apply).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import timm
+import torch
+
+from vitpos.errors import VitposError
+from vitpos.models.checkpoint import load_own_model
+from vitpos.models.own import OwnViTConfig
+from vitpos.models.surface import ModelSurface
+from vitpos.models.timm_adapter import TimmEvaSurface, surface_for
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+
+
+class OwnSurface(TimmEvaSurface):
+    """vitpos' own ViTs: timm Eva models built from an OwnViTConfig (see own.py)."""
+
+    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig):
+        super().__init__(model, spec)
+        self.config = config
+
+    def describe(self) -> dict:
+        return {**super().describe(), "pe": self.config.pe, "config": self.config.model_dump()}
+
+
+def available_builtins() -> list[str]:
+    if not BUILTIN_DIR.is_dir():
+        return []
+    return sorted(p.name for p in BUILTIN_DIR.iterdir() if (p / "model.safetensors").is_file())
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_timm_spec(spec: str) -> tuple[str, dict]:
+    body = spec[len("timm:"):]
+    name, _, query = body.partition("?")
+    kwargs = {k: _parse_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
+    if not name:
+        raise VitposError("timm spec needs a model name, e.g. timm:vit_small_patch16_224")
+    return name, kwargs
+
+
+def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path | None) -> torch.nn.Module:
+    if name not in timm.list_models():
+        raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; print(timm.list_models('*vit*'))\"`")
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        if checkpoint.suffix != ".safetensors":
+            raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert it first")
+        if not checkpoint.is_file():
+            raise VitposError(f"checkpoint {checkpoint} does not exist")
+        try:
+            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(checkpoint)}, **kwargs)
+        except RuntimeError as e:
+            raise VitposError(f"checkpoint {checkpoint} does not fit timm:{name} ({str(e).splitlines()[0][:200]})") from e
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except TypeError as e:
+        raise VitposError(f"timm:{name} does not take these arguments {kwargs} ({e})") from e
+    except Exception as e:  # hub / network failures come in many types
+        if not pretrained:
+            raise
+        raise VitposError(
+            f"pretrained weights for timm:{name} are not available ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+            "this machine may be offline — pass --checkpoint FILE.safetensors with local weights"
+        ) from e
+
+
+def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
+               timm_kwargs: dict | None = None) -> ModelSurface:
+    """Load any supported model SPEC behind the model surface (eval mode)."""
+    if spec.startswith("builtin:"):
+        name = spec[len("builtin:"):]
+        if name not in available_builtins():
+            raise VitposError(f"no shipped model {spec!r}; available: {', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
+        model, cfg = load_own_model(BUILTIN_DIR / name)
+        return OwnSurface(model, spec, cfg)
+    if spec.startswith("timm:"):
+        name, kwargs = parse_timm_spec(spec)
+        kwargs.update(timm_kwargs or {})
+        model = load_timm(name, kwargs, pretrained, checkpoint)
+        return surface_for(model.eval(), spec)
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        model, cfg = load_own_model(path)
+        return OwnSurface(model, spec, cfg)
+    raise VitposError(
+        f"model spec {spec!r} is neither builtin:NAME, timm:NAME nor an existing directory written by `vitpos train`"
+    )

@@ -1,0 +1,160 @@
+"""timm's VisionTransformer and Eva (RoPE ViT axial/mixed, EVA-02, DINOv3) behind the model surface.
+
+Both families share timm's block layout (norm1 -> attn -> residual, norm2 -> mlp -> residual;
+attn.q_norm / attn.k_norm applied to per-head q, k before rotation; attn.attn_drop applied to the
+softmax pattern when attention is unfused), which is what the hook sites attach to.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers.pos_embed_sincos import (
+    RotaryEmbeddingCat,
+    RotaryEmbeddingDinoV3,
+    RotaryEmbeddingMixed,
+    apply_rot_embed_cat,
+)
+from timm.models.eva import Eva
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from vitpos.errors import VitposError
+from vitpos.models.surface import Axis, ModelSurface, RopeAxisMap
+from vitpos.rope import axial_channel_axis, mixed_embed, mixed_grid_axes, remove_axial_channels
+
+_REQUIRED_ATTN = ("q_norm", "k_norm", "attn_drop", "num_heads")
+
+
+def _check_blocks(model: nn.Module, name: str) -> None:
+    for i, blk in enumerate(model.blocks):
+        missing = [m for m in ("norm1", "attn", "norm2", "mlp") if not hasattr(blk, m)]
+        missing += [f"attn.{m}" for m in _REQUIRED_ATTN if not hasattr(getattr(blk, "attn", None), m)]
+        if missing:
+            raise VitposError(
+                f"{name}: block {i} ({type(blk).__name__}) lacks {', '.join(missing)}; vitpos supports timm's "
+                "standard ViT/Eva blocks only (no post-norm, parallel or fused-qkv-only blocks)"
+            )
+
+
+class TimmViTSurface(ModelSurface):
+    """timm VisionTransformer (APE or none): vit_*, deit_*, deit3_*, vit_*_reg*."""
+
+    def __init__(self, model: nn.Module, spec: str):
+        if not isinstance(model, (VisionTransformer, Eva)):
+            raise VitposError(
+                f"{spec}: {type(model).__name__} is not a timm VisionTransformer or Eva; vitpos needs a plain ViT "
+                "(patch_embed, blocks with attention over a patch grid), not a CNN, Swin or hybrid"
+            )
+        if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
+            raise VitposError(f"{spec}: model has no patch_embed/blocks, which vitpos needs")
+        _check_blocks(model, spec)
+        if getattr(model, "dynamic_img_size", False) and not isinstance(model, Eva):
+            pass  # fixed-size use is fine; the grid below is the configured one
+        self.model = model.eval()
+        self.spec = spec
+        self.grid = tuple(int(g) for g in model.patch_embed.grid_size)
+        self.num_prefix_tokens = int(model.num_prefix_tokens)
+        self.depth = len(model.blocks)
+        attn0 = model.blocks[0].attn
+        self.num_heads = int(attn0.num_heads)
+        self.head_dim = int(getattr(attn0, "head_dim", model.embed_dim // self.num_heads))
+        self.width = int(model.embed_dim)
+        self.num_classes = int(getattr(model, "num_classes", 0))
+        img = model.patch_embed.img_size
+        self.input_size = (int(model.patch_embed.proj.in_channels), int(img[0]), int(img[1]))
+        self.scheme = "ape" if getattr(model, "pos_embed", None) is not None else "none"
+
+    def block(self, layer: int) -> nn.Module:
+        return self.model.blocks[layer]
+
+    def attention(self, layer: int) -> nn.Module:
+        return self.model.blocks[layer].attn
+
+    def embed_module(self) -> nn.Module:
+        return self.model.pos_drop
+
+    def patch_pos_embed(self) -> torch.Tensor:
+        pe = getattr(self.model, "pos_embed", None)
+        if pe is None:
+            return super().patch_pos_embed()
+        pe = pe.detach()[0]
+        if not getattr(self.model, "no_embed_class", False):
+            pe = pe[self.num_prefix_tokens:]  # table has rows for CLS/registers first
+        if pe.shape[0] != self.num_patches:
+            raise VitposError(f"{self.spec}: pos_embed has {pe.shape[0]} patch rows for a {self.grid} grid")
+        return pe
+
+
+class TimmEvaSurface(TimmViTSurface):
+    """timm Eva: RoPE ViTs (axial 'cat', 'mixed'), EVA-02, DINOv3 ('dinov3'), with or without APE."""
+
+    def __init__(self, model: nn.Module, spec: str):
+        if not isinstance(model, Eva):
+            raise VitposError(f"{spec}: expected a timm Eva model, got {type(model).__name__}")
+        super().__init__(model, spec)
+        rope = model.rope
+        if rope is not None and not isinstance(rope, (RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3)):
+            raise VitposError(f"{spec}: rotary module {type(rope).__name__} is not supported (axial cat, mixed or dinov3 only)")
+        has_ape = getattr(model, "pos_embed", None) is not None
+        self.scheme = ("rope+ape" if has_ape else "rope") if rope is not None else ("ape" if has_ape else "none")
+        self._axis_map: RopeAxisMap | None = None
+
+    # the rotary tensor timm computes for this grid (what forward_features passes to blocks)
+    def _base_rope(self) -> torch.Tensor:
+        rope = self.model.rope
+        with torch.no_grad():
+            if getattr(self.model, "dynamic_img_size", False) or getattr(rope, "feat_shape", None) is None:
+                return rope.get_embed(shape=list(self.grid))
+            return rope.get_embed()
+
+    def rope_axis_map(self) -> RopeAxisMap:
+        if not self.has_rope:
+            return super().rope_axis_map()
+        if self._axis_map is None:
+            rope = self.model.rope
+            half = bool(getattr(self.model.blocks[0].attn, "rotate_half", False))
+            layout = "half" if half else "interleaved"
+            if isinstance(rope, RotaryEmbeddingMixed):
+                t_x, t_y, row_idx = mixed_grid_axes(self.grid, rope.grid_indexing)
+                f = rope.freqs.detach().float()  # (2 = [x, y], depth, heads, d/2)
+                freqs = torch.stack([f[0] if row_idx == 0 else f[1], f[1] if row_idx == 0 else f[0]])
+                self._axis_map = RopeAxisMap("mixed", self.head_dim, self.depth, self.num_heads, layout, freqs=freqs)
+            else:
+                axes = axial_channel_axis(self._base_rope(), self.grid)
+                self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout, channel_axis=axes)
+        return self._axis_map
+
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:
+        if not self.has_rope:
+            return super().rope_embed(layer, base, remove)
+        h = self.num_heads
+        out = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h, *base.shape[-2:]).clone()
+        amap = self.rope_axis_map()
+        for head in range(h):
+            axes = [a for a, heads in remove.items() if heads is None or head in heads]
+            if not axes:
+                continue
+            if amap.kind == "axial":
+                chans = [j for a in axes for j in amap.channels(a)]
+                out[head] = remove_axial_channels(out[head], chans)
+            else:
+                rope = self.model.rope
+                t_x, t_y, row_idx = mixed_grid_axes(self.grid, rope.grid_indexing)
+                drop_row, drop_col = "row" in axes, "col" in axes
+                drop_x, drop_y = (drop_row, drop_col) if row_idx == 0 else (drop_col, drop_row)
+                emb = mixed_embed(rope.freqs.detach()[:, layer, head : head + 1], t_x, t_y, drop_x, drop_y)
+                out[head] = emb[0].to(out.dtype)
+        return out
+
+    def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        if rope is None:
+            return x
+        npt = self.num_prefix_tokens
+        half = bool(getattr(self.model.blocks[0].attn, "rotate_half", False))
+        return torch.cat([x[:, :, :npt], apply_rot_embed_cat(x[:, :, npt:], rope, half=half)], dim=2).type_as(x)
+
+
+def surface_for(model: nn.Module, spec: str) -> ModelSurface:
+    if isinstance(model, Eva):
+        return TimmEvaSurface(model, spec)
+    return TimmViTSurface(model, spec)

@@ -1,0 +1,30 @@
+"""One rich progress bar style for every long loop; silent when disabled or not a terminal."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class _Silent:
+    def add_task(self, *a, **k) -> int:
+        return 0
+
+    def update(self, *a, **k) -> None:
+        pass
+
+    def advance(self, *a, **k) -> None:
+        pass
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Progress | _Silent]:
+    if not enabled:
+        yield _Silent()
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    with bar:
+        yield bar

@@ -1,0 +1,66 @@
+"""Rotary tensors rebuilt with an axis coordinate removed (pure functions on timm's layouts).
+
+timm hands each attention block `rope` = cat([sin, cos], -1) with shape (..., N, 2d) for the N
+patch tokens. Removing an axis sets that axis' coordinate to 0 in q and k alike: for axial RoPE
+its channels get angle 0 (sin = 0, cos = 1, the identity); for mixed RoPE the angle
+c*f_col + r*f_row loses its row (or col) term and is recomputed with timm's own get_mixed_freqs.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers.pos_embed_sincos import get_mixed_freqs, get_mixed_grid
+
+from vitpos.errors import VitposError
+
+
+def axial_channel_axis(emb: torch.Tensor, grid: tuple[int, int], atol: float = 1e-6) -> tuple[str, ...]:
+    """Read which axis each channel turns with from an axial rotary tensor (N, 2d).
+
+    A channel is 'row' if its sin/cos change between grid rows and never between columns, 'col'
+    mirrored, 'none' if constant (a zero frequency). Both -> the tensor is not axial."""
+    H, W = grid
+    if emb.ndim != 2 or emb.shape[0] != H * W:
+        raise VitposError(f"expected an axial rotary tensor (H*W={H * W}, 2d), got {tuple(emb.shape)}")
+    if H < 2 or W < 2:
+        raise VitposError(f"a {H}x{W} grid is too small to tell row from column channels")
+    d = emb.shape[1] // 2
+    e = emb.float().reshape(H, W, 2, d)
+    varies_rows = (e - e[:1]).abs().amax(dim=(0, 1, 2)) > atol  # (d,)
+    varies_cols = (e - e[:, :1]).abs().amax(dim=(0, 1, 2)) > atol
+    axes = []
+    for r, c in zip(varies_rows.tolist(), varies_cols.tolist()):
+        if r and c:
+            raise VitposError("rotary tensor mixes both axes in one channel: this is not axial RoPE")
+        axes.append("row" if r else "col" if c else "none")
+    return tuple(axes)
+
+
+def remove_axial_channels(emb: torch.Tensor, channels: list[int]) -> torch.Tensor:
+    """Identity rotation on `channels`: sin -> 0, cos -> 1 (emb (..., N, 2d), returns a copy)."""
+    d = emb.shape[-1] // 2
+    out = emb.clone()
+    idx = torch.as_tensor(channels, dtype=torch.long, device=emb.device)
+    out[..., idx] = 0.0
+    out[..., d + idx] = 1.0
+    return out
+
+
+def mixed_grid_axes(grid: tuple[int, int], grid_indexing: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """timm's mixed coordinates (t_x, t_y) and which of them (0 or 1) is the ROW coordinate.
+
+    Which one is the row depends on grid_indexing (get_mixed_grid names the row t_x under 'ij'),
+    so it is read off the grid rather than assumed."""
+    t_x, t_y = get_mixed_grid(list(grid), grid_indexing=grid_indexing)
+    H, W = grid
+    row_of = (torch.arange(H * W) // W).float()
+    if torch.equal(t_x.float(), row_of):
+        return t_x, t_y, 0
+    if torch.equal(t_y.float(), row_of):
+        return t_x, t_y, 1
+    raise VitposError(f"cannot tell the row coordinate of timm's mixed RoPE grid (indexing {grid_indexing!r})")
+
+
+def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool, drop_y: bool) -> torch.Tensor:
+    """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
+    return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))

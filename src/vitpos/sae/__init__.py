@@ -1,0 +1,17 @@
+"""Sparse autoencoders over ViT activations and positional feature discovery."""
+
+from vitpos.sae.features import FeatureScores, FeatureThresholds, score_codes, score_features
+from vitpos.sae.model import SAE, SAEConfig
+from vitpos.sae.train import TrainLog, sae_metrics, train_sae
+
+__all__ = [
+    "SAE",
+    "SAEConfig",
+    "TrainLog",
+    "train_sae",
+    "sae_metrics",
+    "score_features",
+    "score_codes",
+    "FeatureScores",
+    "FeatureThresholds",
+]

@@ -1,0 +1,397 @@
+"""Sparse autoencoders over ViT token activations: TopK (+AuxK), BatchTopK and ReLU/L1.
+
+Conventions (shared with EleutherAI sparsify / SAELens):
+
+* ``W_dec`` is (F, D): row f is the decoder direction d_f, kept unit-norm during training.
+* ``W_enc`` is (F, D) in ``nn.Linear`` weight layout, so the encoder matrix is ``W_enc`` and the
+  decoder matrix is ``W_dec.T``; the standard init "encoder = decoderᵀ" means ``W_enc == W_dec``.
+* Inputs are multiplied by a stored scalar ``scale`` (mean token norm -> √D when ``normalize``),
+  then ``b_dec`` is subtracted before encoding and added back after decoding. Codes ``z`` live in
+  those normalised units; ``encode``/``decode``/``feature_contribution`` take and return
+  activation units, so callers never see the scale.
+
+The TopK/BatchTopK training path never forms the dense (N, F) code matrix on the backward pass:
+only the selected k latents per token carry gradient, so the encoder and decoder gradients are
+gathered/scattered with ``embedding_bag`` (O(N·k·D) instead of O(N·F·D)).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as Fn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+from vitpos.errors import VitposError
+from vitpos.io import write_safetensors
+
+WEIGHTS_FILE = "sae.safetensors"
+FORMAT = "vitpos.sae/1"
+_TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "scale", "threshold")
+
+
+class SAEConfig(BaseModel):
+    """Architecture and training-loss settings of one SAE (JSON-serialisable)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: Literal["topk", "batchtopk", "relu"] = "topk"
+    d_in: int = Field(gt=0)
+    expansion: int = Field(8, gt=0)
+    k: int = Field(32, gt=0, description="active latents per token (topk) / mean per token (batchtopk)")
+    l1_coeff: float = Field(1e-3, ge=0, description="relu only: weight of Σ_f z_f‖d_f‖ (mean over tokens)")
+    aux_k: int | None = Field(None, gt=0, description="AuxK latents per token; None = d_in // 2")
+    aux_coeff: float = Field(1 / 32, ge=0)
+    dead_steps: int = Field(100_000, gt=0, description="tokens since a latent last fired before it counts dead")
+    normalize: bool = True
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "SAEConfig":
+        if self.arch != "relu" and self.k > self.d_sae:
+            raise ValueError(f"k={self.k} exceeds the dictionary size {self.d_sae}")
+        return self
+
+    @property
+    def d_sae(self) -> int:
+        return self.expansion * self.d_in
+
+    @property
+    def aux_k_eff(self) -> int:
+        return self.aux_k if self.aux_k is not None else max(1, self.d_in // 2)
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> "SAEConfig":
+        """Validate a dict (e.g. from sae.json or a CLI) into a config, as a one-line VitposError."""
+        try:
+            return cls.model_validate(d)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "config"
+            raise VitposError(f"invalid SAE config: {where}: {first['msg']}; fix that field") from e
+
+
+def geometric_median(x: Tensor, iters: int = 30, tol: float = 1e-6) -> Tensor:
+    """Weiszfeld iterations: robust centre of a batch (what sparsify initialises b_dec to)."""
+    x = x.double()
+    m = x.mean(0)
+    for _ in range(iters):
+        w = 1.0 / (x - m).norm(dim=1).clamp_min(1e-12)
+        new = (w[:, None] * x).sum(0) / w.sum()
+        done = (new - m).norm() <= tol * (m.norm() + 1e-12)
+        m = new
+        if done:
+            break
+    return m.float()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse codes as COO entries grouped by token: entry i is (rows[i], cols[i]) with rows sorted,
+# so each token's latents form one embedding_bag "bag". The column order is computed once and
+# shared by the encoder and decoder backward passes.
+class _Sparse:
+    __slots__ = ("rows", "cols", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
+
+    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int):
+        self.rows, self.cols, self.row_offsets = rows, cols, row_offsets
+        self.n_rows, self.n_cols = n_rows, n_cols
+        self._order: Tensor | None = None
+        self._col_offsets: Tensor | None = None
+
+    @classmethod
+    def from_topk(cls, idx: Tensor, n_cols: int) -> "_Sparse":
+        n, k = idx.shape
+        ar = torch.arange(n, device=idx.device)
+        return cls(ar.repeat_interleave(k), idx.reshape(-1), ar * k, n, n_cols)
+
+    @classmethod
+    def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> "_Sparse":
+        flat_idx, _ = flat_idx.sort()
+        rows, cols = flat_idx // n_cols, flat_idx % n_cols
+        counts = torch.bincount(rows, minlength=n_rows)
+        return cls(rows, cols, torch.cumsum(counts, 0) - counts, n_rows, n_cols)
+
+    def by_col(self) -> tuple[Tensor, Tensor]:
+        if self._order is None:
+            self._order = torch.argsort(self.cols, stable=True)
+            counts = torch.bincount(self.cols, minlength=self.n_cols)
+            self._col_offsets = torch.cumsum(counts, 0) - counts
+        return self._order, self._col_offsets  # type: ignore[return-value]
+
+    def col_sum(self, per_entry: Tensor, per_row: Tensor) -> Tensor:
+        """out[f] = Σ_{entries i with col f} per_entry[i] · per_row[rows[i]]  -> (F, D)."""
+        order, offs = self.by_col()
+        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum", per_sample_weights=per_entry[order])
+
+    def row_sum(self, per_entry: Tensor, per_col: Tensor) -> Tensor:
+        """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
+        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry)
+
+    def dense(self, vals: Tensor) -> Tensor:
+        z = vals.new_zeros(self.n_rows, self.n_cols)
+        return z.index_put((self.rows, self.cols), vals)
+
+
+class _SparseEncode(torch.autograd.Function):
+    """Pre-activations at the selected entries, with gradient only through those entries."""
+
+    @staticmethod
+    def forward(ctx, xc, W_enc, b_enc, sp: _Sparse, pre_sel):  # type: ignore[override]
+        ctx.sp = sp
+        ctx.save_for_backward(xc, W_enc)
+        return pre_sel.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        xc, W_enc = ctx.saved_tensors
+        sp: _Sparse = ctx.sp
+        g = g.contiguous()
+        g_xc = sp.row_sum(g, W_enc) if ctx.needs_input_grad[0] else None
+        g_W = sp.col_sum(g, xc) if ctx.needs_input_grad[1] else None
+        g_b = g.new_zeros(sp.n_cols).index_add_(0, sp.cols, g) if ctx.needs_input_grad[2] else None
+        return g_xc, g_W, g_b, None, None
+
+
+class _SparseDecode(torch.autograd.Function):
+    """Σ_entries vals · W_dec[col] per row, without forming the dense code matrix."""
+
+    @staticmethod
+    def forward(ctx, vals, W_dec, sp: _Sparse):  # type: ignore[override]
+        ctx.sp = sp
+        ctx.save_for_backward(vals, W_dec)
+        return sp.row_sum(vals, W_dec)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        vals, W_dec = ctx.saved_tensors
+        sp: _Sparse = ctx.sp
+        g = g.contiguous()
+        g_vals = g_W = None
+        if ctx.needs_input_grad[0]:
+            # A dense (N, F) matmul then a gather beats a row gather of W_dec on CPU memory bandwidth.
+            g_vals = (g @ W_dec.T)[sp.rows, sp.cols]
+        if ctx.needs_input_grad[1]:
+            g_W = sp.col_sum(vals, g)
+        return g_vals, g_W, None
+
+
+# ---------------------------------------------------------------------------------------------
+class SAE(nn.Module):
+    """A sparse autoencoder ``x ≈ decode(encode(x))`` with unit-norm decoder directions."""
+
+    def __init__(self, cfg: SAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        F, D = cfg.d_sae, cfg.d_in
+        gen = torch.Generator().manual_seed(cfg.seed)
+        W = torch.randn(F, D, generator=gen)
+        W = W / W.norm(dim=1, keepdim=True)
+        self.W_dec = nn.Parameter(W)
+        self.W_enc = nn.Parameter(W.clone())
+        self.b_enc = nn.Parameter(torch.zeros(F))
+        self.b_dec = nn.Parameter(torch.zeros(D))
+        self.register_buffer("scale", torch.tensor(1.0))
+        # BatchTopK inference threshold; negative = not estimated yet (fall back to batch top-k).
+        self.register_buffer("threshold", torch.tensor(-1.0))
+
+    # -- shape helpers ------------------------------------------------------------------------
+    @property
+    def d_in(self) -> int:
+        return self.cfg.d_in
+
+    @property
+    def d_sae(self) -> int:
+        return self.cfg.d_sae
+
+    def _flat(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.d_in:
+            raise VitposError(
+                f"SAE expects activations with last dim {self.d_in}, got shape {tuple(x.shape)}; "
+                "use the SAE trained on this site/layer"
+            )
+        return x.reshape(-1, self.d_in).to(device=self.W_enc.device, dtype=self.W_enc.dtype)
+
+    # -- initialisation from data -------------------------------------------------------------
+    @torch.no_grad()
+    def initialize(self, x: Tensor) -> None:
+        """Set the input scale and the tied bias from a first batch of tokens (activation units)."""
+        x = self._flat(x).to(self.W_enc.device)
+        if self.cfg.normalize:
+            mean_norm = float(x.norm(dim=1).mean())
+            if not math.isfinite(mean_norm) or mean_norm <= 0:
+                raise VitposError("the first training batch has zero or non-finite norm; check the activations")
+            self.scale.fill_(math.sqrt(self.d_in) / mean_norm)
+        self.b_dec.copy_(geometric_median(x * self.scale))
+
+    # -- decoder constraint (sparsify / SAELens) ----------------------------------------------
+    @torch.no_grad()
+    def normalize_decoder_(self) -> None:
+        self.W_dec.div_(self.W_dec.norm(dim=1, keepdim=True).clamp_min(torch.finfo(self.W_dec.dtype).eps))
+
+    @torch.no_grad()
+    def project_decoder_grad_(self) -> None:
+        """Remove the gradient component parallel to each (unit) decoder direction."""
+        g = self.W_dec.grad
+        if g is not None:
+            g.sub_((g * self.W_dec).sum(1, keepdim=True) * self.W_dec)
+
+    # -- inference ----------------------------------------------------------------------------
+    def _pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        xc = self._flat(x) * self.scale - self.b_dec
+        return xc, Fn.linear(xc, self.W_enc, self.b_enc)
+
+    def _activate(self, pre: Tensor) -> Tensor:
+        arch = self.cfg.arch
+        if arch == "relu":
+            return pre.relu()
+        if arch == "batchtopk" and float(self.threshold) >= 0:
+            return pre * (pre > self.threshold)
+        if arch == "batchtopk":
+            n = pre.shape[0]
+            vals, flat = pre.reshape(-1).topk(min(self.cfg.k * n, pre.numel()), sorted=False)
+            return pre.new_zeros(pre.numel()).index_put((flat,), vals.relu()).view_as(pre)
+        vals, idx = pre.topk(self.cfg.k, dim=1, sorted=False)
+        return pre.new_zeros(pre.shape).scatter(1, idx, vals.relu())
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Activations (..., D) -> sparse codes (..., F) as a dense tensor (inference rule)."""
+        lead = x.shape[:-1]
+        _, pre = self._pre(x)
+        return self._activate(pre).reshape(*lead, self.d_sae)
+
+    def decode(self, z: Tensor) -> Tensor:
+        """Codes (..., F) -> reconstruction (..., D) in activation units."""
+        return (z @ self.W_dec + self.b_dec) / self.scale
+
+    def feature_contribution(self, z: Tensor, ids) -> Tensor:
+        """Σ_{f ∈ ids} z_f d_f in activation units (excludes b_dec), so that
+        ``decode(z) == feature_contribution(z, all) + b_dec / scale`` and patching
+        ``x - contrib(z_n, ids) + contrib(z_m, ids)`` moves only the span of those directions."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=z.device).reshape(-1)
+        return (z.index_select(-1, ids) @ self.W_dec.index_select(0, ids)) / self.scale
+
+    # -- training-capable forward -------------------------------------------------------------
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Any]]:
+        """x (..., D) -> (x_hat (..., D) activation units, z (..., F), aux_info).
+
+        aux_info: ``loss`` (what training minimises), ``fvu`` (batch FVU, normalised units),
+        ``aux_loss`` (AuxK, 0 without dead latents), ``l1``, ``l0``, ``fired`` (bool (F,):
+        latents active in this batch), ``min_act`` (smallest selected activation; BatchTopK).
+        In training mode BatchTopK selects the top k·N activations of the batch; in eval mode
+        it uses the estimated threshold, like ``encode``.
+        """
+        lead = x.shape[:-1]
+        xs = self._flat(x) * self.scale
+        xc = xs - self.b_dec
+        n, F = xc.shape[0], self.d_sae
+        info: dict[str, Any] = {}
+        tv = (xs - xs.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
+        zero = xs.new_zeros(())
+        sparse_path = self.cfg.arch == "topk" or (self.cfg.arch == "batchtopk" and self.training)
+
+        if sparse_path:
+            with torch.no_grad():
+                pre = torch.addmm(self.b_enc, xc, self.W_enc.T)
+                if self.cfg.arch == "topk":
+                    sel, idx = pre.topk(self.cfg.k, dim=1, sorted=False)
+                    sp = _Sparse.from_topk(idx, F)
+                    sel = sel.reshape(-1)
+                else:
+                    _, flat = pre.view(-1).topk(min(self.cfg.k * n, pre.numel()), sorted=False)
+                    sp = _Sparse.from_flat(flat, n, F)
+                    sel = pre[sp.rows, sp.cols]
+            vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel).relu()
+            xs_hat = _SparseDecode.apply(vals, self.W_dec, sp) + self.b_dec
+            z = sp.dense(vals)
+            active = vals.detach() > 0
+            info["fired"] = torch.zeros(F, dtype=torch.bool, device=xs.device).index_fill_(0, sp.cols[active], True)
+            pos = vals.detach()[active]
+            info["min_act"] = pos.min() if pos.numel() else None
+            info["l0"] = active.sum() / n
+            info["l1"] = zero
+        else:
+            pre = Fn.linear(xc, self.W_enc, self.b_enc)
+            z = self._activate(pre)
+            xs_hat = z @ self.W_dec + self.b_dec
+            nz = z.detach() != 0
+            info["fired"] = nz.any(0)
+            info["min_act"] = None
+            info["l0"] = nz.sum() / n
+            info["l1"] = (z * self.W_dec.norm(dim=1)).sum(1).mean()
+
+        err = xs_hat - xs
+        fvu = err.pow(2).sum() / tv
+        aux = zero
+        if dead_mask is not None and sparse_path and bool(dead_mask.any()):
+            aux = self._auxk_loss(pre, xc, err.detach(), dead_mask, tv)
+        info["fvu"], info["aux_loss"] = fvu, aux
+        if self.cfg.arch == "relu":
+            info["loss"] = fvu + self.cfg.l1_coeff * info["l1"]
+        else:
+            info["loss"] = fvu + self.cfg.aux_coeff * aux
+        x_hat = (xs_hat / self.scale).reshape(*lead, self.d_in)
+        return x_hat, z.reshape(*lead, F), info
+
+    def _auxk_loss(self, pre: Tensor, xc: Tensor, err: Tensor, dead_mask: Tensor, tv: Tensor) -> Tensor:
+        """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂."""
+        dead = dead_mask.nonzero().squeeze(1)
+        k_aux = min(self.cfg.aux_k_eff, dead.numel())
+        with torch.no_grad():
+            sel, j = pre.index_select(1, dead).topk(k_aux, dim=1, sorted=False)
+            sp = _Sparse.from_topk(dead[j], self.d_sae)
+        vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel.reshape(-1)).relu()
+        e_hat = _SparseDecode.apply(vals, self.W_dec, sp)
+        # Down-weight when fewer dead latents than aux_k exist, as sparsify does.
+        weight = min(dead.numel() / self.cfg.aux_k_eff, 1.0)
+        return weight * (e_hat + err).pow(2).sum() / tv  # err = x̂ - x, so target -err
+
+    # -- persistence --------------------------------------------------------------------------
+    def to_config_dict(self) -> dict[str, Any]:
+        return self.cfg.model_dump()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the weights (config in the metadata) to ``path/sae.safetensors`` (or ``path`` if it
+        ends in .safetensors), atomically. Returns the file written."""
+        path = Path(path)
+        file = path if path.suffix == ".safetensors" else path / WEIGHTS_FILE
+        tensors = {name: getattr(self, name) for name in _TENSORS}
+        meta = {"format": FORMAT, "config": json.dumps(self.to_config_dict())}
+        write_safetensors(file, tensors, metadata=meta)
+        return file
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device | None = None) -> "SAE":
+        """Load a saved SAE from its folder or its .safetensors file."""
+        path = Path(path)
+        file = path / WEIGHTS_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise VitposError(f"no SAE weights at {file}; train one first or pass the folder holding {WEIGHTS_FILE}")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise VitposError(f"{file} is not a readable SAE file ({e}); re-train or re-copy it") from e
+        if meta.get("format") != FORMAT or "config" not in meta:
+            raise VitposError(f"{file} is not a vitpos SAE (format {meta.get('format')!r}); point at an SAE saved by vitpos")
+        try:
+            cfg_dict = json.loads(meta["config"])
+        except json.JSONDecodeError as e:
+            raise VitposError(f"{file} has a corrupt config in its metadata; re-train or re-copy it") from e
+        sae = cls(SAEConfig.parse(cfg_dict))
+        expected = {name: getattr(sae, name).shape for name in _TENSORS}
+        for name, shape in expected.items():
+            t = tensors.get(name)
+            if t is None or t.shape != shape:
+                got = None if t is None else tuple(t.shape)
+                raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, re-train it")
+        with torch.no_grad():
+            for name in _TENSORS:
+                getattr(sae, name).copy_(tensors[name])
+        return sae.to(device) if device is not None else sae

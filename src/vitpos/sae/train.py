@@ -1,0 +1,258 @@
+"""Streaming SAE training and held-out metrics.
+
+Batches are consumed one at a time (never concatenated), so memory is bounded by one batch plus
+the model. ``batches`` is either an iterable of token tensors ((B, D) or (B, N, D)) or a callable
+returning a fresh iterator per epoch (the way to get several epochs from a generator).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitpos.errors import VitposError
+from vitpos.sae.model import SAE, SAEConfig
+
+Batches = Iterable[Tensor] | Callable[[], Iterable[Tensor]]
+
+
+@dataclass
+class TrainLog:
+    """What happened during training; per-step lists are aligned with ``step``."""
+
+    lr: float
+    device: str
+    steps: int = 0
+    tokens: int = 0
+    epochs_done: int = 0
+    seconds: float = 0.0
+    step: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    fvu: list[float] = field(default_factory=list)
+    l0: list[float] = field(default_factory=list)
+    aux_loss: list[float] = field(default_factory=list)
+    dead_frac: list[float] = field(default_factory=list)  # dead by the dead_steps rule
+    eval: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tokens_per_s"] = self.tokens_per_s
+        return d
+
+
+def default_lr(d_sae: int) -> float:
+    """sparsify's scaling rule: 2e-4 at 16384 latents, ∝ 1/√F."""
+    return 2e-4 / math.sqrt(d_sae / 16384)
+
+
+def _tokens(batch: Any, d_in: int) -> Tensor:
+    x = torch.as_tensor(batch)
+    if x.ndim < 2 or x.shape[-1] != d_in:
+        raise VitposError(f"SAE batches must be (B, {d_in}) or (B, N, {d_in}) tensors, got shape {tuple(x.shape)}")
+    return x.reshape(-1, d_in)
+
+
+def _pass_factory(batches: Batches) -> tuple[Callable[[], Iterator[Tensor]], bool]:
+    """(fresh-iterator factory, whether passes can be repeated)."""
+    if isinstance(batches, Tensor):
+        return (lambda: iter([batches])), True
+    if callable(batches):
+        return (lambda: iter(batches())), True
+    if isinstance(batches, Iterator):
+        return (lambda: batches), False  # a generator: one pass only
+    return (lambda: iter(batches)), True
+
+
+def _progress(enabled: bool, total: int | None):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("SAE"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("fvu {task.fields[fvu]:.4f}  L0 {task.fields[l0]:.1f}  dead {task.fields[dead]:.1%}"),
+        TimeElapsedColumn(),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def train_sae(
+    batches: Batches,
+    cfg: SAEConfig,
+    *,
+    steps: int | None = None,
+    epochs: int = 1,
+    lr: float | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    eval_batches: Batches | None = None,
+    on_step: Callable[[int, dict[str, float]], bool | None] | None = None,
+) -> tuple[SAE, TrainLog]:
+    """Train an SAE on a stream of token activations.
+
+    Runs ``epochs`` passes over ``batches``; if ``steps`` is given it instead runs exactly that
+    many optimiser steps, starting new passes as needed (a one-shot generator that runs out
+    stops training early, noted in the log). Adam at ``lr`` (default ``default_lr(F)``), the
+    decoder kept unit-norm with the parallel gradient component projected out. Latents silent
+    for ``cfg.dead_steps`` tokens are "dead" and get the AuxK loss (TopK/BatchTopK); for ReLU
+    they are only reported. ``on_step(step, metrics)`` may return True to stop. With
+    ``eval_batches`` the log's ``eval`` holds ``sae_metrics`` on them. Deterministic on CPU for
+    a fixed ``cfg.seed`` and batch order.
+    """
+    if epochs < 1:
+        raise VitposError(f"epochs must be >= 1, got {epochs}")
+    if steps is not None and steps < 1:
+        raise VitposError(f"steps must be >= 1, got {steps}")
+    factory, repeatable = _pass_factory(batches)
+    if steps is None and epochs > 1 and not repeatable:
+        raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh iterator")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sae = SAE(cfg).to(dev)
+    sae.train()
+    lr = default_lr(cfg.d_sae) if lr is None else float(lr)
+    opt = torch.optim.Adam(sae.parameters(), lr=lr)
+    log = TrainLog(lr=lr, device=str(dev))
+    since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
+
+    total = steps
+    if total is None and hasattr(batches, "__len__") and not isinstance(batches, Tensor):
+        total = len(batches) * epochs  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    stop = False
+    with _progress(progress, total) as bar:
+        task = bar.add_task("train", total=total, fvu=float("nan"), l0=0.0, dead=0.0)
+        epoch = 0
+        while not stop:
+            if steps is None and epoch >= epochs:
+                break
+            if epoch > 0 and not repeatable:
+                log.notes.append(f"batches ran out after {log.steps} of {steps} steps (a one-shot iterator)")
+                break
+            n_before = log.steps
+            for batch in factory():
+                x = _tokens(batch, cfg.d_in).to(dev, torch.float32, non_blocking=True)
+                if log.steps == 0:
+                    sae.initialize(x)
+                dead = since_fired >= cfg.dead_steps
+                _, _, info = sae(x, dead_mask=dead)
+                opt.zero_grad(set_to_none=True)
+                info["loss"].backward()
+                sae.project_decoder_grad_()
+                opt.step()
+                sae.normalize_decoder_()
+                with torch.no_grad():
+                    since_fired += x.shape[0]
+                    since_fired.masked_fill_(info["fired"], 0)
+                    if cfg.arch == "batchtopk" and info["min_act"] is not None:
+                        _update_threshold(sae, info["min_act"], log.steps)
+                log.steps += 1
+                log.tokens += x.shape[0]
+                m = {
+                    "loss": float(info["loss"]),
+                    "fvu": float(info["fvu"]),
+                    "l0": float(info["l0"]),
+                    "aux_loss": float(info["aux_loss"]),
+                    "dead_frac": float(dead.float().mean()),
+                }
+                log.step.append(log.steps)
+                for key, v in m.items():
+                    getattr(log, key).append(v)
+                if not all(math.isfinite(v) for v in m.values()):
+                    raise VitposError(f"SAE training diverged at step {log.steps} (loss {m['loss']}); lower lr")
+                bar.update(task, advance=1, fvu=m["fvu"], l0=m["l0"], dead=m["dead_frac"])
+                if on_step is not None and on_step(log.steps, m):
+                    stop = True
+                if stop or (steps is not None and log.steps >= steps):
+                    stop = True
+                    break
+            if log.steps == n_before:
+                if log.steps == 0:
+                    raise VitposError("no training batches: the batch source yielded nothing")
+                break
+            epoch += 1
+            log.epochs_done = epoch
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    log.seconds = time.perf_counter() - t0
+    sae.eval()
+    if eval_batches is not None:
+        log.eval = sae_metrics(sae, eval_batches)
+    return sae, log
+
+
+@torch.no_grad()
+def _update_threshold(sae: SAE, min_act: Tensor, step: int) -> None:
+    """BatchTopK inference threshold: running mean of each batch's smallest selected activation,
+    turning into an EMA (β = 0.999) once past 1000 steps so late, settled batches dominate."""
+    w = max(1.0 / (step + 1), 1e-3)
+    if float(sae.threshold) < 0:
+        sae.threshold.copy_(min_act)
+    else:
+        sae.threshold.mul_(1 - w).add_(w * min_act)
+
+
+@torch.no_grad()
+def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
+    """Held-out metrics in activation units, accumulated streaming in float64.
+
+    fvu = Σ‖x − x̂‖² / Σ‖x − x̄‖² with x̄ the mean over all held-out tokens; l0 = mean number of
+    nonzero latents per token; dead_frac = fraction of latents never nonzero on these tokens;
+    mse = Σ‖x − x̂‖² / (tokens · D). Uses the inference encoder (``sae.encode``).
+    """
+    was_training = sae.training
+    sae.eval()
+    factory, _ = _pass_factory(batches)
+    D, F = sae.d_in, sae.d_sae
+    dev = sae.W_dec.device
+    n = 0
+    sse = torch.zeros((), dtype=torch.float64, device=dev)
+    nnz = torch.zeros((), dtype=torch.float64, device=dev)
+    fired = torch.zeros(F, dtype=torch.bool, device=dev)
+    shift = sum_d = None
+    sum_d2 = torch.zeros((), dtype=torch.float64, device=dev)
+    try:
+        for batch in factory():
+            x = _tokens(batch, D).to(dev, torch.float32)
+            if x.shape[0] == 0:
+                continue
+            z = sae.encode(x)
+            x_hat = sae.decode(z)
+            xd = x.double()
+            sse += (xd - x_hat.double()).pow(2).sum()
+            nz = z != 0
+            nnz += nz.sum()
+            fired |= nz.any(0)
+            if shift is None:
+                # Shifting by the first batch mean avoids cancellation in Σ‖x‖² − n‖x̄‖².
+                shift = xd.mean(0)
+                sum_d = torch.zeros(D, dtype=torch.float64, device=dev)
+            d = xd - shift
+            sum_d += d.sum(0)
+            sum_d2 += d.pow(2).sum()
+            n += x.shape[0]
+    finally:
+        sae.train(was_training)
+    if n == 0:
+        raise VitposError("no held-out tokens to evaluate the SAE on")
+    total_var = float(sum_d2 - sum_d.pow(2).sum() / n)  # type: ignore[union-attr]
+    sse_f = float(sse)
+    fvu = sse_f / total_var if total_var > 0 else float("nan")
+    return {
+        "fvu": fvu,
+        "l0": float(nnz) / n,
+        "dead_frac": 1.0 - float(fired.double().mean()),
+        "mse": sse_f / (n * D),
+        "tokens": n,
+    }

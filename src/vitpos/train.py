@@ -1,0 +1,163 @@
+"""Training vitpos' own ViTs: deterministic, resumable (a checkpoint after every epoch), atomic outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vitpos.data import load_split
+from vitpos.errors import VitposError
+from vitpos.io import read_json, read_safetensors, write_json, write_safetensors
+from vitpos.models.checkpoint import save_own_model
+from vitpos.models.own import OwnViTConfig, build_own_vit
+from vitpos.progress import progress_bar
+
+QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+QUICK_LIMITS = dict(train=256, val=128, test=128)
+
+
+def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str, quick: bool) -> dict:
+    return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                warmup_epochs=warmup_epochs, seed=seed, data=data, quick=quick)
+
+
+def lr_at(step: int, total: int, warmup: int, base: float) -> float:
+    """Linear warmup then cosine decay to 0; a pure function of the step so resumes match."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, dataset, batch_size: int = 256) -> float:
+    model.eval()
+    correct = total = 0
+    for x, y in dataset.batches(batch_size):
+        correct += int((model(x).argmax(-1) == y).sum())
+        total += len(y)
+    return correct / max(1, total)
+
+
+def _save_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
+    sd = opt.state_dict()
+    tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+    write_safetensors(path, tensors, metadata={"param_groups": json.dumps(sd["param_groups"])})
+
+
+def _load_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
+    from safetensors import safe_open
+
+    tensors = read_safetensors(path)
+    with safe_open(str(path), "pt") as f:
+        groups = json.loads(f.metadata()["param_groups"])
+    state: dict[int, dict] = {}
+    for key, v in tensors.items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def train(
+    pe: str,
+    out: str | Path,
+    data: str = "shapes",
+    epochs: int = 6,
+    seed: int = 0,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    weight_decay: float = 0.05,
+    warmup_epochs: float = 0.5,
+    quick: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    model_overrides: dict | None = None,
+) -> dict:
+    """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops."""
+    out = Path(out)
+    limits = QUICK_LIMITS if quick else {}
+    if quick:
+        epochs = min(epochs, 2)
+    train_set = load_split(data, "train", seed=0, limit=limits.get("train"))
+    val_set = load_split(data, "val", seed=0, limit=limits.get("val"))
+    info = train_set.info
+    if info.image_size[0] != info.image_size[1]:
+        raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
+    patch = 4
+    if info.image_size[0] % patch:
+        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}")
+    cfg = OwnViTConfig(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
+                       num_classes=info.num_classes, **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})})
+    hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
+    run_doc = {"model": cfg.model_dump(), "train": hp}
+
+    ckpt_dir = out / "checkpoint"
+    if force:
+        for p in [out / "metrics.json", ckpt_dir / "state.json"]:
+            p.unlink(missing_ok=True)
+    if (out / "metrics.json").exists() and (out / "config.json").exists():
+        if read_json(out / "config.json") == run_doc:
+            return read_json(out / "metrics.json")
+        raise VitposError(f"{out} already holds a different trained model; pass another --out or --force")
+
+    torch.manual_seed(seed)
+    model = build_own_vit(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    steps_per_epoch = math.ceil(len(train_set) / batch_size)
+    total_steps = epochs * steps_per_epoch
+    warmup = int(warmup_epochs * steps_per_epoch)
+
+    start_epoch, seconds, history = 0, 0.0, []
+    state_path = ckpt_dir / "state.json"
+    if state_path.exists():
+        state = read_json(state_path)
+        if state.get("run") != run_doc:
+            raise VitposError(f"{out} holds an interrupted run with other settings; pass another --out or --force")
+        model.load_state_dict(read_safetensors(ckpt_dir / "model.safetensors"))
+        _load_optimizer(ckpt_dir / "optim.safetensors", opt)
+        start_epoch, seconds, history = state["epochs_done"], state["seconds"], state["history"]
+    write_json(out / "train_config.json", run_doc)
+
+    with progress_bar(enabled=progress) as bar:
+        task = bar.add_task(f"train {pe}", total=total_steps, completed=start_epoch * steps_per_epoch)
+        for epoch in range(start_epoch, epochs):
+            t0 = time.time()
+            model.train()
+            gen = torch.Generator().manual_seed(seed * 100003 + epoch)  # data order depends only on (seed, epoch)
+            loss_sum = n_seen = 0.0
+            for i, (x, y) in enumerate(train_set.batches(batch_size, shuffle=True, generator=gen)):
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(epoch * steps_per_epoch + i, total_steps, warmup, lr)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                loss_sum += float(loss.detach()) * len(y)
+                n_seen += len(y)
+                bar.update(task, advance=1, description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
+            val = accuracy(model, val_set)
+            seconds += time.time() - t0
+            history.append({"epoch": epoch + 1, "train_loss": loss_sum / n_seen, "val_top1": val})
+            write_safetensors(ckpt_dir / "model.safetensors", model.state_dict())
+            _save_optimizer(ckpt_dir / "optim.safetensors", opt)
+            write_json(state_path, {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
+
+    test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
+    metrics = {
+        "pe": pe, "data": data, "test_top1": accuracy(model, test_set), "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
+        "epochs": epochs, "seconds": round(seconds, 1), "seed": seed, "n_train": len(train_set), "n_test": len(test_set),
+        "history": history,
+    }
+    save_own_model(out, model, cfg, extra={"train": hp})
+    write_json(out / "metrics.json", metrics)
+    return metrics
