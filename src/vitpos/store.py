@@ -129,6 +129,8 @@ class ActivationWriter:
         self._buf_ids = torch.empty(self.shard_images, dtype=torch.int64)
         self._fill = 0
 
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise VitposError(f"{self.out_dir} is a file, not a folder; pass a folder path as --out")
         manifest_path = self.out_dir / MANIFEST
         if force:
             self._wipe()
@@ -359,12 +361,15 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
             raise VitposError(f"{path}: field {k!r} missing or not a {typ.__name__}; {fix}")
     if m["dtype"] not in _DTYPES:
         raise VitposError(f"{path}: unknown dtype {m['dtype']!r}; {fix}")
+    if len(m["grid"]) != 2 or not all(isinstance(v, int) and v > 0 for v in m["grid"]):
+        raise VitposError(f"{path}: grid {m['grid']!r} is not two positive ints; {fix}")
     h, w = m["grid"]
     if h * w != m["num_patches"] or len(m["rows"]) != h * w or len(m["cols"]) != h * w:
         raise VitposError(f"{path}: grid {m['grid']} disagrees with num_patches/rows/cols; {fix}")
     total = 0
     for sh in m["shards"]:
-        if not isinstance(sh, dict) or not isinstance(sh.get("file"), str) or not isinstance(sh.get("num_images"), int):
+        # File names must be our own pattern: never follow a manifest outside the store folder.
+        if not isinstance(sh, dict) or not _SHARD_RE.match(str(sh.get("file"))) or not isinstance(sh.get("num_images"), int) or sh["num_images"] < 1:
             raise VitposError(f"{path}: bad shard entry {sh!r}; {fix}")
         total += sh["num_images"]
     if total != m["num_images"]:
@@ -505,9 +510,11 @@ class ActivationStore:
         fix = "the store is corrupt; re-create it by rerunning the capture with --force"
         f = _open_checked(self.dir / sh["file"], sh, self._m, self.dir, fix=fix, key=key)
         try:
+            # CPU get_tensor returns views into a private mmap of the whole file: only `key`'s pages
+            # are read. Copy the small index tensors so they alone never pin that mapping.
             acts = f.get_tensor(key)
-            labels = f.get_tensor("labels")
-            ids = f.get_tensor("image_ids")
+            labels = f.get_tensor("labels").clone()
+            ids = f.get_tensor("image_ids").clone()
         except Exception as e:
             raise VitposError(f"shard {self.dir / sh['file']} is unreadable ({e}); {fix}") from e
         finally:
@@ -609,7 +616,7 @@ class ActivationStore:
             return buf[idx], self.rows[p], self.cols[p], buf_ids[idx]
 
         for i in order:
-            acts, _labels, ids = self._read(i, key)
+            acts, _, ids = self._read(i, key)
             self._track(acts.nbytes)
             m = acts.shape[0] * n_p
             buf[fill : fill + m].copy_(acts.reshape(m, d))  # casts to float32 in place, no extra copy
@@ -667,8 +674,8 @@ class ActivationStore:
         for i, sh in enumerate(self.shards):
             f = _open_checked(self.dir / sh["file"], sh, self._m, self.dir, fix="the store is corrupt; re-create it by rerunning the capture with --force", key=None)
             try:
-                labels.append(f.get_tensor("labels"))
-                ids.append(f.get_tensor("image_ids"))
+                labels.append(f.get_tensor("labels").clone())
+                ids.append(f.get_tensor("image_ids").clone())
             finally:
                 f.__exit__(None, None, None)
         if not labels:
