@@ -160,10 +160,10 @@ def train_sae(
                 log.steps += 1
                 log.tokens += x.shape[0]
                 m = {
-                    "loss": float(info["loss"]),
-                    "fvu": float(info["fvu"]),
+                    "loss": float(info["loss"].detach()),
+                    "fvu": float(info["fvu"].detach()),
                     "l0": float(info["l0"]),
-                    "aux_loss": float(info["aux_loss"]),
+                    "aux_loss": float(info["aux_loss"].detach()),
                     "dead_frac": float(dead.float().mean()),
                 }
                 log.step.append(log.steps)

@@ -1,0 +1,388 @@
+"""Sparse autoencoders (vitpos.sae) and positional feature scoring."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitpos.errors import VitposError
+from vitpos.sae import SAE, FeatureThresholds, SAEConfig, sae_metrics, score_codes, score_features, train_sae
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny tensors on a shared 2-core box: thread hand-offs cost more than the maths.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def planted_dirs(n_dirs=64, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(n_dirs, d, generator=g)
+    return dirs / dirs.norm(dim=1, keepdim=True)
+
+
+def planted_tokens(dirs, n, active=3, seed=1):
+    """Each token: a non-negative combination of `active` planted directions, plus an offset."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.rand(n, dirs.shape[0], generator=g).argsort(1)[:, :active]
+    coef = torch.rand(n, active, generator=g) * 2 + 0.5
+    return torch.zeros(n, dirs.shape[0]).scatter(1, idx, coef) @ dirs + 0.3
+
+
+def chunks(x, b):
+    return [x[i : i + b] for i in range(0, len(x), b)]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    dirs = planted_dirs()
+    return dirs, planted_tokens(dirs, 16384), planted_tokens(dirs, 4000, seed=2)
+
+
+def hand_sae(arch="topk", k=1):
+    """d_in=2, F=4: latents 0/1 read and write e1/e2; latents 2/3 read -e1/-e2 (never fire on x ≥ 0)."""
+    sae = SAE(SAEConfig(arch=arch, d_in=2, expansion=2, k=k, normalize=False))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.tensor([[1.0, 0], [0, 1], [-1, 0], [0, -1]]))
+        sae.W_dec.copy_(torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 1]]))
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    return sae.eval()
+
+
+# --- model -----------------------------------------------------------------------------------
+
+
+def test_init_encoder_is_decoder_transpose_and_unit_norm():
+    cfg = SAEConfig(d_in=16, expansion=4, k=4, seed=3)
+    sae = SAE(cfg)
+    assert sae.W_dec.shape == (64, 16) and sae.d_sae == 64
+    # Encoder matrix (F×D, nn.Linear layout) == decoder matrix (D×F = W_dec.T) transposed.
+    assert torch.equal(sae.W_enc, sae.W_dec.T.T)
+    torch.testing.assert_close(sae.W_dec.norm(dim=1), torch.ones(64))
+    assert torch.equal(SAE(cfg).W_dec, sae.W_dec)
+    assert not torch.equal(SAE(cfg.model_copy(update={"seed": 4})).W_dec, sae.W_dec)
+
+
+def test_config_validation_and_defaults():
+    cfg = SAEConfig(d_in=10)
+    assert cfg.d_sae == 80 and cfg.aux_k_eff == 5 and cfg.arch == "topk"
+    with pytest.raises(VitposError, match="k"):
+        SAEConfig.parse({"d_in": 4, "expansion": 1, "k": 5})
+    with pytest.raises(VitposError, match="arch"):
+        SAEConfig.parse({"d_in": 4, "arch": "jumprelu"})
+
+
+def test_sparse_gradients_match_dense_reference():
+    torch.manual_seed(0)
+    for arch in ("topk", "batchtopk"):
+        cfg = SAEConfig(arch=arch, d_in=12, expansion=4, k=5, aux_k=6)
+        sae = SAE(cfg).double().train()
+        with torch.no_grad():
+            sae.b_enc.normal_()
+            sae.b_dec.normal_()
+            sae.W_enc.add_(0.3 * torch.randn_like(sae.W_enc))
+            sae.scale.fill_(0.7)
+        x = torch.randn(30, 12, dtype=torch.float64)
+        dead = torch.zeros(48, dtype=torch.bool)
+        dead[::3] = True
+        x_hat, z, info = sae(x, dead_mask=dead)
+        params = [sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec]
+        got = torch.autograd.grad(info["loss"] + x_hat.pow(2).sum() * 0.01, params)
+
+        # Dense autograd reference with the same selection.
+        xs = x * sae.scale
+        pre = (xs - sae.b_dec) @ sae.W_enc.T + sae.b_enc
+        zr = pre.relu() * (z != 0)
+        xs_hat = zr @ sae.W_dec + sae.b_dec
+        tv = (xs - xs.mean(0)).pow(2).sum()
+        _, i = pre.masked_fill(~dead, -math.inf).topk(6, dim=1)
+        za = pre.relu() * torch.zeros_like(pre, dtype=torch.bool).scatter(1, i, True)
+        aux = min(int(dead.sum()) / 6, 1.0) * (za @ sae.W_dec - (xs - xs_hat).detach()).pow(2).sum() / tv
+        ref = (xs_hat - xs).pow(2).sum() / tv + cfg.aux_coeff * aux
+        assert float(aux.detach()) > 0
+        torch.testing.assert_close(info["loss"], ref)
+        want = torch.autograd.grad(ref + (xs_hat / sae.scale).pow(2).sum() * 0.01, params)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+        if arch == "batchtopk":
+            assert int((z != 0).sum()) <= 5 * 30  # k·batch in total, not per token
+
+
+def test_decode_and_feature_contribution_swap_exact():
+    torch.manual_seed(1)
+    sae = SAE(SAEConfig(d_in=16, expansion=4, k=6))
+    x = torch.randn(50, 16) * 3 + 1
+    sae.initialize(x)  # non-trivial scale and b_dec
+    assert float(sae.scale) != 1.0 and float(sae.b_dec.detach().abs().sum()) > 0
+    with torch.no_grad():
+        z = sae.encode(x)
+        all_ids = list(range(sae.d_sae))
+        torch.testing.assert_close(sae.decode(z), sae.feature_contribution(z, all_ids) + sae.b_dec / sae.scale)
+        ids = z.count_nonzero(0).argsort(descending=True)[:8]  # frequently active latents
+        contrib = sae.feature_contribution(z, ids)
+        same = x - contrib + sae.feature_contribution(z[torch.arange(50)], ids)
+        torch.testing.assert_close(same, x, rtol=0, atol=1e-5)
+        perm = torch.randperm(50)
+        moved = x - contrib + sae.feature_contribution(z[perm], ids)
+        delta = moved - x
+        assert float(delta.norm()) > 1e-2
+        # The change lies in span{d_f : f ∈ ids}: nothing is left after projecting that span out.
+        q, _ = torch.linalg.qr(sae.W_dec[ids].T)
+        outside = delta - (delta @ q) @ q.T
+        assert float(outside.norm()) < 1e-4 * float(delta.norm())
+
+
+def test_wrong_width_is_a_clear_error():
+    sae = SAE(SAEConfig(d_in=8, expansion=2, k=2))
+    with pytest.raises(VitposError, match="last dim 8"):
+        sae.encode(torch.zeros(3, 9))
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_exact_on_hand_built_sae():
+    sae = hand_sae()
+    x = torch.tensor([[3.0, 0], [0, 2], [2, 1]])
+    # codes: [3,0,0,0], [0,2,0,0], [2,0,0,0] -> x_hat [3,0],[0,2],[2,0]; Σe² = 1
+    # x̄ = (5/3, 1): Σ‖x-x̄‖² = (16+25+1)/9 + 2 = 20/3
+    want = {"fvu": 1 / (20 / 3), "l0": 1.0, "dead_frac": 0.5, "mse": 1 / 6, "tokens": 3}
+    for batches in ([x], chunks(x, 1), x):
+        got = sae_metrics(sae, batches)
+        assert got["tokens"] == 3
+        for key, v in want.items():
+            assert got[key] == pytest.approx(v, rel=1e-12, abs=1e-12), key
+
+
+def test_metrics_exact_with_scale_and_tied_bias():
+    sae = hand_sae()
+    with torch.no_grad():
+        sae.scale.fill_(2.0)
+        sae.b_dec.copy_(torch.tensor([2.0, 0.0]))  # normalised units
+    x = torch.tensor([[3.0, 0], [0, 2], [2, 0.5]])
+    # x·2 - b_dec = [4,0],[0,4],[2,1] -> z0=4, z1=4, z0=2 -> x_hat = (z·d + b_dec)/2 = [3,0],[1,2],[2,0]
+    torch.testing.assert_close(sae.decode(sae.encode(x)), torch.tensor([[3.0, 0], [1, 2], [2, 0]]))
+    # Σe² = 1 + 0.25; Σ‖x-x̄‖² = 14/3 + 13/6 = 41/6
+    got = sae_metrics(sae, chunks(x, 2))
+    assert got["fvu"] == pytest.approx(1.25 / (41 / 6), rel=1e-12)
+    assert got["mse"] == pytest.approx(1.25 / 6, rel=1e-12)
+    assert got["l0"] == 1.0 and got["dead_frac"] == 0.5
+
+
+def test_metrics_l0_and_dead_frac_relu():
+    sae = hand_sae("relu")
+    x = torch.tensor([[1.0, 1.0], [2.0, -1.0], [0.0, 0.0], [-1.0, 0.5]])
+    # relu codes nonzero counts: 2, 2 (z0 and z3), 0, 2 (z1, z2); every latent fires once or more
+    got = sae_metrics(sae, [x])
+    assert got["l0"] == pytest.approx(6 / 4)
+    assert got["dead_frac"] == 0.0
+    got = sae_metrics(sae, [x[:1]])
+    assert got["dead_frac"] == 0.5 and math.isnan(got["fvu"])  # one token: no variance
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+def test_topk_recovers_planted_directions(planted):
+    dirs, x, x_eval = planted
+    cfg = SAEConfig(d_in=32, expansion=4, k=3, dead_steps=4096)
+    sae, log = train_sae(chunks(x, 256), cfg, epochs=3, progress=False, eval_batches=chunks(x_eval, 1000))
+    best = (dirs @ sae.W_dec.detach().T).max(1).values
+    assert float((best >= 0.9).float().mean()) >= 0.9
+    torch.testing.assert_close(sae.W_dec.detach().norm(dim=1), torch.ones(sae.d_sae))
+    assert log.steps == 3 * 64 and log.tokens == 3 * 16384
+    assert log.eval["fvu"] < 0.15 and log.eval["l0"] == 3.0
+    assert log.fvu[-1] < 0.5 * log.fvu[0]
+    assert max(log.aux_loss) > 0  # half the dictionary is surplus: AuxK must have kicked in
+
+
+@pytest.mark.parametrize("arch", ["batchtopk", "relu"])
+def test_batchtopk_and_relu_learn(planted, arch):
+    _, x, x_eval = planted
+    cfg = SAEConfig(arch=arch, d_in=32, expansion=4, k=3, l1_coeff=0.05)
+    sae, log = train_sae(chunks(x, 256), cfg, epochs=2, progress=False)
+    m = sae_metrics(sae, [x_eval])
+    assert m["fvu"] < 0.3
+    if arch == "batchtopk":
+        assert float(sae.threshold) > 0
+        assert 1.5 <= m["l0"] <= 6  # threshold inference keeps L0 near k
+    else:
+        assert m["l0"] < 0.5 * sae.d_sae  # L1 made it sparse
+    torch.testing.assert_close(sae.W_dec.detach().norm(dim=1), torch.ones(sae.d_sae))
+
+
+def test_training_is_deterministic(planted):
+    _, x, _ = planted
+    cfg = SAEConfig(d_in=32, expansion=2, k=4, seed=7)
+    a, la = train_sae(chunks(x[:4096], 512), cfg, progress=False)
+    b, lb = train_sae(chunks(x[:4096], 512), cfg, progress=False)
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert la.fvu == lb.fvu
+
+
+def test_training_sources_steps_and_errors(planted):
+    _, x, _ = planted
+    cfg = SAEConfig(d_in=32, expansion=2, k=4)
+    data = chunks(x[:2048], 512)  # 4 batches
+    _, log = train_sae(data, cfg, steps=10, progress=False)
+    assert log.steps == 10 and log.tokens == 10 * 512  # cycles passes until steps
+    _, log = train_sae(lambda: iter(data), cfg, epochs=2, progress=False)
+    assert log.steps == 8 and log.epochs_done == 2
+    _, log = train_sae(iter(data), cfg, steps=6, progress=False)
+    assert log.steps == 4 and log.notes  # one-shot generator ran out, said so
+    _, log = train_sae(data, cfg, progress=False, on_step=lambda step, m: step == 2)
+    assert log.steps == 2
+    with pytest.raises(VitposError, match="re-iterable"):
+        train_sae(iter(data), cfg, epochs=2, progress=False)
+    with pytest.raises(VitposError, match="no training batches"):
+        train_sae([], cfg, progress=False)
+    with pytest.raises(VitposError, match=r"\(B, 32\)"):
+        train_sae([torch.zeros(4, 31)], cfg, progress=False)
+
+
+def test_normalisation_is_transparent(planted):
+    _, x, x_eval = planted
+    cfg = SAEConfig(d_in=32, expansion=2, k=4)
+    sae, _ = train_sae(chunks(x[:4096] * 50.0, 512), cfg, progress=False)
+    # Mean token norm maps to √D inside; outside, reconstructions are in activation units.
+    assert float(sae.scale) * float((x[:512] * 50).norm(dim=1).mean()) == pytest.approx(math.sqrt(32), rel=1e-5)
+    m = sae_metrics(sae, [x_eval * 50.0])
+    assert m["fvu"] < 0.5 and m["mse"] > 1.0  # mse in activation units (50x scale)
+
+
+# --- persistence -----------------------------------------------------------------------------
+
+
+def test_save_load_roundtrip_bit_identical(tmp_path, planted):
+    _, x, x_eval = planted
+    cfg = SAEConfig(arch="batchtopk", d_in=32, expansion=2, k=4)
+    sae, _ = train_sae(chunks(x[:2048], 512), cfg, progress=False)
+    file = sae.save(tmp_path / "run")
+    assert file == tmp_path / "run" / "sae.safetensors"
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["sae.safetensors"]  # no temp left over
+    for where in (tmp_path / "run", file):
+        back = SAE.load(where)
+        assert back.cfg == sae.cfg and back.to_config_dict() == sae.to_config_dict()
+        for name, t in sae.state_dict().items():
+            assert torch.equal(back.state_dict()[name], t), name
+        assert torch.equal(back.encode(x_eval[:100]), sae.encode(x_eval[:100]))
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(VitposError, match="no SAE weights"):
+        SAE.load(tmp_path / "missing")
+    sae = SAE(SAEConfig(d_in=8, expansion=2, k=2))
+    file = sae.save(tmp_path / "ok")
+    data = file.read_bytes()
+    bad = tmp_path / "bad" / "sae.safetensors"
+    bad.parent.mkdir()
+    bad.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(VitposError, match="not a readable SAE file"):
+        SAE.load(bad.parent)
+    bad.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(VitposError, match="not a readable SAE file"):
+        SAE.load(bad)
+    from vitpos.io import write_safetensors
+
+    write_safetensors(bad, {"W_enc": torch.zeros(2, 2)})  # a safetensors file, not an SAE
+    with pytest.raises(VitposError, match="not a vitpos SAE"):
+        SAE.load(bad)
+
+
+# --- positional feature scoring --------------------------------------------------------------
+
+
+def planted_codes(n_images, H, W, seed=0):
+    """Latents: 0 row-only, 1 col-only, 2 checkerboard (both), 3 position-free noise,
+    4 row-coded but rare, 5 never fires, 6 row-coded with a weak column term."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.arange(H * W) // W
+    c = torch.arange(H * W) % W
+    noise = lambda: 0.3 * torch.rand(n_images, H * W, generator=g)  # noqa: E731
+    z = torch.zeros(n_images, H * W, 7)
+    z[..., 0] = (r + 1).float() + noise()
+    z[..., 1] = (c + 1).float() + noise()
+    z[..., 2] = ((r + c) % 2 == 0).float() + noise()
+    z[..., 3] = torch.rand(n_images, H * W, generator=g)
+    z[0, 0, 4] = 5.0  # one token in the whole set
+    z[..., 6] = (r + 1).float() + 0.35 * c.float() + noise()
+    return z
+
+
+def test_score_codes_finds_planted_row_col_mixed():
+    H, W = 4, 5
+    z = planted_codes(60, H, W)
+    scores = score_codes(torch.split(z, 7), (H, W))
+    assert scores.row_features == [0]
+    assert scores.col_features == [1]
+    # Sorted by η²_pos: both are positional up to the same noise, which is relatively smaller for 6.
+    assert scores.mixed_features == [6, 2]
+    assert scores.eta2_pos[6] > scores.eta2_pos[2]
+    assert scores.eta2_row[0] > 0.9 and scores.eta2_col[0] < 0.01
+    assert 0.05 < scores.eta2_col[6] < 0.3 and scores.eta2_row[6] > 0.3  # too much column for "row"
+    assert scores.eta2_pos[2] > 0.9 and scores.eta2_row[2] < 0.05
+    assert scores.eta2_pos[3] < 0.05
+    assert scores.eta2_pos[5] == 0 and scores.fire_rate[5] == 0
+    assert scores.fire_rate[4] == pytest.approx(1 / (60 * H * W))
+    assert scores.fire_rate[0] == 1.0
+    assert scores.cell_means.shape == (7, H, W)
+    assert scores.n_images == 60
+    # Streaming over batches gives the same numbers as one batch.
+    whole = score_codes([z], (H, W))
+    torch.testing.assert_close(whole.eta2_pos, scores.eta2_pos)
+    torch.testing.assert_close(whole.cell_means, scores.cell_means)
+    # Thresholds are configurable: a looser column limit makes latent 6 a row feature.
+    scores.classify(FeatureThresholds(max_other_eta2=0.3))
+    assert scores.row_features == [0, 6] and 6 not in scores.mixed_features
+    j = scores.to_json()
+    assert j["row_features"] == [0, 6] and set(j["cell_means"]) == {"0", "1", "2", "6"}
+    assert len(j["eta2_row"]) == 7 and j["thresholds"]["max_other_eta2"] == 0.3
+
+
+def test_eta2_exact_on_deterministic_maps():
+    H, W = 3, 4
+    r = (torch.arange(H * W) // W).float()
+    c = (torch.arange(H * W) % W).float()
+    z = torch.stack([r, c, r + c, r * c], dim=-1).expand(5, -1, -1)
+    s = score_codes([z], (H, W))
+    torch.testing.assert_close(s.eta2_row[:3], torch.tensor([1.0, 0.0, 2 / 3 / (2 / 3 + 5 / 4)]))
+    torch.testing.assert_close(s.eta2_col[:3], torch.tensor([0.0, 1.0, 5 / 4 / (2 / 3 + 5 / 4)]))
+    torch.testing.assert_close(s.eta2_pos, torch.ones(4))  # no within-cell variance at all
+    torch.testing.assert_close(s.cell_means[3], (r * c).view(H, W))
+
+
+def test_score_features_through_sae_and_errors():
+    H, W = 2, 3
+    z = planted_codes(40, H, W)[..., :3]
+    sae = SAE(SAEConfig(arch="relu", d_in=3, expansion=1, normalize=False))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.eye(3))
+        sae.W_dec.copy_(torch.eye(3))
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    s = score_features(sae, torch.split(z, 16), (H, W))
+    ref = score_codes([z], (H, W))
+    torch.testing.assert_close(s.eta2_row, ref.eta2_row)
+    assert s.row_features == [0] and s.col_features == [1]
+    with pytest.raises(VitposError, match="patch tokens only"):
+        score_features(sae, [torch.zeros(2, 7, 3)], (H, W))
+    with pytest.raises(VitposError, match="no held-out images"):
+        score_codes([], (H, W))
+
+
+def test_plot_feature_maps(tmp_path):
+    from vitpos.report.feature_plot import plot_feature_maps
+
+    scores = score_codes([planted_codes(20, 4, 5)], (4, 5))
+    out = plot_feature_maps(scores, tmp_path / "maps.png", n=3)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["maps.png"]
+    scores.classify(FeatureThresholds(min_fire_rate=2.0))  # nothing qualifies: still a figure
+    assert plot_feature_maps(scores, tmp_path / "empty.png").stat().st_size > 0
