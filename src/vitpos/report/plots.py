@@ -1,0 +1,305 @@
+"""Figures for the experiment JSON documents (ape_permute, rope_axis, rope_heads).
+
+Pure rendering: each function reads one document, draws it with matplotlib's Agg canvas (no
+pyplot state) and writes a PNG atomically. Colours are the Okabe-Ito colour-blind-safe set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib as mpl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from vitpos.errors import VitposError
+from vitpos.io import atomic_path
+
+# Okabe-Ito palette
+OKABE_ITO = {
+    "black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
+    "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7",
+}
+CYCLE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+APE_VARIANTS = ("all", "row_only", "col_only", "random_features", "mean_ablate", "pos_embed_shuffle")
+_COND_COLORS = {
+    "baseline": OKABE_ITO["black"], "no_row": OKABE_ITO["blue"], "no_col": OKABE_ITO["orange"],
+    "no_both": OKABE_ITO["purple"], "restore": OKABE_ITO["green"],
+}
+_RESTORE = re.compile(r"^restore_(row|col)_R(\d+)$")
+DPI = 110
+
+
+def mathtext_safe(text: Any) -> str:
+    """Text for a matplotlib title: `$` escaped so names never trigger mathtext parsing."""
+    return str(text).replace("$", r"\$")
+
+
+def _num(v: Any) -> float:
+    """float(v), NaN for None / non-numbers."""
+    try:
+        return float("nan") if v is None else float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _series(vals: Any) -> list[float] | None:
+    if not isinstance(vals, (list, tuple)) or not vals or all(v is None for v in vals):
+        return None
+    return [_num(v) for v in vals]
+
+
+def _need(doc: Any, keys: Sequence[str], what: str) -> dict:
+    if not isinstance(doc, dict):
+        raise VitposError(f"{what} document must be a dict, got {type(doc).__name__}")
+    missing = [k for k in keys if k not in doc]
+    if missing:
+        raise VitposError(f"{what} document lacks keys {missing}; regenerate it with the {what} experiment")
+    return doc
+
+
+def _new_figure(w: float, h: float) -> Figure:
+    fig = Figure(figsize=(w, h), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI)
+    return path
+
+
+def _pct(v: Any) -> str:
+    x = _num(v)
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+# ---------------------------------------------------------------- ape_permute
+def plot_ape_permute(doc: dict, path: str | Path) -> Path:
+    """Bars of the top-1 drop (points, ± drop_std) per permutation variant; a second panel with
+    the per-group drops (vertical vs horizontal) for all / row_only / col_only when available."""
+    _need(doc, ("baseline_top1",), "ape_permute")
+    variants = list(doc.get("variants") or APE_VARIANTS)
+    names, drops, errs, notes = [], [], [], []
+    for v in variants:
+        entry = doc.get(v)
+        names.append(v)
+        if not isinstance(entry, dict) or "skipped" in entry or "drop_points" not in entry:
+            drops.append(0.0)
+            errs.append(0.0)
+            notes.append("skipped" if isinstance(entry, dict) and "skipped" in entry else "missing")
+        else:
+            drops.append(_num(entry.get("drop_points")))
+            e = _num(entry.get("drop_std"))
+            errs.append(0.0 if math.isnan(e) else e)
+            notes.append(None)
+    groups: list[str] = []
+    for v in ("all", "row_only", "col_only"):
+        pg = (doc.get(v) or {}).get("per_group") if isinstance(doc.get(v), dict) else None
+        for g in (pg or {}):
+            if g not in groups:
+                groups.append(g)
+    two = bool(groups)
+    fig = _new_figure(11.0 if two else 6.6, 4.4)
+    axes = fig.subplots(1, 2 if two else 1, squeeze=False)[0]
+    ax = axes[0]
+    x = list(range(len(names)))
+    colors = [CYCLE[i % len(CYCLE)] for i in x]
+    ax.bar(x, drops, yerr=errs, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
+    for i, note in enumerate(notes):
+        if note:
+            ax.text(i, 0, note, ha="center", va="bottom", rotation=90, fontsize=8, color="0.35")
+        elif not math.isnan(drops[i]):
+            ax.text(i, drops[i] + errs[i], f"{drops[i]:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_ylabel("top-1 drop (points)")
+    ax.set_xlabel("intervention")
+    ax.grid(axis="y", alpha=0.3)
+    model = mathtext_safe(doc.get("model", ""))
+    where = mathtext_safe(f"layer {doc.get('layer', '?')} {doc.get('site', '')}".strip())
+    ax.set_title(f"Permuting positional features ({where})\nbaseline top-1 {_pct(doc['baseline_top1'])}",
+                 fontsize=10)
+    if two:
+        ax2 = axes[1]
+        parts = [v for v in ("all", "row_only", "col_only") if isinstance(doc.get(v), dict)]
+        width = 0.8 / len(groups)
+        for j, g in enumerate(groups):
+            vals = [_num(((doc[v].get("per_group") or {}).get(g) or {}).get("drop_points")) for v in parts]
+            pos = [i + (j - (len(groups) - 1) / 2) * width for i in range(len(parts))]
+            ax2.bar(pos, vals, width=width, label=g, color=CYCLE[(j + 1) % len(CYCLE)],
+                    edgecolor="black", linewidth=0.6, hatch=["", "//", "..", "xx"][j % 4])
+        ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_xticks(range(len(parts)), parts)
+        ax2.set_ylabel("top-1 drop (points)")
+        ax2.set_xlabel("permuted feature set")
+        ax2.set_title("Drop per class group", fontsize=10)
+        ax2.legend(title="class group", fontsize=8)
+        ax2.grid(axis="y", alpha=0.3)
+    if model:
+        fig.suptitle(model, fontsize=9, color="0.3")
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- rope_axis
+def restore_points(doc: dict) -> list[int]:
+    """The sorted restore layers R present as restore_<axis>_R<k> conditions."""
+    rs = {int(m.group(2)) for name in (doc.get("conditions") or {}) if (m := _RESTORE.match(name))}
+    return sorted(rs)
+
+
+def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None) -> Path:
+    """Row and column probe accuracy vs layer for baseline / no_row / no_col / no_both and the
+    restore-at-R curves (R = `restore_from`, default the middle R present). Solid: probe
+    retrained on each condition (decodable at all); dashed: the original probe (readable by it)."""
+    _need(doc, ("layers", "conditions"), "rope_axis")
+    layers = list(doc["layers"])
+    conds = doc["conditions"]
+    if not isinstance(conds, dict):
+        raise VitposError(f"rope_axis['conditions'] must map condition names to dicts, got {type(conds).__name__}")
+    rs = restore_points(doc)
+    if restore_from is None and rs:
+        restore_from = rs[len(rs) // 2]
+    fig = _new_figure(11.5, 6.0)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, axis in zip(axes, ("row", "col")):
+        shown = ["baseline", "no_row", "no_col", "no_both"]
+        if restore_from is not None:
+            shown.append(f"restore_{axis}_R{restore_from}")
+        handles = []
+        for name in shown:
+            c = conds.get(name)
+            if not isinstance(c, dict):
+                continue
+            color = _COND_COLORS["restore" if name.startswith("restore") else name]
+            drawn = False
+            for key, ls in ((f"{axis}_acc", "-"), (f"{axis}_acc_orig_probe", "--")):
+                ys = _series(c.get(key))
+                if ys is not None and len(ys) == len(layers):
+                    ax.plot(layers, ys, ls, color=color, marker="o" if ls == "-" else None, ms=3, lw=1.6)
+                    drawn = True
+            if drawn:
+                label = f"{name} (top-1 {_pct(c.get('top1'))})"
+                handles.append(Line2D([], [], color=color, lw=2, label=label))
+        chance = doc.get(f"chance_{axis}")
+        if chance is not None:
+            ax.axhline(_num(chance), color="0.5", ls=":", lw=1.2)
+            handles.append(Line2D([], [], color="0.5", ls=":", label=f"chance ({_num(chance):.2f})"))
+        if restore_from is not None:
+            ax.axvline(restore_from - 0.5, color=_COND_COLORS["restore"], ls="-.", lw=0.8, alpha=0.6)
+            handles.append(Line2D([], [], color=_COND_COLORS["restore"], ls="-.", lw=0.8,
+                                  label=f"rotations restored from layer {restore_from}"))
+        handles += [Line2D([], [], color="0.2", ls="-", label="retrained probe: decodable at all"),
+                    Line2D([], [], color="0.2", ls="--", label="original probe: readable by it")]
+        ax.set_title(f"{axis} position probe", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.set_ylim(0.0, 1.02)
+        if layers:
+            ax.set_xticks(layers)
+        ax.grid(alpha=0.25)
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    axes[0].set_ylabel("probe test accuracy")
+    sub = f", restored from R={restore_from}" if restore_from is not None else ""
+    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"), fontsize=10)
+    return _save(fig, path)
+
+
+def plot_recovery(doc: dict, path: str | Path) -> Path:
+    """Rec(ℓ) vs layer, one curve per restore point R, one panel per axis, with 0 and 1 lines."""
+    _need(doc, ("recovery",), "rope_axis")
+    rec = doc["recovery"] or {}
+    if not isinstance(rec, dict):
+        raise VitposError(f"rope_axis['recovery'] must map axis -> R -> curve, got {type(rec).__name__}")
+    fig = _new_figure(10.5, 4.2)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, axis in zip(axes, ("row", "col")):
+        per_r = rec.get(axis) or {}
+        for i, (r, entry) in enumerate(sorted(per_r.items(), key=lambda kv: _num(kv[0]))):
+            ys = _series((entry or {}).get("rec"))
+            xs = (entry or {}).get("layers")
+            if ys is None or not xs or len(xs) != len(ys):
+                continue
+            ax.plot(xs, ys, "-o", ms=3, color=CYCLE[i % len(CYCLE)],
+                    label=f"R={r} (mean {_num(entry.get('mean_rec')):.2f})")
+        ax.axhline(0.0, color="black", lw=0.9, ls="--")
+        ax.axhline(1.0, color="black", lw=0.9, ls="--")
+        ax.text(1.0, 1.0, " full recovery", transform=ax.get_yaxis_transform(), fontsize=7, va="bottom", ha="right")
+        ax.text(1.0, 0.0, " none", transform=ax.get_yaxis_transform(), fontsize=7, va="bottom", ha="right")
+        ax.set_title(f"{axis} information rebuilt after restoring rotations", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.25)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, title="restore from", loc="best")
+        else:
+            ax.text(0.5, 0.5, f"no {axis} recovery data", ha="center", va="center", transform=ax.transAxes)
+    axes[0].set_ylabel("Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off)")
+    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: recovery of removed position information"), fontsize=10)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- rope_heads
+def _grid(m: Any, n_layers: int, n_heads: int, what: str) -> list[list[float]]:
+    if not isinstance(m, list) or len(m) != n_layers or any(
+            not isinstance(row, list) or len(row) != n_heads for row in m):
+        raise VitposError(f"rope_heads[{what!r}] must be {n_layers}x{n_heads} (layers x heads); regenerate it")
+    return [[_num(v) for v in row] for row in m]
+
+
+def _row_of(layers: list, layer: Any) -> int | None:
+    try:
+        return layers.index(layer)
+    except ValueError:
+        return None
+
+
+def plot_rope_heads(doc: dict, path: str | Path) -> Path:
+    """Heat maps layer x head of axis_index (-1 col .. +1 row), rebuild_score and drop_points,
+    with the primary rebuilding head (star) and the largest-drop head (square) marked."""
+    _need(doc, ("layers", "num_heads", "drop_points"), "rope_heads")
+    layers = list(doc["layers"])
+    L, H = len(layers), int(doc["num_heads"])
+    panels = []
+    if doc.get("axis_index") is not None:
+        panels.append(("axis index S (+1 row, −1 col)", _grid(doc["axis_index"], L, H, "axis_index"),
+                       dict(cmap="PuOr_r", vmin=-1.0, vmax=1.0)))
+    if doc.get("rebuild_score") is not None:
+        panels.append(("rebuilding score (fall in Rec; grey = not scored)", _grid(doc["rebuild_score"], L, H, "rebuild_score"),
+                       dict(cmap="viridis")))
+    panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
+                   dict(cmap="cividis")))
+    fig = _new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    marks = []
+    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"], "primary rebuilding head"),
+                                      ("largest_drop_head", "s", OKABE_ITO["sky"], "largest-drop head")):
+        lh = doc.get(key)
+        if isinstance(lh, (list, tuple)) and len(lh) == 2 and (r := _row_of(layers, lh[0])) is not None:
+            marks.append((r, int(lh[1]), marker, color, f"{label} (L{lh[0]} h{lh[1]})"))
+    for ax, (title, grid, kw) in zip(axes, panels):
+        cmap = kw.pop("cmap")
+        cm = mpl.colormaps[cmap].with_extremes(bad="0.85")
+        im = ax.imshow(grid, cmap=cm, aspect="auto", interpolation="nearest", **kw)
+        fig.colorbar(im, ax=ax, shrink=0.85)
+        for r, h, marker, color, label in marks:
+            ax.plot(h, r, marker, ms=13 if marker == "*" else 15, mfc="none" if marker == "s" else color,
+                    mec=color if marker == "s" else "black", mew=2.0 if marker == "s" else 0.8, label=label)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L), [str(l) for l in layers])
+    axes[0].set_ylabel("layer")
+    if marks:
+        fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=len(marks))
+    rf = doc.get("restore_from")
+    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: per-head RoPE roles (axis {doc.get('axis', '?')}"
+                               f"{'' if rf is None else f', restore from {rf}'}; "
+                               f"baseline top-1 {_pct(doc.get('baseline_top1'))})"), fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,347 @@
+"""Report rendering: figures are PNGs, the HTML is one well-formed, self-contained, escaped page."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from vitpos.report import plots
+from vitpos.report.html import PNG_MAGIC, figure_key, model_slug, render_figures, render_report
+
+XSS = "<script>alert(1)</script>"
+XSS_DATA = "imagefolder:/data/cats&dogs<v2>"
+APE, ROPE = "builtin:ape", "builtin:rope-axial"
+L, H = 4, 3  # toy depth and heads
+
+
+# ---------------------------------------------------------------- fake results
+def ape_permute_doc() -> dict:
+    def v(top1, drop, nf, groups=True):
+        d = {"top1": top1, "top1_std": 0.01, "drop_points": drop, "drop_std": 1.2, "n_features": nf, "per_group": {}}
+        if groups:
+            d["per_group"] = {"vertical": {"top1": top1 - 0.05, "drop_points": drop + 4},
+                              "horizontal": {"top1": top1 + 0.05, "drop_points": drop - 4}}
+        return d
+
+    return {"model": APE, "layer": 2, "site": "resid_post", "data": "shapes", "n_images": 512, "seeds": [0, 1, 2],
+            "baseline_top1": 0.912, "variants": list(plots.APE_VARIANTS),
+            "all": v(0.639, 27.3, 40), "row_only": v(0.801, 11.1, 22), "col_only": v(0.79, 12.2, 18),
+            "random_features": v(0.905, 0.7, 40, groups=False), "mean_ablate": v(0.70, 21.2, 40, groups=False),
+            "pos_embed_shuffle": {"skipped": "model has no learned pos_embed <here>"},
+            "feature_counts": {"row": 22, "col": 18}}
+
+
+def rope_axis_doc() -> dict:
+    layers = list(range(L))
+    clean = [0.6, 0.8, 0.9, 0.95]
+    off = [0.25, 0.26, 0.3, 0.3]
+    conds = {"baseline": {"row_acc": clean, "col_acc": clean, "row_acc_orig_probe": clean, "col_acc_orig_probe": clean,
+                          "top1": 0.93, "axis": None, "restore_from": None},
+             "no_row": {"row_acc": off, "col_acc": clean, "row_acc_orig_probe": off, "col_acc_orig_probe": clean,
+                        "top1": 0.71, "axis": "row", "restore_from": None},
+             "no_col": {"row_acc": clean, "col_acc": off, "row_acc_orig_probe": clean, "col_acc_orig_probe": off,
+                        "top1": 0.72, "axis": "col", "restore_from": None},
+             "no_both": {"row_acc": off, "col_acc": off, "row_acc_orig_probe": off, "col_acc_orig_probe": off,
+                         "top1": 0.40, "axis": "both", "restore_from": None}}
+    recovery = {"row": {}, "col": {}}
+    for R in (1, 2):
+        part = [off[i] if i < R else (off[i] + clean[i]) / 2 for i in layers]
+        for axis in ("row", "col"):
+            conds[f"restore_{axis}_R{R}"] = {f"{axis}_acc": part, f"{axis}_acc_orig_probe": [p - 0.1 for p in part],
+                                             f"{'col' if axis == 'row' else 'row'}_acc": clean,
+                                             f"{'col' if axis == 'row' else 'row'}_acc_orig_probe": clean,
+                                             "top1": 0.85, "axis": axis, "restore_from": R}
+            recovery[axis][str(R)] = {"layers": layers[R:], "rec": [0.5] * (L - R), "mean_rec": 0.5}
+    return {"model": ROPE, "data": "shapes", "site": "resid_post", "layers": layers, "chance_row": 0.25,
+            "chance_col": 0.25, "conditions": conds, "recovery": recovery}
+
+
+def rope_heads_doc() -> dict:
+    drop = [[0.5 + l + 0.1 * h for h in range(H)] for l in range(L)]
+    drop[2][1] = 9.5  # the primary rebuilding head has the largest drop
+    rebuild = [[None] * H if l < 2 else [0.05 * (h + 1) for h in range(H)] for l in range(L)]
+    rebuild[2][1] = 0.4
+    axis_index = [[(-1) ** h * 0.3 * (l % 3) for h in range(H)] for l in range(L)]
+    return {"model": ROPE, "axis": "row", "layers": list(range(L)), "num_heads": H, "restore_from": 2,
+            "baseline_top1": 0.93, "drop_points": drop, "mean_ablate_drop_points": [[x / 2 for x in r] for r in drop],
+            "rebuild_score": rebuild, "axis_index": axis_index, "primary_rebuilding_head": [2, 1],
+            "primary_head_drop_rank": 1, "largest_drop_head": [2, 1]}
+
+
+def probe_doc() -> dict:
+    layers = list(range(L))
+    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7], "col_acc": [0.91, 0.87, 0.8, 0.72],
+            "chance_row": 0.25, "chance_col": 0.25, "row_control_acc": [0.3] * L, "col_control_acc": [0.28] * L,
+            "row_selectivity": [0.6, 0.58, 0.5, 0.4], "col_selectivity": [0.63, 0.59, 0.52, 0.44],
+            "content_baseline": {"row_acc": 0.4, "col_acc": 0.38}}
+
+
+def sae_doc() -> dict:
+    return {"layer": 2, "site": "resid_post", "arch": "topk", "k": 32, "expansion": 8, "fvu": 0.0821, "l0": 32.0,
+            "dead_frac": 0.031, "top1_spliced": 0.901, "top1_change_points": -1.1, "row_features": [3, 17, 40],
+            "col_features": [5, 9], "mixed_features": [11], "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
+
+
+def describe(spec: str, scheme: str) -> dict:
+    return {"spec": spec, "scheme": scheme, "grid": [4, 4], "depth": L, "num_heads": H, "width": 48}
+
+
+CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported", "C5": "not applicable"}
+
+
+def make_results(second_data: str = "shapes") -> dict:
+    na_rope = {e: "APE model: no rotary embedding" for e in ("rope_axis", "rope_heads")}
+    models = {
+        APE: {"describe": describe(APE, "ape"), "data": "shapes",
+              "eval": {"top1": 0.912, "n": 1000, "per_class": {"0": 0.9}, "per_group": {"vertical": 0.88, "horizontal": 0.94}},
+              "probe": probe_doc(), "sae": sae_doc(), "ape_permute": ape_permute_doc(), "rope_axis": None,
+              "rope_heads": None, "not_applicable": na_rope},
+        ROPE: {"describe": describe(ROPE, "rope"), "data": second_data, "eval": {"top1": 0.93, "n": 1000},
+               "probe": probe_doc(), "sae": None, "ape_permute": None, "rope_axis": rope_axis_doc(),
+               "rope_heads": rope_heads_doc(),
+               "not_applicable": {"ape_permute": "RoPE model: no absolute embedding", "sae": "skipped in quick mode"}},
+        XSS: {"describe": describe(XSS, "none"), "data": XSS_DATA, "eval": None, "probe": None, "sae": None,
+              "ape_permute": None, "rope_axis": None, "rope_heads": None,
+              "not_applicable": {"probe": "no patches & <no> grid", "sae": "untrained"}},
+    }
+    claims = []
+    for cid, verdict in CLAIM_VERDICTS.items():
+        scheme = "ape" if cid in ("C1", "C2") else "rope"
+        spec = APE if scheme == "ape" else ROPE
+        claims.append({"id": cid, "claim": f"claim text {cid}", "scheme": scheme, "verdict": verdict,
+                       "evidence": f"evidence for {cid} with twenty-seven point three points",
+                       "numbers": {"drop": 27.3, "models": 1}, "models": [spec]})
+    return {"vitpos_version": "0.1.0", "torch_version": "2.14.1", "timm_version": "1.0.31",
+            "created": "2026-01-01T00:00:00", "seed": 0, "config": {"models": [APE, ROPE], "data": "shapes"},
+            "reproduce": "vitpos run --config study.yaml", "quick": True, "models": models,
+            "summary": {"claims": claims}, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
+
+
+# ---------------------------------------------------------------- HTML checks
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class Checker(HTMLParser):
+    """Tag balance (every non-void element closed in order) and the <img> sources."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.imgs: list[dict] = []
+        self.counts: dict[str, int] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.counts[tag] = self.counts.get(tag, 0) + 1
+        if tag == "img":
+            self.imgs.append(dict(attrs))
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID:
+            self.stack.pop()
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+            if tag in self.stack:
+                while self.stack.pop() != tag:
+                    pass
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def check_html(page: str) -> Checker:
+    c = Checker()
+    c.feed(page)
+    c.close()
+    assert not c.errors, c.errors[:5]
+    assert c.stack == [], f"unclosed: {c.stack}"
+    return c
+
+
+def headline_rows(page: str) -> list[tuple[str, str]]:
+    start = page.index('<table id="headline">')
+    table = page[start:page.index("</table>", start)]
+    return re.findall(r'<tr data-claim="(C\d)">(.*?)</tr>', table, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    results = make_results()
+    figs = render_figures(results, out)
+    path = render_report(results, out, figs)
+    return results, figs, path.read_text(encoding="utf-8"), out
+
+
+# ---------------------------------------------------------------- tests
+@pytest.mark.parametrize("fn, make", [(plots.plot_ape_permute, ape_permute_doc), (plots.plot_rope_axis, rope_axis_doc),
+                                      (plots.plot_recovery, rope_axis_doc), (plots.plot_rope_heads, rope_heads_doc)])
+def test_each_plot_writes_a_png(tmp_path, fn, make):
+    path = fn(make(), tmp_path / "sub" / "fig.png")
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert [p.name for p in path.parent.iterdir()] == ["fig.png"]  # no temp file left behind
+
+
+def test_plots_tolerate_partial_docs(tmp_path):
+    doc = ape_permute_doc()
+    for v in ("row_only", "col_only", "all"):
+        doc[v]["per_group"] = {}
+    del doc["mean_ablate"]
+    doc["model"] = "$weird$ name"  # must not be parsed as mathtext
+    assert plots.plot_ape_permute(doc, tmp_path / "a.png").read_bytes().startswith(PNG_MAGIC)
+    axis = rope_axis_doc()
+    assert plots.restore_points(axis) == [1, 2]
+    assert plots.plot_rope_axis(axis, tmp_path / "b.png", restore_from=1).read_bytes().startswith(PNG_MAGIC)
+    heads = rope_heads_doc()
+    del heads["rebuild_score"], heads["axis_index"]
+    assert plots.plot_rope_heads(heads, tmp_path / "c.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_rope_heads_rejects_misshaped_grid(tmp_path):
+    doc = rope_heads_doc()
+    doc["drop_points"] = doc["drop_points"][:-1]
+    with pytest.raises(plots.VitposError, match="layers x heads"):
+        plots.plot_rope_heads(doc, tmp_path / "x.png")
+
+
+def test_render_figures_names_and_skips(rendered):
+    results, figs, _, out = rendered
+    expected = {figure_key(APE, "probe"), figure_key(APE, "ape_permute"), figure_key(ROPE, "probe"),
+                figure_key(ROPE, "rope_axis"), figure_key(ROPE, "recovery"), figure_key(ROPE, "rope_heads")}
+    assert set(figs) == expected  # the XSS model has no docs: nothing drawn
+    for key, path in figs.items():
+        assert path == out / "figures" / f"{key}.png"
+        assert re.fullmatch(r"[A-Za-z0-9._-]+\.png", path.name)
+        assert path.read_bytes().startswith(PNG_MAGIC)
+    slugs = {model_slug(s) for s in ("a:b", "a?b", "a/b", XSS)}
+    assert len(slugs) == 4 and all(re.fullmatch(r"[A-Za-z0-9._-]+", s) for s in slugs)
+
+
+def test_report_is_well_formed_and_self_contained(rendered):
+    _, figs, page, out = rendered
+    c = check_html(page)
+    assert page.startswith("<!DOCTYPE html>")
+    assert c.counts["table"] >= 8 and c.counts["section"] >= 3 * 7
+    assert page.index('<table id="headline">') < page.index("<img")
+    assert len(c.imgs) == len(figs)
+    for img in c.imgs:
+        assert img["src"].startswith("data:image/png;base64,")
+        assert base64.b64decode(img["src"].split(",", 1)[1], validate=True).startswith(PNG_MAGIC)
+        assert img.get("alt")
+    for bad in ("<link", "<script", "http://", "https://", "url("):
+        assert bad not in page
+    assert [p.name for p in out.iterdir() if p.is_file()] == ["report.html"]
+
+
+def test_headline_has_one_row_per_claim_with_verdict(rendered):
+    _, _, page, _ = rendered
+    rows = headline_rows(page)
+    assert [cid for cid, _ in rows] == ["C1", "C2", "C3", "C4", "C5"]
+    for cid, row in rows:
+        verdict = CLAIM_VERDICTS[cid]
+        badge = re.search(r'<span class="badge ([a-z-]+)">([^<]*)</span>', row)
+        assert badge and badge.group(2) == verdict and badge.group(1) == verdict.replace(" ", "-")
+        assert f"claim text {cid}" in row and f"evidence for {cid}" in row
+    # APE claims: the RoPE column says why the experiment does not apply to the RoPE model
+    c2 = dict(rows)["C2"]
+    assert "RoPE model: no absolute embedding" in c2
+    # RoPE claims: the APE column shows the APE model's reason
+    assert "APE model: no rotary embedding" in dict(rows)["C5"]
+
+
+def test_json_text_is_escaped(rendered):
+    _, _, page, _ = rendered
+    assert XSS not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert XSS_DATA not in page and "cats&amp;dogs&lt;v2&gt;" in page
+    assert "no patches &amp; &lt;no&gt; grid" in page
+    assert "model has no learned pos_embed &lt;here&gt;" in page
+
+
+def test_not_applicable_and_numbers(rendered):
+    _, _, page, _ = rendered
+    text = "".join(check_html(page).text)
+    for reason in ("APE model: no rotary embedding", "RoPE model: no absolute embedding", "skipped in quick mode",
+                   "no patches & <no> grid", "untrained"):
+        assert f"not applicable: {reason}" in text
+    assert "91.2%" in text and "27.3 ± 1.2 pts" in text and "63.9 ± 1.0%" in text  # APE baseline, drop, top-1
+    assert "L2 h1" in text and "9.5 pts" in text and "1 of 12" in text  # primary rebuilding head
+    assert "vitpos run --config study.yaml" in text
+    assert "2.14.1" in text and "1.0.31" in text and "42.8 s" in text  # versions and total timing
+
+
+def test_headline_groups_by_dataset(tmp_path):
+    results = make_results(second_data="fashion")
+    del results["models"][XSS]
+    path = render_report(results, tmp_path, figures={})
+    page = path.read_text()
+    check_html(page)
+    assert '<th colspan="4">data: shapes</th>' in page and '<th colspan="4">data: fashion</th>' in page
+    ids = [cid for cid, _ in headline_rows(page)]
+    assert ids == ["C1", "C2", "C3", "C4", "C5"] * 2
+    assert "<img" not in page
+    assert "no APE model on fashion" in page and "no RoPE model on shapes" in page
+
+
+def test_missing_pieces_never_crash(tmp_path):
+    results = {"models": {"m": {"data": None}, "n": {"describe": {"scheme": "rope"}, "rope_heads": {"skipped": "why"},
+                                                     "rope_axis": {"conditions": "garbage"}}}}
+    with pytest.warns(UserWarning, match="rope_axis"):  # the malformed doc is skipped, not fatal
+        page = render_report(results, tmp_path).read_text()
+    check_html(page)
+    rows = headline_rows(page)
+    assert [cid for cid, _ in rows] == ["C1", "C2", "C3", "C4", "C5"]
+    assert all("not evaluated" in r for _, r in rows)
+    assert "not applicable: why" in page
+
+
+def test_recorded_relative_figures_are_used(rendered):
+    results, figs, _, out = rendered
+    results = copy.deepcopy(results)
+    results["figures"] = {k: str(p.relative_to(out)) for k, p in figs.items()}
+    page = render_report(results, out).read_text()
+    assert page.count('src="data:image/png;base64,') == len(figs)
+
+
+def test_checker_catches_unbalanced_tags():
+    with pytest.raises(AssertionError):
+        check_html("<table><tr><td>x</tr></table>")
+    with pytest.raises(AssertionError):
+        check_html("<section><p>x</p>")
+
+
+def _poison(x):
+    """Append the XSS payload to every string leaf (keys kept, so lookups still work)."""
+    if isinstance(x, dict):
+        return {k: _poison(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_poison(v) for v in x]
+    return x + XSS if isinstance(x, str) else x
+
+
+def test_every_json_string_is_escaped(tmp_path):
+    results = _poison(make_results())
+    rope = results["models"][ROPE]
+    rope["rope_axis"]["conditions"][XSS] = {"top1": 0.5, "axis": XSS}
+    results["timings"][XSS] = 1.0
+    results["summary"]["claims"][0]["numbers"][XSS] = [XSS]
+    results["models"][APE]["eval"]["per_group"][XSS] = 0.5
+    page = render_report(results, tmp_path, figures={}).read_text()
+    check_html(page)
+    assert "<script" not in page.lower()
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 50
