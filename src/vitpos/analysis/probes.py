@@ -5,10 +5,11 @@ Conventions (shared across vitpos):
     registers) already stripped by the caller;
   * patch n of an H x W grid has row n // W and column n % W.
 
-A probe is multinomial logistic regression on standardised features, fitted full-batch with
-L-BFGS (strong-Wolfe line search) in torch. The objective is
+A probe is multinomial logistic regression on standardised features, fitted full-batch in torch
+(CPU or GPU) with L-BFGS, preconditioned by the feature covariance. The objective is
     mean cross-entropy + l2 / 2 * ||W||^2        (bias unpenalised),
-which is scikit-learn's LogisticRegression objective with C = 1 / (l2 * n_train_tokens).
+which is scikit-learn's LogisticRegression objective with C = 1 / (l2 * n_train_tokens); it is
+minimised to the same gradient tolerance as scikit-learn's lbfgs (max |grad| <= 1e-4).
 
 `fit_position_probes` splits BY IMAGE (test images never reach training), chooses l2 per probe
 on a validation split of the training images, refits on all training images and reports test
@@ -179,16 +180,49 @@ def _standardise_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, std
 
 
+def _standardised_design(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """(N, D + 1): standardised features plus a ones column, so the bias rides in the matmul."""
+    out = torch.empty(x.shape[0], x.shape[1] + 1, device=x.device, dtype=torch.float32)
+    torch.sub(x, mean, out=out[:, :-1])
+    out[:, :-1].div_(std)
+    out[:, -1] = 1.0
+    return out
+
+
+_PRECOND_TOKENS = 8192  # tokens used to estimate the feature covariance for the preconditioner
+
+
+class _Design:
+    """A `_standardised_design` matrix plus its (lazily computed) feature-covariance eigenbasis."""
+
+    def __init__(self, xs: torch.Tensor):
+        self.xs = xs
+        self._eig: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def eig(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._eig is None:
+            n = self.xs.shape[0]
+            # Evenly strided rows: deterministic, and a preconditioner needs no exact covariance.
+            sub = self.xs[:: max(1, n // _PRECOND_TOKENS), :-1].double()
+            cov = sub.T @ sub / sub.shape[0]
+            e, u = torch.linalg.eigh(cov)
+            self._eig = (e.clamp_min(0).to(self.xs.dtype), u.to(self.xs.dtype))
+        return self._eig
+
+
 class _SoftmaxHeads:
     """Objective and gradient of several independent softmax heads sharing one token matrix.
 
-    Parameters are one (D + 1, sum K) tensor: weights with the bias as the last row. The
-    objective is a sum of per-head objectives, so the joint optimum is each head's own optimum;
-    sharing one (N, D) @ (D, sum K) matmul per evaluation is what makes fitting them together cheap.
-    Gradients are analytic (no autograd graph): softmax - one-hot, then one transposed matmul.
+    `design.xs` is a `_standardised_design` matrix; parameters are one (D + 1, sum K) tensor:
+    weights with the bias as the last row. The objective is a sum of per-head objectives, so the
+    joint optimum is each head's own optimum; sharing one (N, D + 1) @ (D + 1, sum K) matmul per
+    evaluation is what makes fitting them together cheap. Gradients are analytic (no autograd):
+    softmax - one-hot, then one transposed matmul.
     """
 
-    def __init__(self, xs: torch.Tensor, targets: list[torch.Tensor], num_classes: list[int], l2s: list[float]):
+    def __init__(self, design: _Design, targets: list[torch.Tensor], num_classes: list[int], l2s: list[float]):
+        xs = design.xs
+        self.design = design
         self.xs = xs
         self.n = xs.shape[0]
         self.slices = []
@@ -197,45 +231,83 @@ class _SoftmaxHeads:
             self.slices.append(slice(start, start + k))
             start += k
         self.targets = [y.to(xs.device) for y in targets]
-        self.lam = torch.cat([torch.full((k,), float(l2), device=xs.device, dtype=xs.dtype) for k, l2 in zip(num_classes, l2s)])
+        # One-hot targets, so d loss / d logits is a plain subtraction.
+        self.onehots = [F.one_hot(y, k).to(xs.dtype) for y, k in zip(self.targets, num_classes)]
+        self.lam = torch.cat(
+            [torch.full((k,), float(l2), device=xs.device, dtype=xs.dtype) for k, l2 in zip(num_classes, l2s)]
+        )
+        self.curv = torch.full_like(self.lam, 0.5)  # softmax curvature per column, see value()
 
-    def logits(self, theta: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(theta[-1], self.xs, theta[:-1])
-
-    def loss(self, theta: torch.Tensor, logits: torch.Tensor) -> float:
-        total = 0.5 * float((self.lam * theta[:-1].pow(2)).sum())
-        for sl, y in zip(self.slices, self.targets):
-            total += float(F.cross_entropy(logits[:, sl], y))
-        return total
-
-    def grad(self, theta: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def value(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """(objective, d objective / d logits): one exp per evaluation serves both."""
+        logits = self.xs @ theta
+        f = 0.5 * float((self.lam * theta[:-1].pow(2)).sum())
         resid = torch.empty_like(logits)
-        rows = torch.arange(self.n, device=logits.device)
-        for sl, y in zip(self.slices, self.targets):
-            part = torch.softmax(logits[:, sl], dim=1)
-            part[rows, y] -= 1.0
-            resid[:, sl] = part
-        resid /= self.n
-        g = torch.empty_like(theta)
-        torch.mm(self.xs.T, resid, out=g[:-1])
+        for sl, y, onehot in zip(self.slices, self.targets, self.onehots):
+            z = logits[:, sl]
+            m = z.amax(1, keepdim=True)
+            e = (z - m).exp_()
+            tot = e.sum(1, keepdim=True)
+            f += float((tot.log() + m - z.gather(1, y[:, None])).mean())
+            p = e.div_(tot)
+            # Mean eigenvalue of the per-token logit Hessian diag(p) - p p^T: the softmax's
+            # share of the curvature, used to scale the preconditioner.
+            self.curv[sl] = (1.0 - p.pow(2).sum(1).mean()) / p.shape[1]
+            resid[:, sl] = p.sub_(onehot)
+        return f, resid.div_(self.n)
+
+    def grad(self, theta: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        g = self.xs.T @ resid
         g[:-1] += self.lam * theta[:-1]
-        g[-1] = resid.sum(0)
         return g
+
+    def precondition(self, q: torch.Tensor) -> torch.Tensor:
+        """Approximate inverse Hessian times q: per column, (c * Cov + lam)^-1 on the weights.
+
+        Real activations are strongly anisotropic even after standardising, which is what makes
+        plain L-BFGS (and scikit-learn) take hundreds of steps; this removes that part.
+        """
+        e, u = self.design.eig()
+        c = self.curv.clamp_min(1e-6)
+        out = torch.empty_like(q)
+        out[:-1] = u @ ((u.T @ q[:-1]) / (c * e[:, None] + self.lam))
+        out[-1] = q[-1] / c  # bias: the ones column has unit second moment
+        return out
 
 
 @torch.no_grad()
-def _lbfgs(obj: _SoftmaxHeads, theta: torch.Tensor, *, max_iter: int, tol: float, history: int = 10) -> tuple[torch.Tensor, int]:
+def _lbfgs(
+    obj: _SoftmaxHeads,
+    theta: torch.Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+    history: int = 10,
+    memory: dict | None = None,
+    precondition: bool = True,
+) -> tuple[torch.Tensor, int]:
     """Minimise a smooth convex objective with L-BFGS and an Armijo backtracking line search.
 
     Stops when max|grad| <= tol (scikit-learn's lbfgs criterion), when the objective stops
     decreasing in float precision, or after max_iter iterations. Returns (theta, iterations).
+
+    `memory` (a dict, updated in place) carries curvature pairs along a regularisation path:
+    the penalty's Hessian is diag(lam), so a pair (s, y) stays exact under a new lam after
+    y += (lam_new - lam_old) * s. Warm starts then skip L-BFGS's slow first iterations.
     """
-    logits = obj.logits(theta)
-    f = obj.loss(theta, logits)
-    g = obj.grad(theta, logits)
+    f, resid = obj.value(theta)
+    g = obj.grad(theta, resid)
     s_hist: list[torch.Tensor] = []
     y_hist: list[torch.Tensor] = []
     rho_hist: list[float] = []
+    if memory and memory.get("s") and memory["lam"].shape == obj.lam.shape:
+        shift = obj.lam - memory["lam"]
+        for s, y in zip(memory["s"], memory["y"]):
+            y = y.clone()
+            y[:-1] += shift * s[:-1]
+            sy = float((s * y).sum())
+            if sy > 1e-10:
+                s_hist.append(s), y_hist.append(y), rho_hist.append(1.0 / sy)
     it = 0
     while it < max_iter and float(g.abs().max()) > tol:
         it += 1
@@ -246,26 +318,34 @@ def _lbfgs(obj: _SoftmaxHeads, theta: torch.Tensor, *, max_iter: int, tol: float
             a = rho * float((s * q).sum())
             alphas.append(a)
             q -= a * y
-        if s_hist:
+        if precondition:
+            # H0 = gamma * M with M ~ inverse Hessian; gamma from the newest secant pair.
+            if s_hist:
+                s_new, y_new = s_hist[-1], y_hist[-1]
+                gamma = float((s_new * y_new).sum()) / float((y_new * obj.precondition(y_new)).sum())
+                q = gamma * obj.precondition(q)
+            else:
+                q = obj.precondition(q)
+        elif s_hist:
             q *= float((s_hist[-1] * y_hist[-1]).sum()) / float((y_hist[-1] * y_hist[-1]).sum())
         for (s, y, rho), a in zip(zip(s_hist, y_hist, rho_hist), reversed(alphas)):
             q += (a - rho * float((y * q).sum())) * s
         gd = float((g * q).sum())
-        if gd >= 0:  # not a descent direction (numerical trouble): restart from steepest descent
+        if gd >= 0:  # not a descent direction (numerical trouble): drop the history
             s_hist, y_hist, rho_hist = [], [], []
-            q, gd = -g, -float((g * g).sum())
-        # First step is scaled like torch's LBFGS; later ones start at the quasi-Newton step 1.
-        t = 1.0 if s_hist else min(1.0, 1.0 / float(g.abs().sum()))
+            q = -obj.precondition(g) if precondition else -g
+            gd = float((g * q).sum())
+        # Unpreconditioned first steps are scaled like torch's LBFGS; else try the full step.
+        t = 1.0 if (s_hist or precondition) else min(1.0, 1.0 / float(g.abs().sum()))
         for _ in range(30):
             new_theta = theta + t * q
-            new_logits = obj.logits(new_theta)
-            new_f = obj.loss(new_theta, new_logits)
+            new_f, new_resid = obj.value(new_theta)
             if new_f <= f + 1e-4 * t * gd:
                 break
             t *= 0.5
         else:
             break  # no decrease representable in float precision: converged as far as it can
-        new_g = obj.grad(new_theta, new_logits)
+        new_g = obj.grad(new_theta, new_resid)
         s, y = new_theta - theta, new_g - g
         sy = float((s * y).sum())
         if sy > 1e-10:  # keep the pair only when curvature is positive (always, if l2 > 0)
@@ -278,11 +358,13 @@ def _lbfgs(obj: _SoftmaxHeads, theta: torch.Tensor, *, max_iter: int, tol: float
         theta, f, g = new_theta, new_f, new_g
         if decrease <= 1e-9 * max(1.0, abs(f)):
             break
+    if memory is not None:
+        memory.update(s=s_hist, y=y_hist, lam=obj.lam.clone())
     return theta, it
 
 
 def _fit_softmax_heads(
-    xs: torch.Tensor,
+    xs: "torch.Tensor | _Design",
     targets: list[torch.Tensor],
     num_classes: list[int],
     l2s: list[float],
@@ -290,18 +372,23 @@ def _fit_softmax_heads(
     *,
     max_iter: int = 200,
     tol: float = 1e-4,
+    memory: dict | None = None,
+    precondition: bool = True,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Fit independent softmax heads (one per target) on the same standardised (N, D) tokens.
+    """Fit independent softmax heads (one per target) on one (N, D + 1) `_standardised_design`.
 
-    Returns one (weight (D, K), bias (K,)) per head; `init` optionally warm-starts heads.
+    Returns one (weight (D, K), bias (K,)) per head; `init` optionally warm-starts heads and
+    `memory` carries L-BFGS curvature along an l2 path on the same data (see `_lbfgs`).
     """
-    obj = _SoftmaxHeads(xs, targets, num_classes, l2s)
-    theta = torch.zeros(xs.shape[1] + 1, sum(num_classes), device=xs.device, dtype=xs.dtype)
+    design = xs if isinstance(xs, _Design) else _Design(xs)
+    obj = _SoftmaxHeads(design, targets, num_classes, l2s)
+    xs = design.xs
+    theta = torch.zeros(xs.shape[1], sum(num_classes), device=xs.device, dtype=xs.dtype)
     for sl, start in zip(obj.slices, init or []):
         if start is not None:
             theta[:-1, sl] = start[0].to(theta)
             theta[-1, sl] = start[1].to(theta)
-    theta, _ = _lbfgs(obj, theta, max_iter=max_iter, tol=tol)
+    theta, _ = _lbfgs(obj, theta, max_iter=max_iter, tol=tol, memory=memory, precondition=precondition)
     return [(theta[:-1, sl].clone(), theta[-1, sl].clone()) for sl in obj.slices]
 
 
@@ -389,7 +476,7 @@ class LinearProbe:
         if not torch.isfinite(x).all():
             raise VitposError("features contain NaN or inf; fix the activations before probing")
         mean, std = _standardise_stats(x)
-        xs = (x - mean) / std
+        xs = _standardised_design(x, mean, std)
         ((w, b),) = _fit_softmax_heads(
             xs, [y.to(dev)], [self.num_classes], [self.l2], max_iter=self.max_iter, tol=self.tol
         )
@@ -599,15 +686,17 @@ def fit_position_probes(
     # 1) choose l2 per probe on the validation images, fitting on the rest of the train images
     x_fit = x_train[in_fit.to(dev)]
     mean_fit, std_fit = _standardise_stats(x_fit)
-    xs_fit = (x_fit - mean_fit) / std_fit
+    xs_fit = _Design(_standardised_design(x_fit, mean_fit, std_fit))
     del x_fit
     y_fit = [targets[t].to(dev)[patch_dev[in_fit.to(dev)]] for t in ("row", "col")]
     val_by_l2: dict[str, dict[float, float]] = {"row": {}, "col": {}}
     best: dict[str, tuple[float, float, tuple[torch.Tensor, torch.Tensor]]] = {}
-    heads = None
+    heads, memory = None, {}
     # Largest l2 first: each fit warm-starts the next, weaker-regularised one (a path).
     for l2 in sorted(set(l2_grid), reverse=True):
-        heads = _fit_softmax_heads(xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol)
+        heads = _fit_softmax_heads(
+            xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
+        )
         accs = _head_accuracies(features, split.val, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
         for t, acc, head in zip(("row", "col"), accs, heads):
             val_by_l2[t][l2] = acc
@@ -618,7 +707,7 @@ def fit_position_probes(
 
     # 2) refit on all training images with the chosen l2; controls share the chosen l2
     mean, std = _standardise_stats(x_train)
-    xs_train = (x_train - mean) / std
+    xs_train = _Design(_standardised_design(x_train, mean, std))
     del x_train
     names = ["row", "col"] + (["row_control", "col_control"] if control else [])
     labels = [targets["row"], targets["col"]] + ([ctrl["row"], ctrl["col"]] if control else [])
