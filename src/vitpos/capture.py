@@ -21,7 +21,11 @@ from vitpos.progress import progress_bar
 
 
 def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None = None, seed: int = 0):
-    """A split of `data` shaped for `surface`; imagefolder data gets the timm model's own preprocessing."""
+    """A split of `data` shaped for `surface`; imagefolder data gets the timm model's own preprocessing.
+
+    `data` may also be a dataset object already (anything with .batches, .info, .subset): used as is."""
+    if not isinstance(data, str):
+        return data.subset(limit)
     if data.startswith("imagefolder:"):
         from timm.data import create_transform, resolve_data_config
 
@@ -71,3 +75,51 @@ def capture_patch_tokens(spec: str, site: str, layer: int, data: str = "shapes",
     ds = dataset_for(surface, data, split, limit=n_images)
     acts, _, _ = capture_layers(surface, ds, [Site(layer, site)], batch_size=batch_size)
     return acts[str(Site(layer, site))]
+
+
+_STORABLE = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot")
+
+
+def _tokens_first(t: torch.Tensor) -> torch.Tensor:
+    """Per-head (B, h, T, d) -> (B, T, h*d) so every stored site is (B, T, D)."""
+    return t.transpose(1, 2).flatten(2) if t.ndim == 4 else t
+
+
+def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, out, *, limit: int | None = None,
+                     batch_size: int = 128, dtype: str = "float32", shard_images: int = 256, force: bool = False,
+                     progress: bool = True) -> dict:
+    """Stream the chosen sites of every image of a split into an activation store (resumable)."""
+    from vitpos.store import ActivationWriter
+
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise VitposError(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
+    site_list = expand_sites(sites, surface.depth)
+    for s in site_list:
+        if s.name not in _STORABLE:
+            raise VitposError(f"site {s} cannot be stored (attention patterns and tables are not token activations)")
+    dataset = dataset_for(surface, data, split, limit=limit)
+    meta = {"model": surface.spec, "data": data, "split": split, "limit": limit, "n_images": len(dataset)}
+    keys = [str(s) for s in site_list]
+    with ActivationWriter(out, sites=keys, grid=surface.grid, num_prefix_tokens=surface.num_prefix_tokens,
+                          meta=meta, shard_images=shard_images, dtype=dtypes[dtype], force=force) as writer:
+        done = writer.num_done
+        total = (len(dataset) + batch_size - 1) // batch_size
+        with progress_bar(enabled=progress) as bar, capture(surface, site_list) as cache:
+            task = bar.add_task(f"capture {surface.spec}", total=total)
+            seen = 0
+            for x, y in dataset.batches(batch_size):
+                ids = torch.arange(seen, seen + len(y))
+                seen += len(y)
+                keep = ids >= done  # resume: skip images already in the store
+                if keep.any():
+                    surface(x[keep])
+                    batch = {k: _tokens_first(cache.pop_batch(k)) for k in keys}
+                    writer.add(batch, y[keep], ids[keep])
+                bar.update(task, advance=1)
+    return {"num_images": len(dataset), "sites": keys, "out": str(out)}
+
+
+def data_name(data) -> str:
+    """A dataset's name for JSON documents (`data` may be a name or a dataset object)."""
+    return data if isinstance(data, str) else f"{data.info.name}:{getattr(data, 'split', '?')}"

@@ -67,7 +67,7 @@ def train(
     pe: str,
     out: str | Path,
     data: str = "shapes",
-    epochs: int = 6,
+    epochs: int = 3,
     seed: int = 0,
     batch_size: int = 128,
     lr: float = 1e-3,

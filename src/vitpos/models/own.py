@@ -35,7 +35,7 @@ class OwnViTConfig(BaseModel):
     patch_size: int = 4
     in_chans: int = 3
     num_classes: int = 4
-    embed_dim: int = 128
+    embed_dim: int = 96
     depth: int = 6
     num_heads: int = 4
     mlp_ratio: float = 2.0

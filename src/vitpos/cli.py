@@ -1,0 +1,312 @@
+"""The `vitpos` command: thin wrappers that parse, call one library function and print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vitpos.errors import VitposError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE and RoPE ViTs.")
+intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads.")
+app.add_typer(intervene_app, name="intervene")
+console = Console(stderr=True)
+out_console = Console()
+
+ModelOpt = typer.Option(..., "--model", "-m", help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
+PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
+CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
+DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | imagefolder:PATH")
+OutOpt = typer.Option(..., "--out", "-o", help="output directory")
+ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
+
+
+def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = None):
+    from vitpos.models import load_model
+
+    return load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+
+
+def _print_json(doc: dict) -> None:
+    out_console.print_json(json.dumps(doc))
+
+
+@app.command()
+def train(
+    pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
+    out: Path = OutOpt,
+    data: str = DataOpt,
+    epochs: int = typer.Option(3, "--epochs"),
+    seed: int = typer.Option(0, "--seed"),
+    batch_size: int = typer.Option(128, "--batch-size"),
+    lr: float = typer.Option(1e-3, "--lr"),
+    quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
+    force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
+    progress: bool = ProgressOpt,
+):
+    """Train one of vitpos' own ViTs; rerunning the same command resumes an interrupted run."""
+    from vitpos.models.own import PE_CHOICES
+    from vitpos.train import train as run_train
+
+    if pe not in PE_CHOICES:
+        raise VitposError(f"unknown --pe {pe!r}; use one of {', '.join(PE_CHOICES)}")
+    if epochs < 1:
+        raise VitposError("--epochs must be at least 1")
+    m = run_train(pe, out, data=data, epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, quick=quick,
+                  force=force, progress=progress)
+    out_console.print(f"{pe} on {data}: test top-1 {m['test_top1']:.4f}, val top-1 {m['val_top1']:.4f} "
+                      f"({m['epochs']} epochs, {m['seconds']:.0f} s) -> {out}")
+
+
+@app.command("eval")
+def eval_cmd(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    split: str = typer.Option("test", "--split"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    limit: Optional[int] = typer.Option(None, "--limit", help="evaluate on the first N images"),
+    progress: bool = ProgressOpt,
+):
+    """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
+    from vitpos.capture import dataset_for
+    from vitpos.evaluate import evaluate
+    from vitpos.io import write_json
+
+    surface = _surface(model, pretrained, checkpoint)
+    ds = dataset_for(surface, data, split, limit=limit)
+    rep = evaluate(surface, ds, progress=progress)
+    doc = {"model": model, "data": data, "split": split, f"{split}_top1": rep["top1"], **rep}
+    if out is not None:
+        write_json(Path(out) / "eval.json", doc)
+    out_console.print(f"{model} on {data}/{split}: top-1 {rep['top1']:.4f} (n={rep['n']})")
+
+
+@app.command()
+def models():
+    """List the shipped models and the timm families vitpos supports."""
+    from vitpos.io import read_json
+    from vitpos.models.spec import BUILTIN_DIR, available_builtins
+
+    t = Table("model", "pe", "data", "test top-1")
+    for name in available_builtins():
+        m = read_json(BUILTIN_DIR / name / "metrics.json")
+        t.add_row(f"builtin:{name}", m.get("pe", "?"), m.get("data", "?"), f"{m.get('test_top1', float('nan')):.4f}")
+    out_console.print(t)
+    out_console.print("timm: VisionTransformer (vit_*, deit_*, deit3_*, vit_*_reg*) and Eva "
+                      "(vit_*_rope_*, vit_*_rope_mixed_*, vit_*_rope_ape_*, eva02_*, vit_*_dinov3)")
+
+
+@app.command()
+def capture(
+    model: str = ModelOpt,
+    sites: str = typer.Option("resid_post", "--sites", help="comma list: resid_post (all layers) or blocks.L.site"),
+    data: str = DataOpt,
+    split: str = typer.Option("train", "--split"),
+    out: Path = OutOpt,
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N images only"),
+    batch_size: int = typer.Option(128, "--batch-size"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 | bfloat16 storage"),
+    shard_images: int = typer.Option(256, "--shard-images"),
+    force: bool = typer.Option(False, "--force"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Stream activations of a dataset to disk shards (resumable, memory bounded)."""
+    from vitpos.capture import capture_to_store
+
+    surface = _surface(model, pretrained, checkpoint)
+    info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
+                            shard_images=shard_images, force=force, progress=progress)
+    out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites -> {out}")
+
+
+@app.command()
+def probe(
+    model: str = ModelOpt,
+    sites: str = typer.Option("resid_post", "--sites"),
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(1000, "--images", help="number of test-split images (split by image into probe train/test)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
+    from vitpos.experiments.probe import run_probe
+
+    surface = _surface(model, pretrained, checkpoint)
+    doc = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress)
+    res = doc if "layers" in doc else next(iter(doc["sites"].values()))
+    t = Table("layer", "row acc", "col acc", "row sel", "col sel")
+    for i, layer in enumerate(res["layers"]):
+        t.add_row(str(layer), f"{res['row_acc'][i]:.3f}", f"{res['col_acc'][i]:.3f}",
+                  f"{res['row_selectivity'][i]:.3f}", f"{res['col_selectivity'][i]:.3f}")
+    out_console.print(t)
+    out_console.print(f"chance row {res['chance_row']:.3f}, col {res['chance_col']:.3f}; content baseline "
+                      f"row {res['content_baseline']['row_acc']:.3f}, col {res['content_baseline']['col_acc']:.3f} -> {out}")
+
+
+@app.command()
+def sae(
+    model: str = ModelOpt,
+    layer: int = typer.Option(..., "--layer", help="block index whose site is encoded"),
+    site: str = typer.Option("resid_post", "--site", help="resid_post | resid_pre | attn_out | mlp_out"),
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    arch: str = typer.Option("topk", "--arch", help="topk | batchtopk | relu"),
+    k: int = typer.Option(32, "--k"),
+    expansion: int = typer.Option(8, "--expansion"),
+    images: int = typer.Option(4000, "--images", help="training images (their patch tokens)"),
+    epochs: int = typer.Option(4, "--epochs"),
+    seed: int = typer.Option(0, "--seed"),
+    force: bool = typer.Option(False, "--force"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Train an SAE on one layer's patch tokens; OUT/sae.safetensors, sae.json, features.png."""
+    from vitpos.experiments.sae_run import run_sae
+
+    surface = _surface(model, pretrained, checkpoint)
+    doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
+                     epochs=epochs, seed=seed, out=out, progress=progress, force=force)
+    out_console.print(f"SAE L{layer} {site}: FVU {doc['fvu']:.3f}, L0 {doc['l0']:.1f}, dead {doc['dead_frac']:.1%}, "
+                      f"spliced top-1 change {doc['top1_change_points']:+.1f} pts; {doc['n_row_features']} row, "
+                      f"{doc['n_col_features']} col, {doc['n_mixed_features']} mixed features -> {out}")
+
+
+@intervene_app.command("ape-permute")
+def ape_permute(
+    model: str = ModelOpt,
+    sae_dir: Path = typer.Option(..., "--sae", help="directory written by `vitpos sae`"),
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(2000, "--images"),
+    seeds: int = typer.Option(3, "--seeds", help="number of random seeds"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
+    from vitpos.experiments.ape_permute import run_ape_permute
+    from vitpos.io import read_json
+    from vitpos.sae import SAE
+
+    surface = _surface(model, pretrained, checkpoint)
+    if not surface.has_ape:
+        raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model")
+    sae_doc = read_json(Path(sae_dir) / "sae.json")
+    doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
+                          out=out, progress=progress)
+    t = Table("variant", "top-1", "drop (points)", "features")
+    t.add_row("baseline", f"{doc['baseline_top1']:.3f}", "", "")
+    for v in doc["variants"]:
+        r = doc[v]
+        if "skipped" in r:
+            t.add_row(v, "-", f"skipped: {r['skipped']}", "")
+        else:
+            t.add_row(v, f"{r['top1']:.3f}", f"{r['drop_points']:.1f} ± {r['drop_std']:.1f}", str(r["n_features"] or ""))
+    out_console.print(t)
+
+
+@intervene_app.command("rope-axis")
+def rope_axis(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(1000, "--images"),
+    restore: Optional[str] = typer.Option(None, "--restore", help="comma list of R (default: every layer 1..L-1)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Row/col decodability per layer with RoPE axes removed and restored; OUT/rope_axis.json."""
+    from vitpos.experiments.rope_axis import run_rope_axis
+
+    surface = _surface(model, pretrained, checkpoint)
+    Rs = None if restore is None else [int(r) for r in restore.split(",") if r.strip()]
+    doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out, progress=progress)
+    t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
+    for name, c in doc["conditions"].items():
+        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]), " ".join(f"{v:.2f}" for v in c["col_acc"]))
+    out_console.print(t)
+    out_console.print(f"chance row {doc['chance_row']:.3f}, col {doc['chance_col']:.3f} -> {out}")
+
+
+@intervene_app.command("rope-heads")
+def rope_heads(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    axis: str = typer.Option("both", "--axis", help="row | col | both"),
+    restore_from: Optional[int] = typer.Option(None, "--restore-from", help="R of the restore setting (default depth//2)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Optional[Path] = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Axis specialisation, rebuilding score and ablation drop of every head; OUT/rope_heads.json."""
+    from vitpos.experiments.rope_heads import run_rope_heads
+
+    surface = _surface(model, pretrained, checkpoint)
+    doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out, progress=progress)
+    p = doc["primary_rebuilding_head"]
+    out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
+                      f"{len(doc['layers']) * doc['num_heads']}); largest drop L{doc['largest_drop_head'][0]}H"
+                      f"{doc['largest_drop_head'][1]} -> {out}" if p else f"no rebuilding head found -> {out}")
+
+
+@app.command()
+def run(
+    out: Path = typer.Option(Path("vitpos-out"), "--out", "-o", help="output directory (results.json, report.html)"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
+    models: Optional[str] = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
+    quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
+    force: bool = typer.Option(False, "--force", help="recompute every stage"),
+    pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    progress: bool = ProgressOpt,
+):
+    """Run the whole study (eval, probes, SAE, APE and RoPE tests) and write results.json + report.html."""
+    from vitpos.run import load_config, run_study
+
+    overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
+                 "seed": seed, "pretrained": pretrained or None}
+    cfg = load_config(config, overrides, quick)
+    cmd = "vitpos run " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "vitpos run"
+    t0 = __import__("time").time()
+    results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
+                        log=lambda msg: console.print(msg, highlight=False))
+    t = Table("claim", "verdict", "evidence")
+    for c in results["summary"]["claims"]:
+        t.add_row(c["id"], c["verdict"], c["evidence"])
+    out_console.print(t)
+    out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
+
+
+def main() -> None:
+    try:
+        app()
+    except VitposError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("interrupted; rerun the same command to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

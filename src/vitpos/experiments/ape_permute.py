@@ -1,0 +1,166 @@
+"""E3 (C2): permute APE's positional features across patches and measure top-1.
+
+Per image, a permutation pi of patch positions; with F the chosen SAE latents,
+    x'_n = x_n + sum_{f in F} (z_{pi(n), f} - z_{n, f}) d_f
+at the SAE's site: only the span of F's decoder directions changes, the SAE error term and
+prefix tokens are untouched, and the identity permutation is an exact no-op.
+Variants: all (row+col features, random pi), row_only (row features, pi shuffles whole rows),
+col_only (col features, pi shuffles whole columns), random_features (as many live
+non-positional latents, matched in activation mass, random pi), mean_ablate (F replaced by its
+mean over patches), pos_embed_shuffle (the input APE table itself permuted: SAE-free).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vitpos.capture import data_name, dataset_for
+from vitpos.errors import VitposError
+from vitpos.evaluate import accuracy_report, predict
+from vitpos.experiments.sae_run import sae_edit
+from vitpos.hooks import edit
+from vitpos.io import write_json
+from vitpos.models.surface import ModelSurface, Site
+from vitpos.progress import progress_bar
+from vitpos.sae import SAE
+
+VARIANTS = ("all", "row_only", "col_only", "random_features", "mean_ablate", "pos_embed_shuffle")
+
+
+def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
+    """x, z: (B, N, D), (B, N, F); perm (B, N): patch n takes the features of patch perm[b, n]."""
+    c = sae.feature_contribution(z, ids)
+    moved = torch.gather(c, 1, perm.unsqueeze(-1).expand_as(c))
+    return x + (moved - c)
+
+
+def random_perms(kind: str, B: int, grid: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+    """(B, N) permutations: 'all' any, 'row' shuffles whole rows, 'col' shuffles whole columns."""
+    H, W = grid
+    idx = torch.arange(H * W).reshape(H, W)
+    out = []
+    for _ in range(B):
+        if kind == "all":
+            out.append(torch.randperm(H * W, generator=g))
+        elif kind == "row":
+            out.append(idx[torch.randperm(H, generator=g)].flatten())
+        else:
+            out.append(idx[:, torch.randperm(W, generator=g)].flatten())
+    return torch.stack(out)
+
+
+def matched_random_features(mass: torch.Tensor, positional: list[int], live: torch.Tensor, g: torch.Generator,
+                            pool: int = 5) -> list[int]:
+    """For each positional latent, a random non-positional live latent among the `pool` closest in mass."""
+    pos = set(positional)
+    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
+    if len(cands) < len(positional):
+        return []
+    chosen: list[int] = []
+    for f in positional:
+        free = [c for c in cands if c not in chosen]
+        free.sort(key=lambda c: abs(float(mass[c] - mass[f])))
+        near = free[:pool]
+        chosen.append(near[int(torch.randint(len(near), (1,), generator=g))])
+    return chosen
+
+
+@torch.no_grad()
+def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
+    mean code (for mean ablation), from the first n images."""
+    from vitpos.capture import capture_layers
+
+    acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
+    z = sae.encode(acts.reshape(-1, acts.shape[-1]))
+    return z.mean(0), (z != 0).float().mean(0)
+
+
+def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = "shapes", n_images: int = 2000,
+                    seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
+                    progress: bool = False) -> dict:
+    if not surface.has_ape:
+        raise VitposError(
+            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model "
+            "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
+        )
+    layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
+    site = Site(layer, site_name)
+    row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
+    dataset = dataset_for(surface, data, split, limit=n_images)
+    mean_code, fire = feature_mass(surface, sae, site, dataset)
+    info = dataset.info
+    preds, labels = predict(surface, dataset)
+    base = accuracy_report(preds, labels, info)
+    npt = surface.num_prefix_tokens
+
+    def run_edit(sites_fns: dict) -> dict:
+        p, y = predict(surface, dataset, context=lambda: edit(surface, sites_fns))
+        return accuracy_report(p, y, info)
+
+    def permuting(ids: list[int], kind: str, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        return sae_edit(surface, sae, lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
+
+    per_variant: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    skipped: dict[str, str] = {}
+    with progress_bar(enabled=progress) as bar:
+        task = bar.add_task("ape-permute", total=len(VARIANTS) * len(seeds))
+        for seed in seeds:
+            g = torch.Generator().manual_seed(10_000 + seed)
+            plan = {
+                "all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
+                "random_features": (matched_random_features(mean_code, row + col, fire >= 0.005, g), "all"),
+            }
+            for v, (ids, kind) in plan.items():
+                if not ids:
+                    skipped[v] = "no features of this kind" if v != "random_features" else "not enough live non-positional latents"
+                else:
+                    per_variant[v].append(run_edit({site: permuting(ids, kind, seed)}))
+                bar.update(task, advance=1)
+            if row + col:
+                ids = row + col
+                mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
+                fn = sae_edit(surface, sae, lambda x, z, ids=ids, m=mean_c: x - sae.feature_contribution(z, ids) + m)
+                per_variant["mean_ablate"].append(run_edit({site: fn}))
+            else:
+                skipped["mean_ablate"] = "no positional features"
+            bar.update(task, advance=1)
+            pe = surface.patch_pos_embed()
+            gp = torch.Generator().manual_seed(20_000 + seed)
+
+            def shuffle_pe(t, pe=pe, gp=gp):
+                perm = random_perms("all", t.shape[0], surface.grid, gp)
+                moved = pe[perm]  # (B, N, D)
+                return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
+            per_variant["pos_embed_shuffle"].append(run_edit({Site(None, "embed"): shuffle_pe}))
+            bar.update(task, advance=1)
+
+    doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
+           "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
+           "variants": list(VARIANTS), "feature_counts": {"row": len(row), "col": len(col)}}
+    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "random_features": len(row + col),
+               "mean_ablate": len(row + col), "pos_embed_shuffle": None}
+    for v in VARIANTS:
+        runs = per_variant[v]
+        if not runs:
+            doc[v] = {"skipped": skipped.get(v, "not run")}
+            continue
+        t = torch.tensor([r["top1"] for r in runs])
+        groups = {}
+        for gname in base["per_group"]:
+            gt = torch.tensor([r["per_group"][gname] for r in runs])
+            groups[gname] = {"top1": float(gt.mean()), "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
+        doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
+                  "drop_points": 100 * (base["top1"] - float(t.mean())),
+                  "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
+                  "per_seed_top1": t.tolist(), "n_features": n_feats[v], "per_group": groups}
+    if out is not None:
+        out = Path(out)
+        write_json(out / "ape_permute.json", doc)
+        from vitpos.report.plots import plot_ape_permute
+
+        plot_ape_permute(doc, out / "ape_permute.png")
+    return doc

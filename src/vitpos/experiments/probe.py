@@ -1,0 +1,74 @@
+"""E1: how much row and column information each layer holds (linear probes), with controls.
+
+Content baseline (METHODS): the same probes on the patch embeddings with any absolute embedding
+subtracted — content only, no positional input — since on real images content alone predicts
+position (centred garments, sky at the top).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vitpos.analysis.probes import fit_position_probes, probe_layers
+from vitpos.capture import capture_layers, dataset_for
+from vitpos.io import write_json
+from vitpos.models.surface import ModelSurface, Site, expand_sites
+
+MAX_IN_MEMORY_BYTES = 3 * 2**30
+
+
+def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
+    """(n, N, D) patch tokens at the embedding with the absolute embedding removed."""
+    acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size)
+    feats = acts["embed"]
+    if surface.has_ape:
+        feats = feats - surface.patch_pos_embed().unsqueeze(0)
+    return feats
+
+
+def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int], batch_size: int = 256,
+                   context=None, progress: bool = False) -> dict[int, torch.Tensor]:
+    """{layer: (n, N, D)} for one site name at each layer, in as few forward passes as memory allows."""
+    per_layer = len(dataset) * surface.num_patches * surface.width * 4
+    chunk = max(1, int(MAX_IN_MEMORY_BYTES // max(1, per_layer)))
+    out: dict[int, torch.Tensor] = {}
+    for start in range(0, len(layers), chunk):
+        group = layers[start:start + chunk]
+        acts, _, _ = capture_layers(surface, dataset, [Site(l, site) for l in group], batch_size=batch_size,
+                                    context=context, progress=progress, desc=f"capture {site}")
+        out.update({l: acts[str(Site(l, site))] for l in group})
+    return out
+
+
+def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_post", n_images: int = 1000,
+              split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False) -> dict:
+    """Probe every layer of each site; writes probe.json and probe.png into `out` when given."""
+    dataset = dataset_for(surface, data, split, limit=n_images)
+    site_names = sorted({s.name for s in expand_sites(sites, surface.depth)}, key=sites.find)
+    content = fit_position_probes(content_features(surface, dataset), surface.grid, seed=seed)
+    baseline = {"row_acc": content.row_acc, "col_acc": content.col_acc,
+                "note": "patch embeddings minus any APE: position predictable from content alone"}
+    results = {}
+    for name in site_names:
+        layers = sorted(s.layer for s in expand_sites(sites, surface.depth) if s.name == name)
+        feats = layer_features(surface, dataset, name, layers, progress=progress)
+        res = probe_layers(feats, surface.grid, seed=seed).to_json(name)
+        res["content_baseline"] = baseline
+        res["n_images"] = len(dataset)
+        results[name] = res
+    doc = results[site_names[0]] if len(site_names) == 1 else {"sites": results}
+    if out is not None:
+        from vitpos.report.probe_plot import plot_probe_curves
+
+        out = Path(out)
+        write_json(out / "probe.json", doc)
+        for name, res in results.items():
+            L = len(res["layers"])
+            plot_probe_curves(res, out / ("probe.png" if len(results) == 1 else f"probe_{name}.png"),
+                              title=f"{surface.spec}: {name}",
+                              content_baseline={"layers": res["layers"], "row_acc": [baseline["row_acc"]] * L,
+                                                "col_acc": [baseline["col_acc"]] * L,
+                                                "chance_row": res["chance_row"], "chance_col": res["chance_col"]})
+    return doc

@@ -1,0 +1,125 @@
+"""E6-E7 (C4, C5): which heads are axis-specialised, which rebuild position, which matter for accuracy.
+
+Per (layer, head):
+  axis_index  S = (A_row - A_col) / (A_row + A_col) in [-1, 1], A_a = mean over patch queries of
+              KL(attention clean || attention with axis a removed for this head only)
+              (+1: the head's pattern depends on row offsets only; -1: column only; |S| >= 0.5 = specialised)
+  rebuild_score  in the restore setting (axis removed in layers < R, restored from R on), the fall
+              in mean recovery Rec over layers >= R when this head's rotation stays removed too
+              (0 for heads in layers < R, whose rotation is removed anyway: reported as null)
+  drop_points  100 x (top-1 intact - top-1 with all of this head's rotations removed)
+primary_rebuilding_head = argmax rebuild_score; C5 holds when it also has the largest drop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vitpos.capture import data_name, dataset_for
+from vitpos.evaluate import predict
+from vitpos.experiments.rope_axis import condition_context, probe_condition, recovery, require_rope
+from vitpos.hooks import capture, remove_rope
+from vitpos.io import write_json
+from vitpos.models.surface import ModelSurface, Site
+from vitpos.progress import progress_bar
+
+EPS = 1e-12
+
+
+def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) along the last axis (attention distributions)."""
+    return (p * (torch.log(p + EPS) - torch.log(q + EPS))).sum(-1)
+
+
+@torch.no_grad()
+def axis_index(surface: ModelSurface, images: torch.Tensor) -> tuple[list[list[float]], dict]:
+    """Behavioural axis specialisation of every head from attention patterns."""
+    npt = surface.num_prefix_tokens
+    L, Hh = surface.depth, surface.num_heads
+    with capture(surface, "attn_pattern") as c:
+        surface(images)
+    clean = {l: c[str(Site(l, "attn_pattern"))] for l in range(L)}
+    A = {a: torch.zeros(L, Hh) for a in ("row", "col")}
+    for l in range(L):
+        for h in range(Hh):
+            for a in ("row", "col"):
+                with remove_rope(surface, {a: [h]}, layers=[l]), capture(surface, [Site(l, "attn_pattern")]) as c2:
+                    surface(images)
+                p = clean[l][:, h, npt:]  # patch queries
+                q = c2[str(Site(l, "attn_pattern"))][:, h, npt:]
+                A[a][l, h] = _kl_rows(p, q).mean()
+    S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
+    return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist()}
+
+
+def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
+                   n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
+                   split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False) -> dict:
+    require_rope(surface)
+    if axis not in ("row", "col", "both"):
+        from vitpos.errors import VitposError
+
+        raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
+    L, Hh = surface.depth, surface.num_heads
+    R = restore_from if restore_from is not None else max(1, L // 2)
+    axes = ("row", "col") if axis == "both" else (axis,)
+    probe_set = dataset_for(surface, data, split, limit=n_probe_images)
+    top1_set = dataset_for(surface, data, split, limit=n_top1_images)
+    attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
+    later = list(range(R, L))
+    steps = 2 + L * Hh + len(later) * Hh + 1
+    with progress_bar(enabled=progress) as bar:
+        task = bar.add_task("rope-heads", total=steps)
+        S, kl = axis_index(surface, attn_images)
+        bar.update(task, advance=1, description="rope-heads: baseline probes")
+        # recovery reference points: clean, axis off everywhere, and the plain restore setting
+        clean = probe_condition(surface, probe_set, None, seed=seed, layers=later)["doc"]
+        off = probe_condition(surface, probe_set, condition_context(surface, axes), seed=seed, layers=later)["doc"]
+        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), seed=seed, layers=later)["doc"]
+        bar.update(task, advance=1)
+
+        def mean_rec(doc) -> float:
+            vals = [recovery(clean[f"{a}_acc"], off[f"{a}_acc"], doc[f"{a}_acc"], R, later)["mean_rec"] for a in axes]
+            vals = [v for v in vals if v is not None]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        rec_restore = mean_rec(restored)
+        rebuild = [[None] * Hh for _ in range(L)]
+        for l in later:
+            for h in range(Hh):
+                ctx = condition_context(surface, axes, R, extra={l: {a: [h] for a in axes}})
+                doc = probe_condition(surface, probe_set, ctx, seed=seed, layers=later)["doc"]
+                rebuild[l][h] = rec_restore - mean_rec(doc)
+                bar.update(task, advance=1, description=f"rope-heads: rebuild L{l}H{h}")
+        preds, labels = predict(surface, top1_set)
+        base_top1 = float((preds == labels).float().mean())
+        drops = [[0.0] * Hh for _ in range(L)]
+        for l in range(L):
+            for h in range(Hh):
+                p, y = predict(surface, top1_set, context=lambda l=l, h=h: remove_rope(surface, {"row": [h], "col": [h]}, layers=[l]))
+                drops[l][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
+                bar.update(task, advance=1, description=f"rope-heads: ablate L{l}H{h}")
+    flat = [(rebuild[l][h], l, h) for l in later for h in range(Hh) if rebuild[l][h] == rebuild[l][h]]
+    primary = max(flat)[1:] if flat else None
+    order = sorted(((drops[l][h], l, h) for l in range(L) for h in range(Hh)), reverse=True)
+    largest = order[0][1:]
+    rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
+    doc = {
+        "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
+        "restore_from": R, "baseline_top1": base_top1, "n_top1_images": len(top1_set),
+        "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
+        "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
+        "primary_rebuilding_head": None if primary is None else list(primary),
+        "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
+        "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
+        "specialised_heads": [[l, h] for l in range(L) for h in range(Hh) if abs(S[l][h]) >= 0.5],
+    }
+    if out is not None:
+        out = Path(out)
+        write_json(out / "rope_heads.json", doc)
+        from vitpos.report.plots import plot_rope_heads
+
+        plot_rope_heads(doc, out / "rope_heads.png")
+    return doc

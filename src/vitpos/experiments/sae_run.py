@@ -1,0 +1,145 @@
+"""E2 (C1): an SAE on one layer's patch tokens, its positional features, and whether they are causal.
+
+Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
+position downstream with the clean model's probes: row accuracy should drop while column holds;
+selectivity = d_row / (d_row + d_col) (col features mirrored).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from vitpos.analysis.probes import fit_position_probes
+from vitpos.capture import capture_layers, data_name, dataset_for
+from vitpos.errors import VitposError
+from vitpos.evaluate import predict
+from vitpos.hooks import edit
+from vitpos.io import read_json, write_json
+from vitpos.models.surface import ModelSurface, Site
+from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
+
+EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+
+
+def choose_sae_layer(probe_doc: dict, depth: int) -> int:
+    """The layer whose patch tokens hold the most of BOTH axes (max of min(row, col) accuracy),
+    excluding the last layer so the causal check has downstream layers; earliest on ties."""
+    accs = [min(r, c) for r, c in zip(probe_doc["row_acc"], probe_doc["col_acc"])]
+    layers = probe_doc["layers"]
+    cands = [(accs[i], -l) for i, l in enumerate(layers) if l < depth - 1] or [(accs[0], -layers[0])]
+    return -max(cands)[1]
+
+
+def token_batches(acts: torch.Tensor, batch_tokens: int, seed: int):
+    """A fresh shuffled pass over (n, N, D) patch tokens per call (for several epochs)."""
+    flat = acts.reshape(-1, acts.shape[-1])
+
+    def passes():
+        g = torch.Generator().manual_seed(seed + passes.epoch)
+        passes.epoch += 1
+        order = torch.randperm(flat.shape[0], generator=g)
+        for i in range(0, len(order), batch_tokens):
+            yield flat[order[i:i + batch_tokens]]
+    passes.epoch = 0
+    return passes
+
+
+def sae_edit(surface: ModelSurface, sae: SAE, fn):
+    """Edit patch tokens x (B, N, D) at the SAE's site with fn(x, z) -> new x; prefix tokens untouched."""
+    npt = surface.num_prefix_tokens
+
+    def edit_fn(t: torch.Tensor) -> torch.Tensor:
+        x = t[:, npt:]
+        new = fn(x, sae.encode(x))
+        return torch.cat([t[:, :npt], new.to(t.dtype)], dim=1)
+    return edit_fn
+
+
+def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
+            k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
+            batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
+            force: bool = False) -> tuple[dict, SAE]:
+    """Train (or reload, when `out` already holds the same run) an SAE and score its features."""
+    if site not in EDITABLE_SAE_SITES:
+        raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
+    if not 0 <= layer < surface.depth:
+        raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
+    cfg = SAEConfig(arch=arch, d_in=surface.width, expansion=expansion, k=k, seed=seed)
+    run_key = {"model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
+               "n_train_images": n_train_images, "epochs": epochs, "batch_tokens": batch_tokens}
+    out = Path(out) if out is not None else None
+    if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
+        doc = read_json(out / "sae.json")
+        if doc.get("run") == run_key:
+            return doc, SAE.load(out)
+    s = Site(layer, site)
+    train_set = dataset_for(surface, data, "train", limit=n_train_images)
+    eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
+    train_acts = capture_layers(surface, train_set, [s], progress=progress, desc="capture train")[0][str(s)]
+    t0 = time.time()
+    sae, log = train_sae(token_batches(train_acts, batch_tokens, seed), cfg, epochs=epochs, progress=progress)
+    seconds = time.time() - t0
+    del train_acts
+    later = list(range(layer + 1, surface.depth))
+    eval_sites = [s] + [Site(l, "resid_post") for l in later]
+    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites)
+    acts = eval_acts[str(s)]
+    metrics = sae_metrics(sae, [acts[i:i + 256].reshape(-1, acts.shape[-1]) for i in range(0, len(acts), 256)])
+    scores = score_features(sae, (acts[i:i + 256] for i in range(0, len(acts), 256)), surface.grid)
+
+    # splice the reconstruction in (patch tokens only): how much does the model notice?
+    base_logp = logits.log_softmax(-1)
+    with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+        preds, _ = predict(surface, eval_set)
+        from vitpos.capture import forward_batches
+        spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
+    kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
+    top1 = float((logits.argmax(-1) == labels).float().mean())
+    top1_spliced = float((preds == labels).float().mean())
+
+    causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
+    doc = {
+        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch, "k": k,
+        "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1, "top1_spliced": top1_spliced,
+        "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
+        "row_features": scores.row_features, "col_features": scores.col_features, "mixed_features": scores.mixed_features,
+        "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
+        "n_mixed_features": len(scores.mixed_features),
+        "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
+        "causal": causal,
+    }
+    if out is not None:
+        sae.save(out)
+        write_json(out / "feature_scores.json", scores.to_json())
+        write_json(out / "sae.json", doc)
+        from vitpos.report.feature_plot import plot_feature_maps
+
+        plot_feature_maps(scores, out / "features.png")
+    return doc, sae
+
+
+def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
+    """Subtract row (col) features at the SAE site; clean probes read position at later layers."""
+    probes = {l: fit_position_probes(clean_acts[str(Site(l, "resid_post"))], surface.grid, seed=seed, control=False)
+              for l in later}
+    out = {"layers": later, "clean_row_acc": [probes[l].row_acc for l in later],
+           "clean_col_acc": [probes[l].col_acc for l in later]}
+    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
+        if not ids:
+            out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
+            continue
+        fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
+        acts, _, _ = capture_layers(surface, dataset, [Site(l, "resid_post") for l in later],
+                                    context=lambda: edit(surface, {site: fn}))
+        row = [probes[l].row_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
+        col = [probes[l].col_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
+        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row)) / len(later)
+        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col)) / len(later)
+        mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
+        denom = abs(mine) + abs(other)
+        out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
+                                 "selectivity": mine / denom if denom > 1e-9 else None}
+    return out
