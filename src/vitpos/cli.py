@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vitpos.errors import VitposError
@@ -18,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads.")
 app.add_typer(intervene_app, name="intervene")
 console = Console(stderr=True)
-out_console = Console()
+out_console = Console(markup=False, highlight=False)
 
 ModelOpt = typer.Option(..., "--model", "-m", help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
@@ -32,10 +33,6 @@ def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = 
     from vitpos.models import load_model
 
     return load_model(model, pretrained=pretrained, checkpoint=checkpoint)
-
-
-def _print_json(doc: dict) -> None:
-    out_console.print_json(json.dumps(doc))
 
 
 @app.command()
@@ -289,10 +286,10 @@ def run(
     cmd = "vitpos run " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "vitpos run"
     t0 = __import__("time").time()
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
-                        log=lambda msg: console.print(msg, highlight=False))
+                        log=lambda msg: console.print(msg, highlight=False, markup=False))
     t = Table("claim", "verdict", "evidence")
     for c in results["summary"]["claims"]:
-        t.add_row(c["id"], c["verdict"], c["evidence"])
+        t.add_row(c["id"], c["verdict"], escape(c["evidence"]))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 
@@ -301,7 +298,7 @@ def main() -> None:
     try:
         app()
     except VitposError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume")

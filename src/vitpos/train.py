@@ -107,9 +107,11 @@ def train(
 
     torch.manual_seed(seed)
     model = build_own_vit(cfg)
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
+    skip = model.no_weight_decay()  # timm's list: pos_embed, cls_token, rope freqs
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    decay = [p for n, p in named if p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr)
     steps_per_epoch = math.ceil(len(train_set) / batch_size)

@@ -41,6 +41,9 @@ class OwnViTConfig(BaseModel):
     mlp_ratio: float = 2.0
     # naver's RoPE ViTs use 100 for axial and 10 for mixed; small grids need no other value.
     rope_temperature: float | None = Field(default=None, description="None = 100 axial / 10 mixed")
+    # Learned APE starts from the 2D sin-cos table: from timm's default tiny random init
+    # (std 0.02) the CPU-budget runs never found the positional signal (test top-1 = chance).
+    ape_init: Literal["sincos", "trunc_normal"] = "sincos"
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -72,8 +75,9 @@ def build_own_vit(cfg: OwnViTConfig) -> Eva:
         rope_grid_indexing="xy",
         rope_temperature=temperature,
     )
-    if cfg.pe == "ape-sincos":
+    if cfg.pe == "ape-sincos" or (model.pos_embed is not None and cfg.ape_init == "sincos"):
         table = build_sincos2d_pos_embed(list(cfg.grid), dim=cfg.embed_dim, temperature=10000.0)
         model.pos_embed.data.copy_(table.unsqueeze(0))
+    if cfg.pe == "ape-sincos":
         model.pos_embed.requires_grad_(False)
     return model
