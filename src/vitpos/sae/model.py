@@ -96,11 +96,13 @@ def geometric_median(x: Tensor, iters: int = 30, tol: float = 1e-6) -> Tensor:
 # so each token's latents form one embedding_bag "bag". The column order is computed once and
 # shared by the encoder and decoder backward passes.
 class _Sparse:
-    __slots__ = ("rows", "cols", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
+    __slots__ = ("rows", "cols", "flat", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
 
-    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int):
+    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int, flat: Tensor | None = None):
         self.rows, self.cols, self.row_offsets = rows, cols, row_offsets
         self.n_rows, self.n_cols = n_rows, n_cols
+        # Flat positions in the (N, F) code matrix: 1-D take/scatter beat 2-D advanced indexing.
+        self.flat = rows * n_cols + cols if flat is None else flat
         self._order: Tensor | None = None
         self._col_offsets: Tensor | None = None
 
@@ -108,14 +110,16 @@ class _Sparse:
     def from_topk(cls, idx: Tensor, n_cols: int) -> "_Sparse":
         n, k = idx.shape
         ar = torch.arange(n, device=idx.device)
-        return cls(ar.repeat_interleave(k), idx.reshape(-1), ar * k, n, n_cols)
+        cols = idx.reshape(-1)
+        rows = ar.repeat_interleave(k)
+        return cls(rows, cols, ar * k, n, n_cols, flat=(ar.unsqueeze(1) * n_cols + idx).reshape(-1))
 
     @classmethod
     def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> "_Sparse":
         flat_idx, _ = flat_idx.sort()
         rows, cols = flat_idx // n_cols, flat_idx % n_cols
         counts = torch.bincount(rows, minlength=n_rows)
-        return cls(rows, cols, torch.cumsum(counts, 0) - counts, n_rows, n_cols)
+        return cls(rows, cols, torch.cumsum(counts, 0) - counts, n_rows, n_cols, flat=flat_idx)
 
     def by_col(self) -> tuple[Tensor, Tensor]:
         if self._order is None:
@@ -133,9 +137,13 @@ class _Sparse:
         """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
         return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry)
 
+    def take(self, dense: Tensor) -> Tensor:
+        """The entries' values in a dense (N, F) matrix."""
+        return dense.reshape(-1).take(self.flat)
+
     def dense(self, vals: Tensor) -> Tensor:
-        z = vals.new_zeros(self.n_rows, self.n_cols)
-        return z.index_put((self.rows, self.cols), vals)
+        z = vals.new_zeros(self.n_rows * self.n_cols)
+        return z.scatter(0, self.flat, vals).view(self.n_rows, self.n_cols)
 
 
 class _SparseEncode(torch.autograd.Function):
@@ -175,7 +183,7 @@ class _SparseDecode(torch.autograd.Function):
         g_vals = g_W = None
         if ctx.needs_input_grad[0]:
             # A dense (N, F) matmul then a gather beats a row gather of W_dec on CPU memory bandwidth.
-            g_vals = (g @ W_dec.T)[sp.rows, sp.cols]
+            g_vals = sp.take(g @ W_dec.T)
         if ctx.needs_input_grad[1]:
             g_W = sp.col_sum(vals, g)
         return g_vals, g_W, None
@@ -221,7 +229,7 @@ class SAE(nn.Module):
     @torch.no_grad()
     def initialize(self, x: Tensor) -> None:
         """Set the input scale and the tied bias from a first batch of tokens (activation units)."""
-        x = self._flat(x).to(self.W_enc.device)
+        x = self._flat(x)
         if self.cfg.normalize:
             mean_norm = float(x.norm(dim=1).mean())
             if not math.isfinite(mean_norm) or mean_norm <= 0:
@@ -286,6 +294,11 @@ class SAE(nn.Module):
         In training mode BatchTopK selects the top k·N activations of the batch; in eval mode
         it uses the estimated threshold, like ``encode``.
         """
+        x_hat, z, info = self._run(x, dead_mask, dense_codes=True)
+        return x_hat, z, info  # type: ignore[return-value]
+
+    def _run(self, x: Tensor, dead_mask: Tensor | None, dense_codes: bool) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+        # The trainer skips the dense (N, F) code matrix: on the sparse path nothing needs it.
         lead = x.shape[:-1]
         xs = self._flat(x) * self.scale
         xc = xs - self.b_dec
@@ -305,10 +318,10 @@ class SAE(nn.Module):
                 else:
                     _, flat = pre.view(-1).topk(min(self.cfg.k * n, pre.numel()), sorted=False)
                     sp = _Sparse.from_flat(flat, n, F)
-                    sel = pre[sp.rows, sp.cols]
+                    sel = sp.take(pre)
             vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel).relu()
             xs_hat = _SparseDecode.apply(vals, self.W_dec, sp) + self.b_dec
-            z = sp.dense(vals)
+            z = sp.dense(vals) if dense_codes else None
             active = vals.detach() > 0
             info["fired"] = torch.zeros(F, dtype=torch.bool, device=xs.device).index_fill_(0, sp.cols[active], True)
             pos = vals.detach()[active]
@@ -336,7 +349,7 @@ class SAE(nn.Module):
         else:
             info["loss"] = fvu + self.cfg.aux_coeff * aux
         x_hat = (xs_hat / self.scale).reshape(*lead, self.d_in)
-        return x_hat, z.reshape(*lead, F), info
+        return x_hat, (z.reshape(*lead, F) if z is not None else None), info
 
     def _auxk_loss(self, pre: Tensor, xc: Tensor, err: Tensor, dead_mask: Tensor, tv: Tensor) -> Tensor:
         """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂."""

@@ -122,6 +122,8 @@ def train_sae(
     sae = SAE(cfg).to(dev)
     sae.train()
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
+    if not (lr > 0 and math.isfinite(lr)):
+        raise VitposError(f"lr must be a positive number, got {lr}")
     opt = torch.optim.Adam(sae.parameters(), lr=lr)
     log = TrainLog(lr=lr, device=str(dev))
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
@@ -146,7 +148,7 @@ def train_sae(
                 if log.steps == 0:
                     sae.initialize(x)
                 dead = since_fired >= cfg.dead_steps
-                _, _, info = sae(x, dead_mask=dead)
+                _, _, info = sae._run(x, dead, dense_codes=False)
                 opt.zero_grad(set_to_none=True)
                 info["loss"].backward()
                 sae.project_decoder_grad_()
