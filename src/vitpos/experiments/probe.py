@@ -17,6 +17,7 @@ from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
+PROBE_TRAIN_TOKENS = 20000  # position-balanced training tokens per probe (ample for <= 768 dims)
 
 
 def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
@@ -47,14 +48,15 @@ def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_p
     """Probe every layer of each site; writes probe.json and probe.png into `out` when given."""
     dataset = dataset_for(surface, data, split, limit=n_images)
     site_names = sorted({s.name for s in expand_sites(sites, surface.depth)}, key=sites.find)
-    content = fit_position_probes(content_features(surface, dataset), surface.grid, seed=seed)
+    content = fit_position_probes(content_features(surface, dataset), surface.grid, seed=seed,
+                                   max_train_tokens=PROBE_TRAIN_TOKENS)
     baseline = {"row_acc": content.row_acc, "col_acc": content.col_acc,
                 "note": "patch embeddings minus any APE: position predictable from content alone"}
     results = {}
     for name in site_names:
         layers = sorted(s.layer for s in expand_sites(sites, surface.depth) if s.name == name)
         feats = layer_features(surface, dataset, name, layers, progress=progress)
-        res = probe_layers(feats, surface.grid, seed=seed).to_json(name)
+        res = probe_layers(feats, surface.grid, seed=seed, max_train_tokens=PROBE_TRAIN_TOKENS).to_json(name)
         res["content_baseline"] = baseline
         res["n_images"] = len(dataset)
         results[name] = res

@@ -54,9 +54,15 @@ def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int 
     return make
 
 
+SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
+
+
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
-                    layers: list[int] | None = None, max_train_tokens: int | None = 20000) -> dict:
-    """Retrained and original-probe accuracies per layer, and top-1, under one hook context."""
+                    layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS) -> dict:
+    """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
+
+    With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
+    chosen L2 strengths instead of searching the grid again: same probe family, far cheaper."""
     layers = list(range(surface.depth)) if layers is None else layers
     sites = [Site(l, "resid_post") for l in layers]
     acts, labels, logits = capture_layers(surface, dataset, sites, context=context)
@@ -64,7 +70,10 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     probes = {}
     for l in layers:
         feats = acts[str(Site(l, "resid_post"))]
-        res = fit_position_probes(feats, surface.grid, seed=seed, control=False, max_train_tokens=max_train_tokens)
+        kw = {}
+        if base_probes is not None and l in base_probes:
+            kw["l2_grid"] = tuple(sorted({base_probes[l].l2_row, base_probes[l].l2_col}))
+        res = fit_position_probes(feats, surface.grid, seed=seed, control=False, max_train_tokens=max_train_tokens, **kw)
         probes[l] = res
         doc["row_acc"].append(res.row_acc)
         doc["col_acc"].append(res.col_acc)

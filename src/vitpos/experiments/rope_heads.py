@@ -75,9 +75,11 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         S, kl = axis_index(surface, attn_images)
         bar.update(task, advance=1, description="rope-heads: baseline probes")
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
-        clean = probe_condition(surface, probe_set, None, seed=seed, layers=later)["doc"]
-        off = probe_condition(surface, probe_set, condition_context(surface, axes), seed=seed, layers=later)["doc"]
-        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), seed=seed, layers=later)["doc"]
+        clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
+        clean, base_probes = clean_fit["doc"], clean_fit["probes"]
+        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed, layers=later)["doc"]
+        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
+                                   layers=later)["doc"]
         bar.update(task, advance=1)
 
         def mean_rec(doc) -> float:
@@ -90,7 +92,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         for l in later:
             for h in range(Hh):
                 ctx = condition_context(surface, axes, R, extra={l: {a: [h] for a in axes}})
-                doc = probe_condition(surface, probe_set, ctx, seed=seed, layers=later)["doc"]
+                doc = probe_condition(surface, probe_set, ctx, base_probes, seed=seed, layers=later)["doc"]
                 rebuild[l][h] = rec_restore - mean_rec(doc)
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{l}H{h}")
         preds, labels = predict(surface, top1_set)

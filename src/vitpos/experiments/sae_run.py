@@ -16,6 +16,7 @@ from vitpos.analysis.probes import fit_position_probes
 from vitpos.capture import capture_layers, data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.evaluate import predict
+from vitpos.experiments.rope_axis import SWEEP_TRAIN_TOKENS
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -123,8 +124,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
 
 def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers."""
-    probes = {l: fit_position_probes(clean_acts[str(Site(l, "resid_post"))], surface.grid, seed=seed, control=False)
-              for l in later}
+    probes = {l: fit_position_probes(clean_acts[str(Site(l, "resid_post"))], surface.grid, seed=seed, control=False,
+                                     max_train_tokens=SWEEP_TRAIN_TOKENS) for l in later}
     out = {"layers": later, "clean_row_acc": [probes[l].row_acc for l in later],
            "clean_col_acc": [probes[l].col_acc for l in later]}
     for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):

@@ -1,0 +1,110 @@
+"""`vitpos run`: end to end on tiny models, resume after a killed stage, config errors, the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from vitpos.errors import VitposError
+from vitpos.run import RunConfig, load_config, run_study
+from vitpos.train import train
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for pe in ("ape", "rope-axial"):
+        train(pe, root / pe, quick=True, progress=False)
+    return [str(root / "ape"), str(root / "rope-axial")]
+
+
+def _cfg(models, **kw) -> RunConfig:
+    return load_config(None, {"models": models, **kw}, quick=True)
+
+
+class _Tags(HTMLParser):
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors = [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(tag)
+        else:
+            self.stack.pop()
+
+
+def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--quick", "--no-progress", "--models",
+                           ",".join(tiny_models), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["models"]) == set(tiny_models)
+    ape, rope = (res["models"][m] for m in tiny_models)
+    assert ape["sae"] and ape["ape_permute"] and ape["rope_axis"] is None and "rope_axis" in ape["not_applicable"]
+    assert rope["rope_axis"] and rope["rope_heads"] and rope["sae"] is None
+    assert 0 <= ape["eval"]["top1"] <= 1 and "baseline_top1" in ape["ape_permute"]
+    assert [c["id"] for c in res["summary"]["claims"]] == ["C1", "C2", "C3", "C4", "C5"]
+    assert all(c["verdict"] in ("supported", "not supported", "partly supported", "not applicable")
+               for c in res["summary"]["claims"])
+    assert res["torch_version"] and res["timm_version"] and res["config"]["seed"] == 0
+    page = (out / "report.html").read_text()
+    parser = _Tags()
+    parser.feed(page)
+    assert not parser.errors and not parser.stack
+    assert '<table id="headline">' in page and page.index('<table id="headline">') < page.index("<img")
+
+
+def test_rerun_skips_and_killed_stage_resumes(tiny_models, tmp_path, monkeypatch):
+    cfg = _cfg(tiny_models[1:])
+    import vitpos.experiments.rope_heads as rh
+
+    real = rh.run_rope_heads
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(rh, "run_rope_heads", killed)
+    logs: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_study(tmp_path, cfg, quick=True, progress=False, log=logs.append)
+    assert not (tmp_path / "results.json").exists()
+    monkeypatch.setattr(rh, "run_rope_heads", real)
+    logs.clear()
+    res = run_study(tmp_path, cfg, quick=True, progress=False, log=logs.append)
+    cached = [m for m in logs if m.endswith("cached")]
+    assert {m.split("] ")[1].split(":")[0] for m in cached} == {"eval", "probe", "rope_axis"}
+    assert res["models"][tiny_models[1]]["rope_heads"]["primary_rebuilding_head"] is not None
+    logs.clear()
+    run_study(tmp_path, cfg, quick=True, progress=False, log=logs.append)
+    assert all(m.endswith("cached") for m in logs)  # everything finished: nothing recomputed
+    logs.clear()
+    run_study(tmp_path, cfg, quick=True, force=True, progress=False, log=logs.append)
+    assert not any(m.endswith("cached") for m in logs)
+
+
+def test_bad_config_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("probe:\n  imgs: 3\n")
+    with pytest.raises(VitposError, match="probe.imgs"):
+        load_config(bad, {}, quick=False)
+    bad.write_text("rope_heads:\n  axis: diagonal\n")
+    with pytest.raises(VitposError, match="rope_heads.axis"):
+        load_config(bad, {}, quick=False)
+    toml = tmp_path / "ok.toml"
+    toml.write_text('data = ["shapes"]\n[probe]\nimages = 300\n')
+    assert load_config(toml, {}, quick=False).probe.images == 300
+    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--config", str(bad), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "rope_heads.axis" in proc.stderr and "Traceback" not in proc.stderr
