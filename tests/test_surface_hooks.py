@@ -209,3 +209,27 @@ def test_rope_edit_refused_without_rope():
     with pytest.raises(VitposError, match="no rotary embedding"):
         with remove_rope(tiny_own("ape"), {"row": None}):
             pass
+
+
+def test_timm_loading_paths(tmp_path, monkeypatch):
+    from conftest import TIMM_TINY
+    from vitpos.io import write_safetensors
+    from vitpos.models import load_model
+
+    spec = TIMM_TINY["rope_mixed"]
+    a = load_model(spec)
+    ck = tmp_path / "w.safetensors"
+    write_safetensors(ck, a.model.state_dict())
+    torch.manual_seed(123)  # a different random init, then the checkpoint must win
+    b = load_model(spec, checkpoint=ck)
+    x = images_for(a)
+    assert torch.equal(a(x), b(x))
+    with pytest.raises(VitposError, match="never unpickles"):
+        load_model(spec, checkpoint=tmp_path / "w.pth")
+    with pytest.raises(VitposError, match="timm has no model"):
+        load_model("timm:not_a_model")
+    with pytest.raises(VitposError, match="not a timm VisionTransformer or Eva"):
+        load_model("timm:resnet18?num_classes=4")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on an offline machine: the hub cannot be reached
+    with pytest.raises(VitposError, match="--checkpoint"):
+        load_model("timm:vit_tiny_patch16_224", pretrained=True)

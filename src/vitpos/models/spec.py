@@ -2,13 +2,14 @@
 
 timm specs take keyword arguments for timm.create_model in a query string, e.g.
 `timm:vit_small_patch16_224?img_size=64&depth=4`; weights come from the hub (`pretrained=True`,
-timm's own loading code) or from a local `checkpoint` (.safetensors, loaded through timm's
-pretrained-file path so its checkpoint filters apply).
+timm's own loading code) or from a local `checkpoint` (.safetensors, strict; official key layouts
+go through the timm module's checkpoint_filter_fn).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -16,6 +17,7 @@ import timm
 import torch
 
 from vitpos.errors import VitposError
+from vitpos.io import read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
 from vitpos.models.surface import ModelSurface
@@ -62,6 +64,25 @@ def parse_timm_spec(spec: str) -> tuple[str, dict]:
     return name, kwargs
 
 
+def _load_checkpoint(model: torch.nn.Module, checkpoint: Path, name: str) -> torch.nn.Module:
+    """Strict load of local safetensors weights; official-format checkpoints go through the timm
+    model module's own checkpoint_filter_fn (e.g. naver / EVA key layouts)."""
+    state = read_safetensors(checkpoint)
+    try:
+        model.load_state_dict(state, strict=True)
+        return model
+    except RuntimeError as first:
+        filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+        try:
+            if filter_fn is None:
+                raise first
+            model.load_state_dict(filter_fn(state, model), strict=True)
+            return model
+        except Exception as e:
+            raise VitposError(f"checkpoint {checkpoint} does not fit timm:{name} ({str(e).splitlines()[0][:200]}); "
+                              "pass the kwargs it was trained with (e.g. ?num_classes=...&img_size=...)") from e
+
+
 def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path | None) -> torch.nn.Module:
     if name not in timm.list_models():
         raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; print(timm.list_models('*vit*'))\"`")
@@ -71,10 +92,7 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
             raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert it first")
         if not checkpoint.is_file():
             raise VitposError(f"checkpoint {checkpoint} does not exist")
-        try:
-            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(checkpoint)}, **kwargs)
-        except RuntimeError as e:
-            raise VitposError(f"checkpoint {checkpoint} does not fit timm:{name} ({str(e).splitlines()[0][:200]})") from e
+        return _load_checkpoint(timm.create_model(name, pretrained=False, **kwargs), checkpoint, name)
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as e:
