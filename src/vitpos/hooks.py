@@ -97,6 +97,31 @@ def _attach(surface: ModelSurface, reg: _Registry, site: Site, fn: Callable[[tor
         raise VitposError(f"unknown site {site}")
 
 
+class CaptureCache(dict):
+    """Captured tensors by site name; batches from repeated forwards are concatenated on read."""
+
+    def __init__(self, fixed: dict[str, torch.Tensor], parts: dict[str, list[torch.Tensor]]):
+        super().__init__(fixed)
+        self._parts = parts
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        if self._parts.get(key):
+            return torch.cat(self._parts[key])
+        raise KeyError(f"{key} was not captured (captured: {', '.join(self.keys())})")
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or key in self._parts
+
+    def keys(self) -> list[str]:
+        return sorted(set(dict.keys(self)) | set(self._parts))
+
+    def pop_batch(self, key: str) -> torch.Tensor:
+        """Everything captured for `key` since the last pop, then forget it (bounded memory)."""
+        out = self[key]
+        self._parts[key] = []
+        return out
+
+
 @contextmanager
 def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu: bool = True,
             tokens: slice | None = None) -> Iterator[dict[str, torch.Tensor]]:
@@ -124,19 +149,7 @@ def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu:
             token_axis = 2 if site.name in ("q", "k", "q_rot", "k_rot", "attn_pattern") else 1
             _attach(surface, reg, site, recorder(key, token_axis))
 
-        class _Cache(dict):
-            def __missing__(self, key):
-                if key in parts:
-                    return torch.cat(parts[key])
-                raise KeyError(f"{key} was not captured (captured: {', '.join(sorted(parts) + sorted(cache))})")
-
-            def __contains__(self, key):
-                return dict.__contains__(self, key) or key in parts
-
-            def keys(self):
-                return sorted(set(dict.keys(self)) | set(parts))
-
-        out = _Cache(cache)
+        out = CaptureCache(cache, parts)
         yield out
     finally:
         reg.close()
