@@ -458,7 +458,7 @@ class LinearProbe:
 
     def _require_fitted(self, d: int) -> None:
         if self.weight is None:
-            raise VitposError("this probe is not fitted; call fit() or load_state_dict() first")
+            raise VitposError("this probe is not fitted; call fit() or build it with LinearProbe.from_state_dict()")
         if d != self.weight.shape[0]:
             raise VitposError(f"features have D={d} but the probe was fitted on D={self.weight.shape[0]}")
 
