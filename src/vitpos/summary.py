@@ -60,10 +60,12 @@ def _c2(spec: str, ap: dict) -> dict:
     ok = drop is not None and drop >= MIN_DROP and (ctrl is None or drop > CONTROL_FACTOR * max(ctrl, 0.0))
     in_range = drop is not None and 24 <= drop <= 31
     pe = ap.get("pos_embed_shuffle", {}).get("drop_points")
+    allpos = ap.get("all_positional", {}).get("drop_points")
     return {"ok": ok, "numbers": {"drop_points": drop, "random_control_drop": ctrl, "pos_embed_shuffle_drop": pe,
-                                  "in_study_range": in_range},
+                                  "all_positional_drop": allpos, "in_study_range": in_range},
             "text": f"{spec}: permuting row+col features drops top-1 by {_f(drop, 1)} pts (random-feature control "
-                    f"{_f(ctrl, 1)}, shuffled APE table {_f(pe, 1)}){'; within' if in_range else '; outside'} the study's 24-31"}
+                    f"{_f(ctrl, 1)}; row+col+mixed positional features {_f(allpos, 1)}; shuffled APE table {_f(pe, 1)})"
+                    f"{'; within' if in_range else '; outside'} the study's 24-31"}
 
 
 def _c3(spec: str, ra: dict) -> dict:

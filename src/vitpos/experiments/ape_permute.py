@@ -5,7 +5,8 @@ Per image, a permutation pi of patch positions; with F the chosen SAE latents,
 at the SAE's site: only the span of F's decoder directions changes, the SAE error term and
 prefix tokens are untouched, and the identity permutation is an exact no-op.
 Variants: all (row+col features, random pi), row_only (row features, pi shuffles whole rows),
-col_only (col features, pi shuffles whole columns), random_features (as many live
+col_only (col features, pi shuffles whole columns), all_positional (row + col + mixed
+positional latents, random pi: position carried by latents tied to both axes), random_features (as many live
 non-positional latents, matched in activation mass, random pi), mean_ablate (F replaced by its
 mean over patches), pos_embed_shuffle (the input APE table itself permuted: SAE-free).
 """
@@ -26,7 +27,7 @@ from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.sae import SAE
 
-VARIANTS = ("all", "row_only", "col_only", "random_features", "mean_ablate", "pos_embed_shuffle")
+VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
 
 
 def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
@@ -89,6 +90,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = 
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
     site = Site(layer, site_name)
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
+    mixed = list(sae_doc.get("mixed_features", []))
     dataset = dataset_for(surface, data, split, limit=n_images)
     mean_code, fire = feature_mass(surface, sae, site, dataset)
     info = dataset.info
@@ -112,6 +114,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = 
             g = torch.Generator().manual_seed(10_000 + seed)
             plan = {
                 "all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
+                "all_positional": (row + col + mixed, "all"),
                 "random_features": (matched_random_features(mean_code, row + col, fire >= 0.005, g), "all"),
             }
             for v, (ids, kind) in plan.items():
@@ -140,8 +143,9 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = 
 
     doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
            "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
-           "variants": list(VARIANTS), "feature_counts": {"row": len(row), "col": len(col)}}
-    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "random_features": len(row + col),
+           "variants": list(VARIANTS), "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
+    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(row + col + mixed),
+               "random_features": len(row + col),
                "mean_ablate": len(row + col), "pos_embed_shuffle": None}
     for v in VARIANTS:
         runs = per_variant[v]
