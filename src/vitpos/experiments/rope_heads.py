@@ -108,6 +108,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     order = sorted(((drops[l][h], l, h) for l in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
+    order_late = [o for o in order if o[1] >= R]  # heads that can rebuild (layers >= R) only
+    rank_late = None if primary is None else 1 + [o[1:] for o in order_late].index(primary)
     doc = {
         "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
         "restore_from": R, "baseline_top1": base_top1, "n_top1_images": len(top1_set),
@@ -115,6 +117,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
+        "primary_head_drop_rank_after_R": rank_late, "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
         "specialised_heads": [[l, h] for l in range(L) for h in range(Hh) if abs(S[l][h]) >= 0.5],
     }
