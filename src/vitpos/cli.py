@@ -56,6 +56,12 @@ def train(
         raise VitposError(f"unknown --pe {pe!r}; use one of {', '.join(PE_CHOICES)}")
     if epochs < 1:
         raise VitposError("--epochs must be at least 1")
+    if batch_size < 1:
+        raise VitposError(f"--batch-size must be at least 1 (got {batch_size})")
+    if not lr > 0:
+        raise VitposError(f"--lr must be a positive number (got {lr})")
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
     m = run_train(pe, out, data=data, epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, quick=quick,
                   force=force, progress=progress)
     out_console.print(f"{pe} on {data}: test top-1 {m['test_top1']:.4f}, val top-1 {m['val_top1']:.4f} "
@@ -78,6 +84,8 @@ def eval_cmd(
     from vitpos.evaluate import evaluate
     from vitpos.io import write_json
 
+    if limit is not None and limit < 1:
+        raise VitposError(f"--limit must be at least 1 (got {limit})")
     surface = _surface(model, pretrained, checkpoint)
     ds = dataset_for(surface, data, split, limit=limit)
     rep = evaluate(surface, ds, progress=progress)
