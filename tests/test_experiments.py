@@ -119,3 +119,18 @@ def test_ape_permute_identity_variant_gives_baseline_and_refuses_rope(tmp_path):
         assert res[v]["drop_points"] == pytest.approx(100 * (res["baseline_top1"] - res[v]["top1"]))
     with pytest.raises(VitposError, match="absolute position"):
         run_ape_permute(tiny_own("rope-axial"), sae, doc, data=ds, n_images=8)
+
+
+def test_experiments_run_on_timm_models():
+    from conftest import tiny_timm
+
+    ds = toy_images(48)
+    vit = tiny_timm("deit3")  # timm VisionTransformer with APE
+    sae = _sae(vit.width)
+    doc = {"layer": 1, "site": "resid_post", "row_features": [0, 1], "col_features": [2], "mixed_features": [3]}
+    res = run_ape_permute(vit, sae, doc, data=ds, n_images=48, seeds=(0,))
+    assert res["pos_embed_shuffle"]["top1"] <= 1 and res["all_positional"]["n_features"] == 4
+    for key in ("rope_axial", "rope_mixed", "dinov3"):
+        axis = run_rope_axis(tiny_timm(key), data=ds, n_images=48, restore_points=[1])
+        assert axis["conditions"]["no_both"]["row_acc"][-1] <= 0.25 + 0.15  # no APE: nothing positional survives
+        assert axis["rope"]["kind"] == ("mixed" if key == "rope_mixed" else "axial")
