@@ -62,8 +62,9 @@ def test_init_encoder_is_decoder_transpose_and_unit_norm():
     cfg = SAEConfig(d_in=16, expansion=4, k=4, seed=3)
     sae = SAE(cfg)
     assert sae.W_dec.shape == (64, 16) and sae.d_sae == 64
-    # Encoder matrix (F×D, nn.Linear layout) == decoder matrix (D×F = W_dec.T) transposed.
-    assert torch.equal(sae.W_enc, sae.W_dec.T.T)
+    encoder = sae.W_enc  # (F, D): pre = encoder @ x
+    decoder = sae.W_dec.T  # (D, F): x_hat = decoder @ z
+    assert torch.equal(encoder, decoder.T)
     torch.testing.assert_close(sae.W_dec.norm(dim=1), torch.ones(64))
     assert torch.equal(SAE(cfg).W_dec, sae.W_dec)
     assert not torch.equal(SAE(cfg.model_copy(update={"seed": 4})).W_dec, sae.W_dec)
@@ -136,6 +137,26 @@ def test_decode_and_feature_contribution_swap_exact():
         q, _ = torch.linalg.qr(sae.W_dec[ids].T)
         outside = delta - (delta @ q) @ q.T
         assert float(outside.norm()) < 1e-4 * float(delta.norm())
+
+
+def test_fast_topk_selects_what_torch_topk_selects():
+    from vitpos.sae.model import topk_flat, topk_rows
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        pre = torch.randn(64, 48, generator=g, dtype=dtype)
+        pre[3] = 0.5  # an all-ties row: any k of them is right
+        for k in (1, 7, 47, 48):
+            vals, idx = topk_rows(pre, k)
+            ref = pre.topk(k, dim=1).values
+            torch.testing.assert_close(vals.sort(1).values, ref.sort(1).values, rtol=0, atol=0)
+            torch.testing.assert_close(pre.gather(1, idx), vals, rtol=0, atol=0)
+            assert all(len(set(r.tolist())) == k for r in idx)  # distinct latents per row
+        for k in (1, 100, 64 * 48):
+            flat = topk_flat(pre, k)
+            assert flat.numel() == k and flat.unique().numel() == k
+            ref = pre.reshape(-1).topk(k).values
+            torch.testing.assert_close(pre.reshape(-1)[flat].sort().values, ref.sort().values, rtol=0, atol=0)
 
 
 def test_wrong_width_is_a_clear_error():

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as Fn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -89,6 +90,26 @@ def geometric_median(x: Tensor, iters: int = 30, tol: float = 1e-6) -> Tensor:
         if done:
             break
     return m.float()
+
+
+def topk_rows(pre: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k values and indices per row (unordered), like ``pre.topk(k, dim=1, sorted=False)``.
+
+    On CPU numpy's introselect (argpartition) is ~3x faster than torch.topk, and selection is
+    most of a TopK training step there; same selected set (ties aside)."""
+    if pre.device.type == "cpu" and pre.dtype in (torch.float32, torch.float64) and 0 < k < pre.shape[1]:
+        a = pre.detach().contiguous().numpy()
+        idx = torch.from_numpy(np.ascontiguousarray(np.argpartition(a, -k, axis=1)[:, -k:]))
+        return pre.gather(1, idx), idx
+    return pre.topk(k, dim=1, sorted=False)
+
+
+def topk_flat(pre: Tensor, k: int) -> Tensor:
+    """Flat indices of the k largest entries of ``pre`` (any order): BatchTopK's selection."""
+    flat = pre.detach().reshape(-1)
+    if pre.device.type == "cpu" and pre.dtype in (torch.float32, torch.float64) and 0 < k < flat.numel():
+        return torch.from_numpy(np.argpartition(flat.contiguous().numpy(), -k)[-k:].copy())
+    return flat.topk(min(k, flat.numel()), sorted=False).indices
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,10 +282,10 @@ class SAE(nn.Module):
         if arch == "batchtopk" and float(self.threshold) >= 0:
             return pre * (pre > self.threshold)
         if arch == "batchtopk":
-            n = pre.shape[0]
-            vals, flat = pre.reshape(-1).topk(min(self.cfg.k * n, pre.numel()), sorted=False)
-            return pre.new_zeros(pre.numel()).index_put((flat,), vals.relu()).view_as(pre)
-        vals, idx = pre.topk(self.cfg.k, dim=1, sorted=False)
+            flat = topk_flat(pre, self.cfg.k * pre.shape[0])
+            vals = pre.reshape(-1).take(flat)
+            return pre.new_zeros(pre.numel()).scatter(0, flat, vals.relu()).view_as(pre)
+        vals, idx = topk_rows(pre, self.cfg.k)
         return pre.new_zeros(pre.shape).scatter(1, idx, vals.relu())
 
     def encode(self, x: Tensor) -> Tensor:
@@ -312,12 +333,11 @@ class SAE(nn.Module):
             with torch.no_grad():
                 pre = torch.addmm(self.b_enc, xc, self.W_enc.T)
                 if self.cfg.arch == "topk":
-                    sel, idx = pre.topk(self.cfg.k, dim=1, sorted=False)
+                    sel, idx = topk_rows(pre, self.cfg.k)
                     sp = _Sparse.from_topk(idx, F)
                     sel = sel.reshape(-1)
                 else:
-                    _, flat = pre.view(-1).topk(min(self.cfg.k * n, pre.numel()), sorted=False)
-                    sp = _Sparse.from_flat(flat, n, F)
+                    sp = _Sparse.from_flat(topk_flat(pre, self.cfg.k * n), n, F)
                     sel = sp.take(pre)
             vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel).relu()
             xs_hat = _SparseDecode.apply(vals, self.W_dec, sp) + self.b_dec
@@ -356,7 +376,7 @@ class SAE(nn.Module):
         dead = dead_mask.nonzero().squeeze(1)
         k_aux = min(self.cfg.aux_k_eff, dead.numel())
         with torch.no_grad():
-            sel, j = pre.index_select(1, dead).topk(k_aux, dim=1, sorted=False)
+            sel, j = topk_rows(pre.index_select(1, dead), k_aux)
             sp = _Sparse.from_topk(dead[j], self.d_sae)
         vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel.reshape(-1)).relu()
         e_hat = _SparseDecode.apply(vals, self.W_dec, sp)
