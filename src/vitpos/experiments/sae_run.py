@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 
 from vitpos.analysis.probes import fit_position_probes
-from vitpos.capture import capture_layers, data_name, dataset_for
+from vitpos.capture import capture_layers, data_name, dataset_for, forward_batches
 from vitpos.errors import VitposError
-from vitpos.evaluate import predict
 from vitpos.experiments.rope_axis import SWEEP_TRAIN_TOKENS
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
@@ -94,9 +93,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     # splice the reconstruction in (patch tokens only): how much does the model notice?
     base_logp = logits.log_softmax(-1)
     with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
-        preds, _ = predict(surface, eval_set)
-        from vitpos.capture import forward_batches
         spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
+    preds = spliced_logits.argmax(-1)
     kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
     top1 = float((logits.argmax(-1) == labels).float().mean())
     top1_spliced = float((preds == labels).float().mean())
