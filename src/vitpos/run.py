@@ -213,11 +213,11 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
         for name in ("eval", "probe", "sae", "ape_permute", "rope_axis", "rope_heads"):
             entry[name] = None
 
-        def stage(name: str, settings: dict, fn):
+        def stage(name: str, settings: dict, fn, recompute: bool = False):
             key = {"model": fp, "spec": spec, "data": data, "seed": cfg.seed, "stage": name, "settings": settings,
                    "vitpos": vitpos.__version__}
             path = cache.path(slug, name, key)
-            hit = cache.get(path)
+            hit = None if recompute else cache.get(path)
             if hit is not None:
                 log(f"[{spec}] {name}: cached")
                 return hit
@@ -248,9 +248,7 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
             entry["sae"] = stage("sae", sae_settings, sae_fn)
             sae_dir = Path(entry["sae"]["sae_dir"])
             if not (sae_dir / "sae.safetensors").is_file():  # artifacts removed since: recompute
-                cache.force = True
-                entry["sae"] = stage("sae", sae_settings, sae_fn)
-                cache.force = force
+                entry["sae"] = stage("sae", sae_settings, sae_fn, recompute=True)
             entry["ape_permute"] = stage("ape_permute", {**cfg.ape_permute.model_dump(), "sae": sae_settings},
                                          lambda d: run_ape_permute(surface, SAE.load(sae_dir), entry["sae"], data=data,
                                                                    n_images=cfg.ape_permute.images,
