@@ -152,11 +152,11 @@ class _Sparse:
     def col_sum(self, per_entry: Tensor, per_row: Tensor) -> Tensor:
         """out[f] = Σ_{entries i with col f} per_entry[i] · per_row[rows[i]]  -> (F, D)."""
         order, offs = self.by_col()
-        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum", per_sample_weights=per_entry[order])
+        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum", per_sample_weights=per_entry[order].to(per_row.dtype))
 
     def row_sum(self, per_entry: Tensor, per_col: Tensor) -> Tensor:
         """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
-        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry)
+        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry.to(per_col.dtype))  # autocast: codes may be bf16
 
     def take(self, dense: Tensor) -> Tensor:
         """The entries' values in a dense (N, F) matrix."""

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,8 +53,15 @@ class TrainLog:
 
 
 def default_lr(d_sae: int) -> float:
-    """sparsify's scaling rule: 2e-4 at 16384 latents, ∝ 1/√F."""
-    return 2e-4 / math.sqrt(d_sae / 16384)
+    """2e-3 up to 768 latents, ∝ 1/√F above (2e-3·√(768/F): 7.1e-4 at 6144, 4.3e-4 at 16384).
+
+    The 1/√F scaling is sparsify's; its constant (2e-4 at 16384 latents, i.e. 9.2e-4 at 768) is
+    tuned for long LLM runs and under-trains the few-epoch runs on a few hundred thousand tokens
+    done here. Measured on builtin:ape layer-2 resid_post tokens (benchmarks/bench_sae.py: 100k tokens,
+    F = 768, k = 32, 4 epochs, held-out FVU / dead latents): 9.2e-4 -> 0.0226 / 1%, 2e-3 -> 0.0119 /
+    2%, 4e-3 -> 0.0072 / 7%, 8e-3 -> 0.0060 / 29%. 2e-3 keeps the dictionary alive; the cap stops
+    smaller dictionaries from climbing into the dead-latent regime."""
+    return 2e-3 * min(1.0, math.sqrt(768 / d_sae))
 
 
 def _tokens(batch: Any, d_in: int) -> Tensor:
@@ -99,6 +107,10 @@ def train_sae(
     progress: bool = True,
     eval_batches: Batches | None = None,
     on_step: Callable[[int, dict[str, float]], bool | None] | None = None,
+    amp: str | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    distributed: bool | None = None,
 ) -> tuple[SAE, TrainLog]:
     """Train an SAE on a stream of token activations.
 
@@ -110,7 +122,22 @@ def train_sae(
     they are only reported. ``on_step(step, metrics)`` may return True to stop. With
     ``eval_batches`` the log's ``eval`` holds ``sae_metrics`` on them. Deterministic on CPU for
     a fixed ``cfg.seed`` and batch order.
+
+    Scaling (docs/distributed.md): ``device`` ``auto|cpu|cuda`` (None: the ``vitpos.distributed``
+    runtime default, else auto); ``amp`` ``none|bf16|fp16`` autocasts the forward. Under an
+    initialised process group with several ranks (``distributed`` None = detect) every rank must
+    get the same global batches; each trains on its slice with DDP and the steps equal
+    single-process steps on the global batches (``vitpos.sae.ddp``). With ``checkpoint_dir`` rank 0
+    saves the full training state every ``checkpoint_every`` steps and at the end, and a rerun
+    resumes from it (skipping the batches already consumed).
     """
+    from vitpos import distributed as vdist
+    from vitpos.sae.checkpoint import load_train_state, save_train_state
+
+    rt = vdist.runtime()
+    amp = amp if amp is not None else rt.amp
+    checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else rt.checkpoint_dir
+    checkpoint_every = int(checkpoint_every if checkpoint_every is not None else rt.checkpoint_every or 0)
     if epochs < 1:
         raise VitposError(f"epochs must be >= 1, got {epochs}")
     if steps is not None and steps < 1:
@@ -118,7 +145,9 @@ def train_sae(
     factory, repeatable = _pass_factory(batches)
     if steps is None and epochs > 1 and not repeatable:
         raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh iterator")
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = vdist.resolve_device(device if device is not None else (rt.device or "auto"))
+    amp_ctx = lambda: vdist.autocast(dev, amp)  # noqa: E731 - validated just below
+    vdist.autocast_dtype(amp, dev)
     sae = SAE(cfg).to(dev)
     sae.train()
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
@@ -127,6 +156,23 @@ def train_sae(
     opt = torch.optim.Adam(sae.parameters(), lr=lr)
     log = TrainLog(lr=lr, device=str(dev))
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
+    par = None
+    if distributed or (distributed is None and vdist.current().enabled):
+        from vitpos.sae.ddp import ParallelStep
+
+        par = ParallelStep(sae, dev)
+    run_key = {"lr": lr, "steps": steps, "epochs": epochs, "world_size": vdist.current().world_size if par else 1}
+    epoch0 = skip = 0
+    if checkpoint_dir is not None:
+        pos = load_train_state(checkpoint_dir, sae, opt, since_fired, log, run=run_key)
+        if pos is not None:
+            epoch0, skip = pos
+            log.notes.append(f"resumed from {checkpoint_dir} at step {log.steps}")
+        vdist.barrier()
+
+    def save_state(pass_index: int, batch_in_pass: int) -> None:
+        if checkpoint_dir is not None and vdist.is_main():
+            save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass, run=run_key)
 
     total = steps
     if total is None and hasattr(batches, "__len__") and not isinstance(batches, Tensor):
@@ -135,32 +181,48 @@ def train_sae(
     stop = False
     with _progress(progress, total) as bar:
         task = bar.add_task("train", total=total, fvu=float("nan"), l0=0.0, dead=0.0)
-        epoch = 0
+        epoch = epoch0
+        end_pos = (epoch0, skip)  # where a rerun continues: (pass index, batches consumed in it)
+        bar.update(task, completed=log.steps)
+        if steps is not None and log.steps >= steps:
+            stop = True
         while not stop:
             if steps is None and epoch >= epochs:
                 break
             if epoch > 0 and not repeatable:
                 log.notes.append(f"batches ran out after {log.steps} of {steps} steps (a one-shot iterator)")
                 break
-            n_before = log.steps
+            n_seen = 0
             for batch in factory():
+                n_seen += 1
+                if skip:  # resume: these batches were consumed before the checkpoint
+                    skip -= 1
+                    continue
                 x = _tokens(batch, cfg.d_in).to(dev, torch.float32, non_blocking=True)
+                if par is not None:
+                    x = par.local(x)
                 if log.steps == 0:
-                    sae.initialize(x)
+                    (par.initialize if par is not None else sae.initialize)(x)
                 dead = since_fired >= cfg.dead_steps
-                _, _, info = sae._run(x, dead, dense_codes=False)
+                with amp_ctx():
+                    if par is not None:
+                        loss, info = par.run(x, dead, cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
+                    else:
+                        _, _, info = sae._run(x, dead, dense_codes=False)
+                        loss = info["loss"]
                 opt.zero_grad(set_to_none=True)
-                info["loss"].backward()
+                loss.backward()
                 sae.project_decoder_grad_()
                 opt.step()
                 sae.normalize_decoder_()
+                n_tok = int(info.get("n", x.shape[0]))  # global tokens of this step
                 with torch.no_grad():
-                    since_fired += x.shape[0]
+                    since_fired += n_tok
                     since_fired.masked_fill_(info["fired"], 0)
                     if cfg.arch == "batchtopk" and info["min_act"] is not None:
                         _update_threshold(sae, info["min_act"], log.steps)
                 log.steps += 1
-                log.tokens += x.shape[0]
+                log.tokens += n_tok
                 m = {
                     "loss": float(info["loss"].detach()),
                     "fvu": float(info["fvu"].detach()),
@@ -174,17 +236,22 @@ def train_sae(
                 if not all(math.isfinite(v) for v in m.values()):
                     raise VitposError(f"SAE training diverged at step {log.steps} (loss {m['loss']}); lower lr")
                 bar.update(task, advance=1, fvu=m["fvu"], l0=m["l0"], dead=m["dead_frac"])
+                if checkpoint_every and log.steps % checkpoint_every == 0:
+                    save_state(epoch, n_seen)
                 if on_step is not None and on_step(log.steps, m):
                     stop = True
                 if stop or (steps is not None and log.steps >= steps):
                     stop = True
                     break
-            if log.steps == n_before:
+            if n_seen == 0:
                 if log.steps == 0:
                     raise VitposError("no training batches: the batch source yielded nothing")
                 break
             epoch += 1
             log.epochs_done = epoch
+            end_pos = (epoch - 1, n_seen) if stop else (epoch, 0)
+    if checkpoint_dir is not None:
+        save_state(*end_pos)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     log.seconds = time.perf_counter() - t0

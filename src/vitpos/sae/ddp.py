@@ -1,0 +1,129 @@
+"""Data-parallel SAE training steps (torch DistributedDataParallel) that equal single-process steps.
+
+``train_sae`` uses :class:`ParallelStep` when a process group with more than one rank is active.
+Every rank sees the same stream of *global* batches and trains on its contiguous slice
+(``torch.tensor_split(x, world)[rank]``). DDP all-reduces (averages) the gradients; to make the
+averaged gradient equal the single-process gradient of the whole global batch:
+
+* the batch FVU's denominator (total variance of the batch) is the *global* one, computed with two
+  small all-reduces (sum -> mean, then squared deviations), and each rank's loss is rescaled from
+  its local denominator to the global one, times the world size (DDP divides by it);
+* the ReLU L1 term (a mean over tokens) is rescaled by local/global token counts likewise;
+* the data-dependent init (input scale, geometric-median ``b_dec``) is computed on the all-gathered
+  global first batch on every rank, then broadcast from rank 0 for certainty;
+* "fired" masks are all-reduced, so the dead-latent counters and hence the AuxK masks are the same
+  on every rank; BatchTopK's smallest selected activation is all-reduced with MIN.
+
+TopK and ReLU steps then match single-process training up to float summation order. BatchTopK
+selects its top k·n activations within each rank's slice (as other DDP SAE trainers do), which is
+not the global selection: close, not equal. The decoder unit-norm projection runs after the
+all-reduced gradients, on identical weights, so weights stay in sync without extra traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from vitpos.errors import VitposError
+from vitpos.sae.model import SAE
+
+
+class _Step(nn.Module):
+    """What DDP wraps: one training forward of the SAE (sparse path, no dense codes)."""
+
+    def __init__(self, sae: SAE):
+        super().__init__()
+        self.sae = sae
+
+    def forward(self, x: Tensor, dead: Tensor):  # type: ignore[override]
+        return self.sae._run(x, dead, dense_codes=False)
+
+
+class ParallelStep:
+    def __init__(self, sae: SAE, device: torch.device):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise VitposError("ParallelStep needs an initialised process group (launch with torchrun)")
+        self.sae = sae
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.device = device
+        ids = [device.index] if device.type == "cuda" else None
+        # DDP syncs buffers (scale, threshold) from rank 0 at every forward (they are equal anyway).
+        self.ddp = nn.parallel.DistributedDataParallel(_Step(sae), device_ids=ids)
+
+    # -- data
+    def local(self, x: Tensor) -> Tensor:
+        """This rank's contiguous slice of a global batch."""
+        if x.shape[0] < self.world:
+            raise VitposError(f"a batch of {x.shape[0]} tokens cannot be split over {self.world} ranks; "
+                              "use batches of at least world-size tokens")
+        return torch.tensor_split(x, self.world)[self.rank]
+
+    def _gather(self, x: Tensor) -> Tensor:
+        n = torch.tensor([x.shape[0]], device=x.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world)]
+        dist.all_gather(sizes, n)
+        top = int(max(int(s) for s in sizes))
+        pad = torch.zeros((top, x.shape[1]), dtype=x.dtype, device=x.device)
+        pad[: x.shape[0]] = x
+        parts = [torch.empty_like(pad) for _ in range(self.world)]
+        dist.all_gather(parts, pad)
+        return torch.cat([p[: int(s)] for p, s in zip(parts, sizes)])
+
+    @torch.no_grad()
+    def initialize(self, x_local: Tensor) -> None:
+        """Data-dependent init on the global first batch, identical on every rank."""
+        self.sae.initialize(self._gather(x_local))
+        for t in (self.sae.b_dec, self.sae.scale):
+            dist.broadcast(t.data, src=0)
+
+    # -- step
+    @torch.no_grad()
+    def _global_tv(self, xs: Tensor) -> tuple[Tensor, Tensor, float]:
+        """(local total variance as the model computes it, global total variance, global n)."""
+        tv_local = (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
+        s = torch.cat([xs.double().sum(0), xs.new_tensor([xs.shape[0]], dtype=torch.float64)])
+        dist.all_reduce(s)
+        n_g = float(s[-1])
+        mean_g = (s[:-1] / n_g).to(xs.dtype)
+        q = (xs - mean_g).double().pow(2).sum().reshape(1)
+        dist.all_reduce(q)
+        return tv_local, q.to(xs.dtype).clamp_min(1e-12)[0], n_g
+
+    def run(self, x: Tensor, dead: Tensor, arch: str, aux_coeff: float, l1_coeff: float) -> tuple[Tensor, dict[str, Any]]:
+        """Forward through DDP on the local slice ``x``; returns (loss to backward, global info)."""
+        xs = x.to(self.sae.W_enc.dtype) * self.sae.scale
+        tv_l, tv_g, n_g = self._global_tv(xs)
+        n_l = x.shape[0]
+        _, _, info = self.ddp(x, dead)
+        r_tv = (tv_l / tv_g) * self.world
+        r_n = (n_l / n_g) * self.world
+        if arch == "relu":
+            loss = info["fvu"] * r_tv + l1_coeff * info["l1"] * r_n
+        else:
+            loss = (info["fvu"] + aux_coeff * info["aux_loss"]) * r_tv
+        with torch.no_grad():
+            part = torch.stack([
+                (info["fvu"].detach() * tv_l).double(), (info["aux_loss"].detach() * tv_l).double(),
+                (info["l0"] * n_l).double(), (info["l1"].detach() * n_l).double(),
+            ])
+            dist.all_reduce(part)
+            fired = info["fired"].to(torch.int32)
+            dist.all_reduce(fired)
+            g: dict[str, Any] = {
+                "fvu": (part[0] / tv_g.double()).float(), "aux_loss": (part[1] / tv_g.double()).float(),
+                "l0": (part[2] / n_g).float(), "l1": (part[3] / n_g).float(), "fired": fired > 0, "n": int(n_g),
+            }
+            g["loss"] = g["fvu"] + (l1_coeff * g["l1"] if arch == "relu" else aux_coeff * g["aux_loss"])
+            if arch == "batchtopk":
+                m = info["min_act"]
+                m = torch.tensor([float("inf")], device=x.device) if m is None else m.detach().reshape(1).float()
+                dist.all_reduce(m, op=dist.ReduceOp.MIN)
+                g["min_act"] = None if not torch.isfinite(m).all() else m[0]
+            else:
+                g["min_act"] = None
+        return loss, g
