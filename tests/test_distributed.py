@@ -18,6 +18,8 @@ from vitpos.sae import SAE, SAEConfig, train_sae
 
 WORLD = 2
 SPAWN_TIMEOUT = 120  # seconds a 2-rank job may take before the test fails
+# fork: the ranks inherit the imported modules (seconds saved per job); the parent has no process group.
+START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
 def _free_port() -> int:
@@ -36,7 +38,7 @@ def _join(rank: int, world: int, port: int) -> None:
 
 
 def _spawn(fn, *args) -> None:
-    ctx = mp.start_processes(fn, args=(WORLD, _free_port(), *args), nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(fn, args=(WORLD, _free_port(), *args), nprocs=WORLD, join=False, start_method=START_METHOD)
     import time
 
     deadline = time.monotonic() + SPAWN_TIMEOUT
@@ -151,7 +153,7 @@ def _compare(ref: SAE, ref_log, out: Path, atol: float) -> float:
     got = SAE.load(out / "sae.safetensors")
     worst = 0.0
     for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale", "threshold"):
-        d = float((getattr(ref, name) - getattr(got, name)).abs().max())
+        d = float((getattr(ref, name) - getattr(got, name)).detach().abs().max())
         worst = max(worst, d)
         assert d <= atol, f"{name} differs by {d}"
     log = json.loads((out / "log.json").read_text())
@@ -206,3 +208,153 @@ def test_single_process_resume_is_exact(tmp_path):
     assert log2.steps == 16 and torch.equal(again.W_dec, sae.W_dec)
     with pytest.raises(VitposError, match="different SAE run"):
         train_sae(data, cfg, epochs=3, lr=3e-3, progress=False, checkpoint_dir=tmp_path)
+
+
+# ---------------------------------------------------------------------------- sharded capture
+
+CAPTURE_SPEC = "timm:vit_small_patch16_224?img_size=32&patch_size=8&depth=2&embed_dim=32&num_heads=2&num_classes=4"
+CAPTURE_ARGS = dict(limit=45, batch_size=16, shard_images=8, progress=False)
+CAPTURE_SITES = "resid_post,blocks.0.q"
+
+
+def _surface():
+    from vitpos.models import load_model
+
+    torch.manual_seed(0)
+    return load_model(CAPTURE_SPEC)
+
+
+def _capture_worker(rank, world, port, out, die_after_shards, force):
+    from vitpos.capture import capture_to_store
+    from vitpos.store import ActivationWriter
+
+    _join(rank, world, port)
+    if die_after_shards and rank == world - 1:
+        flush, count = ActivationWriter._flush, [0]
+
+        def dying_flush(self):
+            flush(self)
+            count[0] += 1
+            if count[0] == die_after_shards:
+                os._exit(3)
+        ActivationWriter._flush = dying_flush
+    with vd.distributed("cpu", timeout_s=60):
+        capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, out, force=force, **CAPTURE_ARGS)
+
+
+def _assert_same_store(a_dir, b_dir):
+    from vitpos.store import ActivationStore
+
+    a, b = ActivationStore(a_dir), ActivationStore(b_dir)
+    assert a.meta == b.meta and a.num_images == b.num_images and a.sites == b.sites and a.d == b.d
+    la, ia = a.load_labels()
+    lb, ib = b.load_labels()
+    assert torch.equal(ia, ib) and torch.equal(la, lb) and torch.equal(ia, torch.arange(a.num_images))
+    for site in a.sites:
+        assert torch.equal(a.load_site(site), b.load_site(site)), site  # bit-exact (float32)
+    xa = torch.cat([t[0] for t in a.iter_tokens(a.sites[0], 100)])
+    xb = torch.cat([t[0] for t in b.iter_tokens(b.sites[0], 100)])
+    assert torch.equal(xa, xb)
+
+
+@pytest.fixture(scope="module")
+def single_store(tmp_path_factory):
+    from vitpos.capture import capture_to_store
+
+    out = tmp_path_factory.mktemp("single")
+    capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, out, **CAPTURE_ARGS)
+    return out
+
+
+def test_distributed_capture_equals_single_process(tmp_path, single_store):
+    from vitpos.store import ActivationStore
+
+    _spawn(_capture_worker, str(tmp_path), 0, False)
+    _assert_same_store(single_store, tmp_path)
+    store = ActivationStore(tmp_path)
+    assert {sh["file"].split("/")[0] for sh in store.shards} == {"rank-00000", "rank-00001"}
+    assert ActivationStore(tmp_path / "rank-00001").meta["first_image"] == 23  # 45 images: blocks of 23 + 22
+
+
+def test_distributed_capture_resumes_after_a_rank_dies(tmp_path, single_store):
+    with pytest.raises(mp.ProcessExitedException):
+        _spawn(_capture_worker, str(tmp_path), 1, False)
+    assert not (tmp_path / "manifest.json").exists()
+    rank1 = json.loads((tmp_path / "rank-00001" / "manifest.json").read_text())
+    assert rank1["num_images"] == 8 and not rank1["complete"]
+    _spawn(_capture_worker, str(tmp_path), 0, False)  # the same job again: rank 1 resumes at image 23 + 8
+    _assert_same_store(single_store, tmp_path)
+    _spawn(_capture_worker, str(tmp_path), 0, False)  # finished: a rerun leaves it as it is
+    _assert_same_store(single_store, tmp_path)
+
+
+def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
+    from vitpos.capture import capture_to_store
+    from vitpos.capture_dist import merge_manifests
+
+    _spawn(_capture_worker, str(tmp_path), 0, False)
+    with pytest.raises(VitposError, match="captured with 2 ranks"):
+        capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, tmp_path, distributed=True, **CAPTURE_ARGS)
+    with pytest.raises(VitposError, match="single-process"):
+        capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, single_store, distributed=True, **CAPTURE_ARGS)
+    capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, tmp_path, distributed=True, force=True, **CAPTURE_ARGS)
+    _assert_same_store(single_store, tmp_path)  # one "rank" now, still the same store
+    merged = json.loads((tmp_path / "manifest.json").read_text())
+    assert merged["ranks"] == 1 and not (tmp_path / "rank-00001").exists()
+    assert merge_manifests(tmp_path, 1, merged["meta"])["num_images"] == 45
+
+
+def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
+    from vitpos.capture import capture_to_store
+    from vitpos.store import ActivationStore
+
+    capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "a", amp="bf16", dtype="bfloat16",
+                     **CAPTURE_ARGS)
+    assert ActivationStore(tmp_path / "a").dtype == "bfloat16"
+    with pytest.raises(VitposError, match="fp16 needs a CUDA"):
+        capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "b", amp="fp16", **CAPTURE_ARGS)
+
+
+def test_capture_retries_a_batch_that_runs_out_of_memory(tmp_path, single_store, monkeypatch):
+    """A fake CUDA OOM on batches above 5 images: the batch is redone in halves, the store is unchanged."""
+    from vitpos.capture import capture_to_store
+    from vitpos.models.surface import ModelSurface
+
+    surface = _surface()
+    call = ModelSurface.__call__
+    sizes = []
+
+    def flaky(self, images):
+        sizes.append(images.shape[0])
+        out = call(self, images)  # hooks fire (partial capture) before the OOM
+        if images.shape[0] > 5:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+        return out
+
+    monkeypatch.setattr(ModelSurface, "__call__", flaky)
+    capture_to_store(surface, "shapes", "test", CAPTURE_SITES, tmp_path, **CAPTURE_ARGS)
+    assert sizes[:4] == [16, 8, 4, 4] and max(sizes[4:]) <= 4
+    _assert_same_store(single_store, tmp_path)
+
+
+def test_torchrun_cli_capture(tmp_path, single_store):
+    """The real launcher: `torchrun --nproc-per-node 2 -m vitpos.cli capture ...` on CPU (gloo)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "w.safetensors"  # the same (seed-0) weights as the single-process store
+    save_file({k: v.contiguous() for k, v in _surface().model.state_dict().items()}, str(weights))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+           "-m", "vitpos.cli", "capture", "--model", CAPTURE_SPEC, "--data", "shapes", "--split", "test",
+           "--sites", CAPTURE_SITES, "--limit", "45", "--batch-size", "16", "--shard-images", "8",
+           "--device", "cpu", "--no-progress", "--checkpoint", str(weights), "--out", str(tmp_path / "acts")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "captured 45 images x 3 sites on 2 ranks" in r.stdout
+    from vitpos.store import ActivationStore
+
+    assert ActivationStore(tmp_path / "acts").meta["model"] == CAPTURE_SPEC
+    _assert_same_store(single_store, tmp_path / "acts")

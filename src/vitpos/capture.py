@@ -87,9 +87,25 @@ def _tokens_first(t: torch.Tensor) -> torch.Tensor:
 
 def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, out, *, limit: int | None = None,
                      batch_size: int = 128, dtype: str = "float32", shard_images: int = 256, force: bool = False,
-                     progress: bool = True) -> dict:
-    """Stream the chosen sites of every image of a split into an activation store (resumable)."""
+                     progress: bool = True, device: str | torch.device | None = None, amp: str | None = None,
+                     distributed: bool | None = None, _first_id: int = 0, _meta: dict | None = None) -> dict:
+    """Stream the chosen sites of every image of a split into an activation store (resumable).
+
+    ``device`` (auto|cpu|cuda; None = CPU unless the ``vitpos.distributed`` runtime says otherwise)
+    moves the model there; ``amp`` (none|bf16|fp16) autocasts the forward. On CUDA a batch that
+    runs out of memory is retried in halves (and later batches keep the smaller size). Under a
+    torchrun job with several ranks (``distributed`` None = detect) the split is cut into one
+    contiguous block per rank, each rank writes its own store under ``out/rank-NNNNN/`` and rank 0
+    merges their manifests into ``out/manifest.json`` (docs/distributed.md).
+    """
+    from vitpos import distributed as vdist
     from vitpos.store import ActivationWriter
+
+    if distributed or (distributed is None and vdist.current().enabled):
+        from vitpos.capture_dist import capture_sharded
+
+        return capture_sharded(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
+                               shard_images=shard_images, force=force, progress=progress, device=device, amp=amp)
 
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -98,9 +114,16 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
     for s in site_list:
         if s.name not in _STORABLE:
             raise VitposError(f"site {s} cannot be stored (attention patterns and tables are not token activations)")
+    dev = vdist.resolve_device(device if device is not None else (vdist.runtime().device or "cpu"))
+    amp = amp if amp is not None else vdist.runtime().amp
+    vdist.autocast_dtype(amp, dev)
+    if dev.type != "cpu":
+        surface.model.to(dev)
     dataset = dataset_for(surface, data, split, limit=limit)
-    meta = {"model": surface.spec, "data": data, "split": split, "limit": limit, "n_images": len(dataset)}
+    meta = {"model": surface.spec, "data": data_name(data), "split": split, "limit": limit, "n_images": len(dataset)}
+    meta = meta if _meta is None else _meta
     keys = [str(s) for s in site_list]
+    chunk = [batch_size]  # forward size; halves on CUDA OOM
     with ActivationWriter(out, sites=keys, grid=surface.grid, num_prefix_tokens=surface.num_prefix_tokens,
                           meta=meta, shard_images=shard_images, dtype=dtypes[dtype], force=force) as writer:
         done = writer.num_done
@@ -113,11 +136,33 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
                 seen += len(y)
                 keep = ids >= done  # resume: skip images already in the store
                 if keep.any():
-                    surface(x[keep])
+                    _forward_adaptive(surface, x[keep].to(dev, non_blocking=True), cache, keys, chunk, dev, amp)
                     batch = {k: _tokens_first(cache.pop_batch(k)) for k in keys}
-                    writer.add(batch, y[keep], ids[keep])
+                    writer.add(batch, y[keep], ids[keep] + _first_id)
                 bar.update(task, advance=1)
     return {"num_images": len(dataset), "sites": keys, "out": str(out)}
+
+
+def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[str], chunk: list[int],
+                      dev: torch.device, amp: str | None) -> None:
+    """Forward ``x`` in pieces of ``chunk[0]`` images under autocast; on out-of-memory drop what was
+    captured for this batch, halve the piece size (kept for later batches) and redo the batch."""
+    from vitpos import distributed as vdist
+
+    def step(bs: int) -> None:
+        try:
+            with vdist.autocast(dev, amp):
+                for i in range(0, x.shape[0], bs):
+                    surface(x[i : i + bs])
+        except BaseException:
+            for k in keys:  # a partial batch must not reach the store
+                try:
+                    cache.pop_batch(k)
+                except KeyError:
+                    pass
+            raise
+
+    _, chunk[0] = vdist.retry_on_oom(step, chunk[0])
 
 
 def data_name(data) -> str:

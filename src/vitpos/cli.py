@@ -27,6 +27,8 @@ CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensor
 DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | imagefolder:PATH")
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
+DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
+AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
 def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = None):
@@ -125,14 +127,26 @@ def capture(
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
     progress: bool = ProgressOpt,
+    device: str = DeviceOpt,
+    amp: str = AmpOpt,
 ):
-    """Stream activations of a dataset to disk shards (resumable, memory bounded)."""
+    """Stream activations of a dataset to disk shards (resumable, memory bounded).
+
+    Under torchrun (several ranks) each rank captures its block of the split and rank 0 merges
+    the manifests (docs/distributed.md)."""
+    from vitpos import distributed as vdist
     from vitpos.capture import capture_to_store
 
-    surface = _surface(model, pretrained, checkpoint)
-    info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
-                            shard_images=shard_images, force=force, progress=progress)
-    out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites -> {out}")
+    if batch_size < 1 or shard_images < 1:
+        raise VitposError(f"--batch-size and --shard-images must be at least 1 (got {batch_size}, {shard_images})")
+    with vdist.distributed(device) as (env, dev):
+        vdist.autocast_dtype(amp, dev)
+        surface = _surface(model, pretrained, checkpoint)
+        info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
+                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp)
+    if env.is_main:
+        ranks = f" on {env.world_size} ranks" if env.enabled else ""
+        out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites{ranks} -> {out}")
 
 
 @app.command()

@@ -35,6 +35,8 @@ _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 # safetensors header spelling of each storage dtype, to check a shard before loading it.
 _ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
+# Manifest entries may also name a rank's shard of a distributed capture (vitpos.capture_dist).
+_ENTRY_RE = re.compile(r"^(rank-\d{5,}/)?shard-(\d{5,})\.safetensors$")
 
 # Worst-case round-trip error of the storage dtypes (round-to-nearest): |x' - x| <= rel*|x| + abs.
 # fp16 normals: unit roundoff 2^-11; its subnormals (|x| < 2^-14) are spaced 2^-24 -> half-step 2^-25.
@@ -369,7 +371,7 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
     total = 0
     for sh in m["shards"]:
         # File names must be our own pattern: never follow a manifest outside the store folder.
-        if not isinstance(sh, dict) or not _SHARD_RE.match(str(sh.get("file"))) or not isinstance(sh.get("num_images"), int) or sh["num_images"] < 1:
+        if not isinstance(sh, dict) or not _ENTRY_RE.match(str(sh.get("file"))) or not isinstance(sh.get("num_images"), int) or sh["num_images"] < 1:
             raise VitposError(f"{path}: bad shard entry {sh!r}; {fix}")
         total += sh["num_images"]
     if total != m["num_images"]:
