@@ -172,9 +172,17 @@ def sample_train_tokens(
 # --------------------------------------------------------------------------------------------
 
 
+def _all_finite(x: torch.Tensor) -> bool:
+    """No NaN / inf in x. A float64 sum of float32 values cannot overflow, so it is finite iff
+    every value is; one reduction is ~50x cheaper on CPU than isfinite(x).all()."""
+    return bool(torch.isfinite(x.sum(dtype=torch.float64)))
+
+
 def _standardise_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     mean = x.mean(0)
-    std = x.std(0, unbiased=False)
+    # Two-pass population std: same value as x.std(0, unbiased=False), ~15x faster on CPU
+    # (torch's std reduces over dim 0 of a row-major matrix on a slow path).
+    std = (x - mean).pow_(2).mean(0).sqrt_()
     # Constant features get std 1 so they stay constant instead of blowing up.
     std = torch.where(std > _STD_EPS, std, torch.ones_like(std))
     return mean, std
@@ -291,7 +299,7 @@ def _lbfgs(
     *,
     max_iter: int,
     tol: float,
-    history: int = 10,
+    history: int = 40,
     memory: dict | None = None,
     precondition: bool = True,
 ) -> tuple[torch.Tensor, int]:
@@ -320,25 +328,27 @@ def _lbfgs(
     it = 0
     while it < max_iter and float(g.abs().max()) > tol:
         it += 1
-        # Two-loop recursion: d = -H g.
+        # Two-loop recursion: d = -H g (flat views: one dot / one axpy per pair and loop).
         q = -g
+        qf = q.view(-1)
         alphas = []
         for s, y, rho in zip(reversed(s_hist), reversed(y_hist), reversed(rho_hist)):
-            a = rho * float((s * q).sum())
+            a = rho * float(s.view(-1) @ qf)
             alphas.append(a)
-            q -= a * y
+            qf.add_(y.view(-1), alpha=-a)
         if precondition:
             # H0 = gamma * M with M ~ inverse Hessian; gamma from the newest secant pair.
             if s_hist:
                 s_new, y_new = s_hist[-1], y_hist[-1]
-                gamma = float((s_new * y_new).sum()) / float((y_new * obj.precondition(y_new)).sum())
-                q = gamma * obj.precondition(q)
+                gamma = float(s_new.view(-1) @ y_new.view(-1)) / float(y_new.view(-1) @ obj.precondition(y_new).view(-1))
+                q = obj.precondition(q).mul_(gamma)
             else:
                 q = obj.precondition(q)
         elif s_hist:
-            q *= float((s_hist[-1] * y_hist[-1]).sum()) / float((y_hist[-1] * y_hist[-1]).sum())
+            q *= float(s_hist[-1].view(-1) @ y_hist[-1].view(-1)) / float(y_hist[-1].view(-1) @ y_hist[-1].view(-1))
+        qf = q.view(-1)
         for (s, y, rho), a in zip(zip(s_hist, y_hist, rho_hist), reversed(alphas)):
-            q += (a - rho * float((y * q).sum())) * s
+            qf.add_(s.view(-1), alpha=a - rho * float(y.view(-1) @ qf))
         gd = float((g * q).sum())
         if gd >= 0:  # not a descent direction (numerical trouble): drop the history
             s_hist, y_hist, rho_hist = [], [], []
@@ -482,7 +492,7 @@ class LinearProbe:
             raise VitposError(f"labels must be in [0, {self.num_classes - 1}], got [{int(y.min())}, {int(y.max())}]")
         dev = torch.device(device) if device is not None else x.device
         x = x.to(dev, torch.float32)
-        if not torch.isfinite(x).all():
+        if not _all_finite(x):
             raise VitposError("features contain NaN or inf; fix the activations before probing")
         mean, std = _standardise_stats(x)
         xs = _standardised_design(x, mean, std)
@@ -687,7 +697,7 @@ def fit_position_probes(
     ctrl = {"row": control_labels(grid, "row", seed), "col": control_labels(grid, "col", seed)}
 
     x_train = features[img_idx, patch_idx].to(dev, torch.float32)
-    if not torch.isfinite(x_train).all():
+    if not _all_finite(x_train):
         raise VitposError("features contain NaN or inf; fix the activations before probing")
     patch_dev = patch_idx.to(dev)
     in_fit = torch.isin(img_idx, split.fit)
