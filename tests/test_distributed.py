@@ -358,3 +358,31 @@ def test_torchrun_cli_capture(tmp_path, single_store):
 
     assert ActivationStore(tmp_path / "acts").meta["model"] == CAPTURE_SPEC
     _assert_same_store(single_store, tmp_path / "acts")
+
+
+def test_resume_continues_a_reseeded_epoch_stream(tmp_path):
+    """Per-epoch shuffles (a callable reseeding on each call) continue where the run stopped."""
+    flat = torch.cat(_sae_data(n_batches=4))
+
+    def source():
+        def passes():
+            g = torch.Generator().manual_seed(passes.epoch)
+            passes.epoch += 1
+            order = torch.randperm(flat.shape[0], generator=g)
+            for i in range(0, len(order), 256):
+                yield flat[order[i:i + 256]]
+        passes.epoch = 0
+        return passes
+
+    cfg = SAE_CFGS["topk"]
+    ref, _ = train_sae(source(), cfg, epochs=3, lr=3e-3, progress=False)
+
+    def crash(step, m):
+        if step == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(source(), cfg, epochs=3, lr=3e-3, progress=False, checkpoint_dir=tmp_path, checkpoint_every=6,
+                  on_step=crash)
+    sae, log = train_sae(source(), cfg, epochs=3, lr=3e-3, progress=False, checkpoint_dir=tmp_path, checkpoint_every=6)
+    assert log.steps == 12 and torch.equal(ref.W_dec, sae.W_dec) and torch.equal(ref.b_enc, sae.b_enc)

@@ -117,8 +117,15 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
     dev = vdist.resolve_device(device if device is not None else (vdist.runtime().device or "cpu"))
     amp = amp if amp is not None else vdist.runtime().amp
     vdist.autocast_dtype(amp, dev)
-    if dev.type != "cpu":
-        surface.model.to(dev)
+    home = next(surface.model.parameters()).device
+    if dev != home:
+        surface.model.to(dev)  # moved back below: callers keep the surface where it was
+        try:
+            return capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
+                                    shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp,
+                                    distributed=False, _first_id=_first_id, _meta=_meta)
+        finally:
+            surface.model.to(home)
     dataset = dataset_for(surface, data, split, limit=limit)
     meta = {"model": surface.spec, "data": data_name(data), "split": split, "limit": limit, "n_images": len(dataset)}
     meta = meta if _meta is None else _meta

@@ -193,13 +193,32 @@ def sae(
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
     progress: bool = ProgressOpt,
+    device: str = DeviceOpt,
+    amp: str = AmpOpt,
+    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
+                                         "every N steps (0: only at the end); a rerun resumes from it"),
 ):
     """Train an SAE on one layer's patch tokens; OUT/sae.safetensors, sae.json, features.png."""
     from vitpos.experiments.sae_run import run_sae
 
-    surface = _surface(model, pretrained, checkpoint)
-    doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
-                     epochs=epochs, seed=seed, out=out, progress=progress, force=force)
+    from vitpos import distributed as vdist
+
+    if checkpoint_every < 0:
+        raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    with vdist.distributed(device) as (env, dev):
+        vdist.autocast_dtype(amp, dev)
+        state_dir = out / "train-state"
+        if force and env.is_main and (state_dir / "train-state.safetensors").exists():
+            (state_dir / "train-state.safetensors").unlink()
+        vdist.barrier()
+        # The runtime carries device/amp/checkpointing down to train_sae; under torchrun every rank runs
+        # the same command (same global batches, DDP inside train_sae; capture into OUT/acts is sharded).
+        with vdist.use_runtime(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every):
+            surface = _surface(model, pretrained, checkpoint)
+            doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
+                             epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force)
+    if not env.is_main:
+        return
     out_console.print(f"SAE L{layer} {site}: FVU {doc['fvu']:.3f}, L0 {doc['l0']:.1f}, dead {doc['dead_frac']:.1%}, "
                       f"spliced top-1 change {doc['top1_change_points']:+.1f} pts; {doc['n_row_features']} row, "
                       f"{doc['n_col_features']} col, {doc['n_mixed_features']} mixed features -> {out}")

@@ -168,6 +168,11 @@ def train_sae(
         if pos is not None:
             epoch0, skip = pos
             log.notes.append(f"resumed from {checkpoint_dir} at step {log.steps}")
+            if repeatable:
+                # Advance a per-epoch batch source (which may reseed its shuffle on every call, eagerly
+                # or once iterated) past the passes already done: start each and take one batch.
+                for _ in range(epoch0):
+                    next(iter(factory()), None)
         vdist.barrier()
 
     def save_state(pass_index: int, batch_in_pass: int) -> None:
@@ -258,6 +263,8 @@ def train_sae(
     sae.eval()
     if eval_batches is not None:
         log.eval = sae_metrics(sae, eval_batches)
+    if device is None and rt.device is not None and dev.type != "cpu":
+        sae.cpu()  # a runtime (CLI --device) choice covers training only; callers' models live on the CPU
     return sae, log
 
 
