@@ -386,3 +386,26 @@ def test_resume_continues_a_reseeded_epoch_stream(tmp_path):
                   on_step=crash)
     sae, log = train_sae(source(), cfg, epochs=3, lr=3e-3, progress=False, checkpoint_dir=tmp_path, checkpoint_every=6)
     assert log.steps == 12 and torch.equal(ref.W_dec, sae.W_dec) and torch.equal(ref.b_enc, sae.b_enc)
+
+
+def test_full_precision_shields_a_fit_from_autocast():
+    @vd.full_precision
+    def fit():
+        return (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+
+    with vd.autocast("cpu", "bf16"):
+        assert fit() is torch.float32
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
+
+
+def test_probe_device_and_bf16_forwards():
+    from vitpos.experiments.probe import run_probe
+
+    s = _surface()
+    ref = run_probe(s, "shapes", "resid_post", n_images=40)
+    same = run_probe(s, "shapes", "resid_post", n_images=40, device="auto")  # resolves to the CPU here
+    amp = run_probe(s, "shapes", "resid_post", n_images=40, device="cpu", amp="bf16")
+    assert same["row_acc"] == ref["row_acc"] and same["col_acc"] == ref["col_acc"]
+    for key in ("row_acc", "col_acc"):
+        assert max(abs(a - b) for a, b in zip(amp[key], ref[key])) <= 0.05
+    assert next(s.model.parameters()).dtype is torch.float32

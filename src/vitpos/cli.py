@@ -160,12 +160,15 @@ def probe(
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
     progress: bool = ProgressOpt,
+    device: str = DeviceOpt,
+    amp: str = AmpOpt,
 ):
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
     from vitpos.experiments.probe import run_probe
 
     surface = _surface(model, pretrained, checkpoint)
-    doc = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress)
+    doc = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
+                    device=device, amp=amp)
     res = doc if "layers" in doc else next(iter(doc["sites"].values()))
     t = Table("layer", "row acc", "col acc", "row sel", "col sel")
     for i, layer in enumerate(res["layers"]):

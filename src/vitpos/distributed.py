@@ -85,6 +85,21 @@ def autocast(device: torch.device | str, amp: str | None) -> contextlib.Abstract
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
+def full_precision(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: run ``fn`` with autocast off (CPU and CUDA), e.g. an optimiser that needs float32
+    curvature while the model forward around it runs under ``--amp``."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        with contextlib.ExitStack() as stack:
+            for dt in ("cpu", "cuda"):
+                if torch.is_autocast_enabled(dt):
+                    stack.enter_context(torch.autocast(dt, enabled=False))
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 # ----------------------------------------------------------------------------- adaptive batch
 
 
@@ -279,6 +294,6 @@ def use_runtime(**settings: Any) -> Iterator[Runtime]:
 
 __all__ = [
     "AMP_CHOICES", "DEVICE_CHOICES", "DistEnv", "Runtime", "all_gather_object", "autocast", "autocast_dtype",
-    "backend_for", "barrier", "block_range", "broadcast_object", "current", "dist_env", "distributed", "is_main",
+    "backend_for", "barrier", "block_range", "broadcast_object", "current", "dist_env", "distributed", "full_precision", "is_main",
     "is_oom", "resolve_device", "retry_on_oom", "runtime", "use_runtime",
 ]

@@ -642,6 +642,10 @@ def _head_accuracies(
     return (correct / (images.numel() * num_patches)).tolist()
 
 
+from vitpos.distributed import full_precision, resolve_device  # noqa: E402 - device/amp plumbing (docs/distributed.md)
+
+
+@full_precision  # the fit stays float32 under an outer --amp autocast (model forwards)
 def fit_position_probes(
     features: torch.Tensor,
     grid: Sequence[int],
@@ -689,7 +693,7 @@ def fit_position_probes(
     ids = image_ids.reshape(-1).tolist() if isinstance(image_ids, torch.Tensor) else list(image_ids)
     if len(ids) != n_img:
         raise VitposError(f"image_ids has {len(ids)} entries but features have {n_img} images")
-    dev = torch.device(device) if device is not None else features.device
+    dev = resolve_device(device) if device is not None else features.device  # accepts auto|cpu|cuda
 
     split = split_images(ids, seed=seed, test_frac=test_frac, val_frac=val_frac)
     img_idx, patch_idx = sample_train_tokens(split.train, n_patch, max_train_tokens, seed=seed)

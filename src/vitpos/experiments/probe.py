@@ -25,7 +25,7 @@ def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> t
     acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size)
     feats = acts["embed"]
     if surface.has_ape:
-        feats = feats - surface.patch_pos_embed().unsqueeze(0)
+        feats = feats - surface.patch_pos_embed().unsqueeze(0).to(feats.device, feats.dtype)
     return feats
 
 
@@ -44,19 +44,41 @@ def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int],
 
 
 def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_post", n_images: int = 1000,
-              split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False) -> dict:
-    """Probe every layer of each site; writes probe.json and probe.png into `out` when given."""
+              split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False,
+              device: str | torch.device | None = None, amp: str | None = None) -> dict:
+    """Probe every layer of each site; writes probe.json and probe.png into `out` when given.
+
+    ``device`` (auto|cpu|cuda) runs the model forwards and the probe fits there (the model is moved
+    back afterwards); ``amp`` (none|bf16|fp16) autocasts the forwards only, fits stay float32."""
+    from vitpos import distributed as vdist
+
+    if device is not None or amp is not None:
+        dev = vdist.resolve_device(device)
+        amp_ctx = vdist.autocast(dev, amp)
+        home = next(surface.model.parameters()).device
+        surface.model.to(dev)
+        try:
+            with amp_ctx:
+                return _run_probe(surface, data, sites, n_images, split, seed, out, progress, fit_device=dev)
+        finally:
+            surface.model.to(home)
+    return _run_probe(surface, data, sites, n_images, split, seed, out, progress, fit_device=None)
+
+
+def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, split: str, seed: int,
+               out: str | Path | None, progress: bool, fit_device=None) -> dict:
     dataset = dataset_for(surface, data, split, limit=n_images)
     site_names = sorted({s.name for s in expand_sites(sites, surface.depth)}, key=sites.find)
     content = fit_position_probes(content_features(surface, dataset), surface.grid, seed=seed,
-                                   max_train_tokens=PROBE_TRAIN_TOKENS)
+                                   max_train_tokens=PROBE_TRAIN_TOKENS, device=fit_device)
     baseline = {"row_acc": content.row_acc, "col_acc": content.col_acc,
                 "note": "patch embeddings minus any APE: position predictable from content alone"}
     results = {}
     for name in site_names:
         layers = sorted(s.layer for s in expand_sites(sites, surface.depth) if s.name == name)
         feats = layer_features(surface, dataset, name, layers, progress=progress)
-        res = probe_layers(feats, surface.grid, seed=seed, max_train_tokens=PROBE_TRAIN_TOKENS).to_json(name)
+        res = probe_layers(feats, surface.grid, seed=seed, max_train_tokens=PROBE_TRAIN_TOKENS,
+                           device=fit_device).to_json(name)
         res["content_baseline"] = baseline
         res["n_images"] = len(dataset)
         results[name] = res
