@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -407,3 +408,188 @@ def test_plot_feature_maps(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["maps.png"]
     scores.classify(FeatureThresholds(min_fire_rate=2.0))  # nothing qualifies: still a figure
     assert plot_feature_maps(scores, tmp_path / "empty.png").stat().st_size > 0
+
+
+# --- training from the on-disk activation store ----------------------------------------------
+
+
+def write_store(path, tokens, grid=(4, 4), shard_images=16, meta=None):
+    """Tokens (n, D) as a store of n / (H·W) images in stored (image-major) order."""
+    from vitpos.store import ActivationWriter
+
+    n_p = grid[0] * grid[1]
+    acts = tokens.reshape(-1, n_p, tokens.shape[-1])
+    with ActivationWriter(path, sites=["blocks.0.resid_post"], grid=grid, num_prefix_tokens=0, meta=meta or {},
+                          shard_images=shard_images) as w:
+        for i in range(0, len(acts), 10):
+            b = acts[i : i + 10]
+            w.add({"blocks.0.resid_post": b}, torch.zeros(len(b), dtype=torch.long), torch.arange(i, i + len(b)))
+    return path
+
+
+def test_store_training_equals_in_memory_training(tmp_path, planted):
+    from vitpos.sae.stream import store_batches
+
+    _, x, x_eval = planted
+    store = write_store(tmp_path / "acts", x[:8192])
+    cfg = SAEConfig(d_in=32, expansion=4, k=3, dead_steps=4096)
+    # Same token order (stored order, no shuffle): the very same SAE, bit for bit.
+    streamed = store_batches(store, "blocks.0.resid_post", 256, shuffle=False)
+    a, la = train_sae(streamed, cfg, epochs=2, progress=False)
+    b, lb = train_sae(chunks(x[:8192], 256), cfg, epochs=2, progress=False)
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert la.fvu == lb.fvu and la.tokens == lb.tokens == 2 * 8192
+    # Buffered shuffle, fresh per epoch vs a full in-memory permutation: the same held-out FVU.
+    shuffled = store_batches(store, "blocks.0.resid_post", 256, seed=3, buffer_tokens=1024)
+    first, second = [torch.cat(list(shuffled())) for _ in range(2)]
+    assert not torch.equal(first, second)  # a new shuffle each epoch ...
+    key = lambda t: t[torch.argsort(t[:, 0])]  # noqa: E731
+    assert torch.equal(key(first), key(x[:8192]))  # ... of exactly the stored tokens
+    c, _ = train_sae(store_batches(store, "blocks.0.resid_post", 256, seed=3, buffer_tokens=1024), cfg, epochs=3,
+                     progress=False)
+    g = torch.Generator().manual_seed(3)
+    perm_passes = lambda: iter(chunks(x[:8192][torch.randperm(8192, generator=g)], 256))  # noqa: E731
+    d, _ = train_sae(perm_passes, cfg, epochs=3, progress=False)
+    fvu_c, fvu_d = sae_metrics(c, [x_eval])["fvu"], sae_metrics(d, [x_eval])["fvu"]
+    assert fvu_c < 0.2 and abs(fvu_c - fvu_d) < 0.03, (fvu_c, fvu_d)
+
+
+def test_store_training_memory_is_bounded(tmp_path):
+    """The reader never holds more than buffer + 2 shards + one batch of tokens (its own byte
+    accounting), a small fraction of the store, and the trainer keeps no batch past its step."""
+    import weakref
+
+    from vitpos.sae.stream import store_batches
+
+    dirs = planted_dirs(d=32)
+    x = planted_tokens(dirs, 48 * 16 * 16)  # 48 shards of 16 images x 16 patches
+    store = write_store(tmp_path / "acts", x)
+    batches = store_batches(store, "blocks.0.resid_post", 256, buffer_tokens=512)
+    total_bytes = x.numel() * 4
+    alive: list[weakref.ref] = []
+    most_alive = 0
+
+    def watched():
+        nonlocal most_alive
+        for t in batches():
+            most_alive = max(most_alive, sum(r() is not None for r in alive))
+            alive.append(weakref.ref(t))
+            yield t
+
+    sae, log = train_sae(watched, SAEConfig(d_in=32, expansion=2, k=3), epochs=2, progress=False)
+    assert log.tokens == 2 * len(x) and log.steps == 2 * len(x) // 256
+    bound = batches.bound_bytes()
+    assert bound == (512 + 2 * 256 + 256) * 32 * 4
+    assert 0 < batches.peak_reader_bytes <= bound <= total_bytes / 8
+    assert most_alive <= 1  # when a batch is handed out, at most the previous one is still referenced
+    assert batches.max_batch_tokens == 256
+
+
+def test_store_batches_errors_and_tail(tmp_path, planted):
+    from vitpos.sae.stream import store_batches
+
+    _, x, _ = planted
+    store = write_store(tmp_path / "acts", x[: 16 * 21])  # 336 tokens: one batch of 256 + a tail of 80
+    with pytest.raises(VitposError, match="not in the store"):
+        store_batches(store, "blocks.1.resid_post")
+    b = store_batches(store, "blocks.0.resid_post", 256, shuffle=False)
+    assert [len(t) for t in b()] == [256] and b.dropped_tokens == 80  # a tail under half a batch is dropped
+    b = store_batches(store, "blocks.0.resid_post", 200, shuffle=False)
+    assert [len(t) for t in b()] == [200, 136] and b.dropped_tokens == 0
+    with pytest.raises(VitposError, match="no activation store"):
+        store_batches(tmp_path / "nowhere", "blocks.0.resid_post")
+
+
+def test_default_lr_rule():
+    from vitpos.sae.train import default_lr
+
+    assert default_lr(384) == default_lr(768) == pytest.approx(2e-3)
+    assert default_lr(6144) == pytest.approx(2e-3 / math.sqrt(8))
+    assert default_lr(16384) < default_lr(6144)
+
+
+# --- run_sae: capture to a store, train streamed, score --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_ape():
+    from conftest import tiny_own
+
+    return tiny_own("ape")
+
+
+def toy_set(n=96, seed=0):
+    from vitpos.data import DatasetInfo, TensorImageDataset
+
+    g = torch.Generator().manual_seed(seed)
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+    return TensorImageDataset(torch.randint(0, 256, (n, 3, 16, 16), dtype=torch.uint8, generator=g),
+                              torch.randint(0, 4, (n,), generator=g), info, "train")
+
+
+RUN_KW = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=2, batch_tokens=256, buffer_tokens=512)
+
+
+def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
+    from vitpos.capture import capture_to_store
+    from vitpos.experiments.sae_run import run_sae
+
+    ds = toy_set()
+    doc, sae = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
+    out = tmp_path / "o"
+    assert (out / "acts" / "manifest.json").is_file()  # the train split went to disk first
+    assert {"sae.safetensors", "sae.json", "features.png"} <= {p.name for p in out.iterdir()}
+    tr = doc["training"]
+    assert tr["train_images"] == 64 and doc["train_tokens"] == 2 * 64 * 16 and tr["lr"] == pytest.approx(2e-3)
+    assert 0 < tr["reader_peak_bytes"] <= tr["reader_bound_bytes"] and tr["max_batch_tokens"] == 256
+    for key in ("fvu", "l0", "dead_frac", "logit_kl", "top1_change_points", "row_features", "col_features", "mixed_features"):
+        assert key in doc
+    assert doc["l0"] <= 4 and 0 <= doc["dead_frac"] <= 1
+    again, sae2 = run_sae(tiny_ape, 0, data=ds, out=out, **RUN_KW)  # same run: reloaded, not retrained
+    assert again == doc and torch.equal(sae2.W_dec, sae.W_dec)
+    # A store made by `vitpos capture` (capture_to_store) of the same images: the very same training.
+    capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "store", limit=64, progress=False)
+    given, sae3 = run_sae(tiny_ape, 0, data=ds, store=tmp_path / "store", out=tmp_path / "o3", **RUN_KW)
+    assert given["training"]["train_store"] == str(tmp_path / "store") and not (tmp_path / "o3" / "acts").exists()
+    assert torch.equal(sae3.W_dec, sae.W_dec) and given["fvu"] == doc["fvu"]
+    # Without an output folder the capture goes to a temp store, removed afterwards.
+    doc4, _ = run_sae(tiny_ape, 0, data=ds, **RUN_KW)
+    assert doc4["fvu"] == doc["fvu"] and doc4["training"]["train_store"] is None
+
+
+def test_run_sae_refuses_a_store_that_does_not_match(tmp_path, tiny_ape):
+    from conftest import tiny_own
+
+    from vitpos.capture import capture_to_store
+    from vitpos.experiments.sae_run import run_sae
+
+    ds = toy_set(24)
+    capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "train", progress=False)
+    capture_to_store(tiny_ape, ds, "test", "blocks.0.resid_post", tmp_path / "test", progress=False)
+    cases = [
+        (dict(surface=tiny_own("ape-sincos"), layer=0, store=tmp_path / "train", data=ds), "model 'tiny:ape'"),
+        (dict(surface=tiny_ape, layer=1, store=tmp_path / "train", data=ds), "no site blocks.1.resid_post"),
+        (dict(surface=tiny_ape, layer=0, store=tmp_path / "train", data="shapes"), "--data toy:train"),
+        (dict(surface=tiny_ape, layer=0, store=tmp_path / "test", data=ds), "held-out"),
+        (dict(surface=tiny_ape, layer=0, store=tmp_path / "missing", data=ds), "no activation store"),
+    ]
+    for kw, needle in cases:
+        with pytest.raises(VitposError, match=re.escape(needle)) as e:
+            run_sae(kw.pop("surface"), kw.pop("layer"), out=tmp_path / "o", **kw, **RUN_KW)
+        assert "\n" not in str(e.value)
+
+
+def test_cli_sae_store_mismatch_is_one_error_line(tmp_path, tiny_ape):
+    import subprocess
+    import sys
+
+    from vitpos.capture import capture_to_store
+
+    capture_to_store(tiny_ape, toy_set(8), "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
+    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "sae", "--model", "builtin:ape", "--layer", "0", "--store",
+                           str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "40"})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "tiny:ape" in lines[0] and "builtin:ape" in lines[0]

@@ -189,9 +189,14 @@ def sae(
     arch: str = typer.Option("topk", "--arch", help="topk | batchtopk | relu"),
     k: int = typer.Option(32, "--k"),
     expansion: int = typer.Option(8, "--expansion"),
-    images: int = typer.Option(4000, "--images", help="training images (their patch tokens)"),
+    images: int = typer.Option(4000, "--images", help="training images (their patch tokens); unused with --store"),
     epochs: int = typer.Option(4, "--epochs"),
     seed: int = typer.Option(0, "--seed"),
+    store: Optional[Path] = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
+                                         "model and site) instead of capturing into OUT/acts/"),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Adam learning rate (default: 2e-3, ∝ 1/√F above 768 latents)"),
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="tokens per training step"),
+    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", help="shuffle buffer (tokens held in memory while streaming)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -201,9 +206,15 @@ def sae(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
 ):
-    """Train an SAE on one layer's patch tokens; OUT/sae.safetensors, sae.json, features.png."""
+    """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json, features.png."""
     from vitpos.experiments.sae_run import run_sae
 
+    if lr is not None and not lr > 0:
+        raise VitposError(f"--lr must be a positive number (got {lr})")
+    if batch_tokens < 1 or buffer_tokens < 0:
+        raise VitposError(f"--batch-tokens must be >= 1 and --buffer-tokens >= 0 (got {batch_tokens}, {buffer_tokens})")
+    if images < 1 or epochs < 1:
+        raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
     from vitpos import distributed as vdist
 
     if checkpoint_every < 0:
@@ -219,7 +230,8 @@ def sae(
         with vdist.use_runtime(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every):
             surface = _surface(model, pretrained, checkpoint)
             doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
-                             epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force)
+                             epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
+                             lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens)
     if not env.is_main:
         return
     out_console.print(f"SAE L{layer} {site}: FVU {doc['fvu']:.3f}, L0 {doc['l0']:.1f}, dead {doc['dead_frac']:.1%}, "

@@ -46,6 +46,7 @@ class SAEStage(_Strict):
     expansion: int = 8
     images: int = 4000
     epochs: int = 4
+    lr: float | None = Field(None, description="None = vitpos.sae.train.default_lr")
 
 
 class ApePermuteStage(_Strict):
@@ -241,7 +242,7 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
             def sae_fn(d):
                 doc, _ = run_sae(surface, layer, site=cfg.sae.site, data=data, arch=cfg.sae.arch, k=cfg.sae.k,
                                  expansion=cfg.sae.expansion, n_train_images=cfg.sae.images, epochs=cfg.sae.epochs,
-                                 seed=cfg.seed, out=d, progress=progress)
+                                 seed=cfg.seed, out=d, progress=progress, lr=cfg.sae.lr, keep_acts=False)
                 doc["sae_dir"] = str(d)
                 doc["layer_choice"] = "given" if cfg.sae.layer is not None else "max min(row, col) probe accuracy"
                 return doc

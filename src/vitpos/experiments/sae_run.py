@@ -1,5 +1,12 @@
 """E2 (C1): an SAE on one layer's patch tokens, its positional features, and whether they are causal.
 
+Training streams from an on-disk activation store (``vitpos.store``): either one given with
+``store=`` (made by ``vitpos capture``; checked against the model, site and data) or the train split
+captured by ``run_sae`` itself into ``OUT/acts/`` (resumable; a temp folder when there is no OUT).
+Memory during training is the store reader's bounded shuffle buffer plus one batch, whatever the
+number of training images. Held-out metrics, feature scores and the causal check run on the
+``n_eval_images`` test images in memory.
+
 Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
 position downstream with the clean model's probes: row accuracy should drop while column holds;
 selectivity = d_row / (d_row + d_col) (col features mirrored).
@@ -7,6 +14,7 @@ selectivity = d_row / (d_row + d_col) (col features mirrored).
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +28,8 @@ from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
+from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 
@@ -58,31 +68,92 @@ def sae_edit(surface: ModelSurface, sae: SAE, fn):
     return edit_fn
 
 
+def open_train_store(store, surface: ModelSurface, site: Site, data):
+    """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
+    `site` of `surface`'s model, captured on `data`'s train images."""
+    from vitpos.store import ActivationStore
+
+    st = ActivationStore(store)
+    fix = f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} --split train`"
+    meta = st.meta
+    if meta.get("model") != surface.spec:
+        raise VitposError(f"--store {st.dir} holds activations of model {meta.get('model')!r}, not {surface.spec!r}; "
+                          f"pass the matching --model or {fix}")
+    if str(site) not in st.sites:
+        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching --layer/--site or {fix}")
+    if tuple(st.grid) != tuple(surface.grid) or st.d.get(str(site)) != surface.width:
+        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model {tuple(surface.grid)} x "
+                          f"D {surface.width}; {fix}")
+    if isinstance(data, str) and meta.get("data") != data:
+        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its test "
+                          f"split is the held-out set); pass --data {meta.get('data')}")
+    if meta.get("split") == "test":
+        raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
+    if st.num_images == 0:
+        raise VitposError(f"--store {st.dir} holds no images; {fix}")
+    return st
+
+
+def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images: int, acts_dir: Path, progress: bool,
+                         force: bool):
+    """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
+    a store there from other settings is replaced: it is run_sae's own scratch)."""
+    from vitpos.capture import capture_to_store
+    from vitpos.store import MANIFEST, ActivationStore
+
+    if not force and (acts_dir / MANIFEST).is_file():
+        try:
+            meta = read_json(acts_dir / MANIFEST).get("meta", {})
+            force = (meta.get("model"), meta.get("data"), meta.get("limit")) != (surface.spec, data_name(data), n_train_images)
+        except Exception:  # unreadable: start over
+            force = True
+    capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=256, force=force,
+                     progress=progress)
+    return ActivationStore(acts_dir)
+
+
 def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
-            force: bool = False) -> tuple[dict, SAE]:
-    """Train (or reload, when `out` already holds the same run) an SAE and score its features."""
+            force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
+            lr: float | None = None, keep_acts: bool = True) -> tuple[dict, SAE]:
+    """Train (or reload, when `out` already holds the same run) an SAE and score its features.
+
+    Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
+    without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
+    reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`)."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
     cfg = SAEConfig(arch=arch, d_in=surface.width, expansion=expansion, k=k, seed=seed)
+    lr = default_lr(cfg.d_sae) if lr is None else float(lr)
+    s = Site(layer, site)
+    given = open_train_store(store, surface, s, data) if store is not None else None
     run_key = {"model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
-               "n_train_images": n_train_images, "epochs": epochs, "batch_tokens": batch_tokens}
+               "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
+               "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture"}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")
         if doc.get("run") == run_key:
             return doc, SAE.load(out)
-    s = Site(layer, site)
-    train_set = dataset_for(surface, data, "train", limit=n_train_images)
     eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
-    train_acts = capture_layers(surface, train_set, [s], progress=progress, desc="capture train")[0][str(s)]
-    t0 = time.time()
-    sae, log = train_sae(token_batches(train_acts, batch_tokens, seed), cfg, epochs=epochs, progress=progress)
-    seconds = time.time() - t0
-    del train_acts
+    with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
+        if given is not None:
+            train_store = given
+        else:
+            acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
+            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force)
+        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
+        t0 = time.time()
+        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress)
+        seconds = time.time() - t0
+    streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
+                "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
+                "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
+                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
     later = list(range(layer + 1, surface.depth))
     eval_sites = [s] + [Site(l, "resid_post") for l in later]
     eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites)
@@ -104,6 +175,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch, "k": k,
         "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1, "top1_spliced": top1_spliced,
         "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
+        "training": streamed,
         "row_features": scores.row_features, "col_features": scores.col_features, "mixed_features": scores.mixed_features,
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
