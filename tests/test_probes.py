@@ -272,3 +272,57 @@ def test_preconditioner_cuts_iterations_on_anisotropic_features():
         out[pc] = (f, iters)
     assert out[True][0] == pytest.approx(out[False][0], abs=1e-4)  # same optimum
     assert out[True][1] <= 25 and 3 * out[True][1] <= out[False][1]
+
+
+def test_standardise_stats_and_finiteness_check():
+    from vitpos.analysis import probes as P
+
+    g = torch.Generator().manual_seed(0)
+    x = 3.0 + 2.0 * torch.randn(5000, 7, generator=g)
+    x[:, 3] = 1.5  # a constant feature gets std 1, not 0
+    mean, std = P._standardise_stats(x)
+    ref = x.std(0, unbiased=False)
+    torch.testing.assert_close(mean, x.mean(0))
+    torch.testing.assert_close(std[[0, 1, 2, 4, 5, 6]], ref[[0, 1, 2, 4, 5, 6]], rtol=1e-5, atol=0)
+    assert std[3] == 1.0
+    # The float64-sum check flags every non-finite value and never overflows on finite ones.
+    big = torch.full((100_000,), 3.0e38)
+    assert P._all_finite(big) and P._all_finite(-big) and P._all_finite(x)
+    for bad in (math.nan, math.inf, -math.inf):
+        y = x.clone()
+        y[1234 % y.shape[0], 5] = bad
+        assert not P._all_finite(y)
+    y = big.clone()
+    y[7], y[8] = math.inf, -math.inf  # inf - inf is NaN: still caught
+    assert not P._all_finite(y)
+
+
+def test_joint_heads_on_an_l2_path_reach_sklearns_optimum():
+    # Several heads of different sizes and l2s share one design matrix (the (sum K, N) logits
+    # layout, per-head slices) and are fitted along a strong-to-weak l2 path with warm starts and
+    # carried curvature pairs, as fit_position_probes does. Each head must land on the optimum
+    # scikit-learn finds for that head alone, at every point of the path.
+    from sklearn.linear_model import LogisticRegression
+
+    from vitpos.analysis import probes as P
+
+    g = torch.Generator().manual_seed(1)
+    n, d = 1500, 12
+    x = torch.randn(n, d, generator=g) @ torch.randn(d, d, generator=g)  # correlated features
+    ys = [(x @ torch.randn(d, k, generator=g) + torch.randn(n, k, generator=g)).argmax(1) for k in (4, 6)]
+    mean, std = P._standardise_stats(x)
+    design = P._Design(P._standardised_design(x, mean, std))
+    xs = ((x - mean) / std).double().numpy()
+    heads, memory = None, {}
+    for l2 in (1.0, 1e-1, 1e-2, 1e-3):
+        l2s = [l2, 3 * l2]  # different l2 per head
+        heads = P._fit_softmax_heads(design, ys, [4, 6], l2s, heads, max_iter=500, tol=1e-6, memory=memory)
+        for (w, b), y, lam in zip(heads, ys, l2s):
+            sk = LogisticRegression(C=1.0 / (lam * n), tol=1e-10, max_iter=5000).fit(xs, y.numpy())
+            ours = w.double().numpy() - w.double().numpy().mean(1, keepdims=True)
+            theirs = sk.coef_.T - sk.coef_.T.mean(1, keepdims=True)
+            scale = max(1.0, float(np.abs(theirs).max()))
+            np.testing.assert_allclose(ours, theirs, atol=1e-3 * scale)
+            b_ours = b.double().numpy() - b.double().numpy().mean()
+            b_theirs = sk.intercept_ - sk.intercept_.mean()
+            np.testing.assert_allclose(b_ours, b_theirs, atol=1e-3 * scale)
