@@ -3,8 +3,10 @@
     python benchmarks/bench_sae.py [--tokens N] [--d 128] [--expansion 8] [--k 32] [--out FILE.json]
 
 Every trainer gets the same training tokens (same order, batch size, epochs), the same TopK
-architecture, k, dictionary size and learning rate, and is scored with the same held-out FVU
-(Σ‖x − x̂‖² / Σ‖x − x̄‖² over tokens never trained on). Peers:
+architecture, k, dictionary size and learning rate (``--saelens-lr`` gives SAELens its own: it
+starts its decoder at norm 0.1 and never renormalises it, so the same lr is a ~10x larger relative
+step there), and is scored with the same held-out FVU (Σ‖x − x̂‖² / Σ‖x − x̄‖² over tokens never
+trained on). Peers:
 
 * ``saelens``: SAELens' ``TopKTrainingSAE`` + ``SAETrainer`` (its defaults otherwise: AuxK,
   decoder-norm rescaling). It runs in a separate interpreter (``--saelens-python``, default
@@ -104,7 +106,7 @@ def run_vitpos(train, eval_x, args, lr) -> dict:
     m = sae_metrics(sae, batches_of(eval_x, 4096) or [eval_x])
     with torch.no_grad():
         check = fvu_of(eval_x, sae.decode(sae.encode(eval_x)))  # same scorer as the peers
-    return {"trainer": "vitpos", "seconds": log.seconds, "cpu_seconds": cpu, "tokens": log.tokens, "fvu": check, "l0": m["l0"],
+    return {"trainer": "vitpos", "lr": lr, "seconds": log.seconds, "cpu_seconds": cpu, "tokens": log.tokens, "fvu": check, "l0": m["l0"],
             "dead_frac": m["dead_frac"], "fvu_sae_metrics": m["fvu"]}
 
 
@@ -143,7 +145,7 @@ def run_torch_peer(train, eval_x, args, lr) -> dict:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     with torch.no_grad():
         x_hat, z = forward(eval_x)
-    return {"trainer": "torch (textbook TopK)", "seconds": seconds, "cpu_seconds": cpu, "tokens": tokens, "fvu": fvu_of(eval_x, x_hat),
+    return {"trainer": "torch (textbook TopK)", "lr": lr, "seconds": seconds, "cpu_seconds": cpu, "tokens": tokens, "fvu": fvu_of(eval_x, x_hat),
             "l0": float((z != 0).sum(1).float().mean()), "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
 
 
@@ -187,7 +189,7 @@ def saelens_worker(data_file: str, params_file: str, out_file: str) -> None:
         z = sae.encode(eval_x)
         z = z.to_dense() if z.is_sparse else z
         x_hat = sae.decode(z)
-    res = {"trainer": f"saelens {sae_lens.__version__}" + (" (sparse acts)" if p["sparse"] else ""), "seconds": seconds,
+    res = {"trainer": f"saelens {sae_lens.__version__}" + (" (sparse acts)" if p["sparse"] else ""), "lr": p["lr"], "seconds": seconds,
            "cpu_seconds": cpu, "tokens": n_steps * p["batch"], "fvu": fvu_of(eval_x, x_hat), "l0": float((z != 0).sum(1).float().mean()),
            "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
     Path(out_file).write_text(json.dumps(res))
@@ -225,7 +227,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=None, help="default: vitpos' rule 2e-4/sqrt(F/16384), used for every trainer")
+    ap.add_argument("--lr", type=float, default=None, help="default: vitpos' default_lr(F) (2e-3 at F <= 768), used for every trainer")
+    ap.add_argument("--saelens-lr", type=float, default=None,
+                    help="SAELens' lr only (default: the same --lr); its own runner default is 3e-4: its decoder starts at "
+                         "norm 0.1 and is not kept unit-norm, so one lr is not one step size for it and the others")
     ap.add_argument("--dead-tokens", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1, help="runs per trainer, interleaved; best CPU / median wall time reported")
@@ -266,7 +271,7 @@ def main(argv=None) -> int:
             return run_vitpos(train, eval_x, args, lr)
         if name == "torch":
             return run_torch_peer(train * s, eval_x * s, args, lr)
-        return run_saelens_peer(train * s, eval_x * s, args, lr, sparse=name == "saelens-sparse")
+        return run_saelens_peer(train * s, eval_x * s, args, args.saelens_lr or lr, sparse=name == "saelens-sparse")
 
     # Interleaved repeats: load on a shared machine drifts, so no trainer gets all the quiet minutes.
     runs: dict[str, list[dict]] = {name: [] for name in ["vitpos", *peers]}
@@ -292,7 +297,7 @@ def main(argv=None) -> int:
     # Speed is judged on CPU seconds (one thread each): on a shared machine wall time mostly
     # measures waiting for a core. Wall numbers are reported too.
     ours = results[0]
-    print(f"\n{'trainer':26s} {'tok/CPU-s':>10s} {'tok/s wall':>10s} {'CPU s':>7s} {'wall s':>7s} {'FVU':>7s} {'L0':>5s} "
+    print(f"\n{'trainer':26s} {'lr':>7s} {'tok/CPU-s':>10s} {'tok/s wall':>10s} {'CPU s':>7s} {'wall s':>7s} {'FVU':>7s} {'L0':>5s} "
           f"{'dead':>6s} {'vitpos speed-up':>15s}")
     for r in results:
         if "skipped" in r:
@@ -304,7 +309,7 @@ def main(argv=None) -> int:
             r["vitpos_speedup_cpu"] = r["cpu_seconds"] / ours["cpu_seconds"]  # >1: vitpos is faster
             r["vitpos_speedup_wall"] = r["seconds"] / ours["seconds"]
         speedup = f"{r['vitpos_speedup_cpu']:.2f}x ({r['vitpos_speedup_wall']:.2f}x wall)" if r is not ours else ""
-        print(f"{r['trainer']:26s} {r['tokens_per_cpu_s']:10.0f} {r['tokens_per_s']:10.0f} {r['cpu_seconds']:7.1f} "
+        print(f"{r['trainer']:26s} {r['lr']:7.1e} {r['tokens_per_cpu_s']:10.0f} {r['tokens_per_s']:10.0f} {r['cpu_seconds']:7.1f} "
               f"{r['seconds']:7.1f} {r['fvu']:7.4f} {r['l0']:5.1f} {r['dead_frac']:6.1%} {speedup:>15s}")
     verdicts = []
     for r in results[1:]:
