@@ -409,3 +409,24 @@ def test_probe_device_and_bf16_forwards():
     for key in ("row_acc", "col_acc"):
         assert max(abs(a - b) for a, b in zip(amp[key], ref[key])) <= 0.05
     assert next(s.model.parameters()).dtype is torch.float32
+
+
+def test_sae_step_splits_a_batch_that_runs_out_of_memory(monkeypatch):
+    """A fake CUDA OOM above 100 tokens: the step is redone in accumulated pieces and equals the
+    whole-batch step (TopK with AuxK active)."""
+    data, cfg = _sae_data(), SAE_CFGS["topk"]
+    ref, ref_log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
+    run = SAE._run
+
+    def small_only(self, x, dead_mask, dense_codes):
+        if x.shape[0] > 100:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+        return run(self, x, dead_mask, dense_codes)
+
+    monkeypatch.setattr(SAE, "_run", small_only)
+    sae, log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
+    assert any("out of memory at 128 tokens" in n for n in log.notes)  # 256 -> 128 -> 64 tokens per piece
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        assert float((getattr(ref, name) - getattr(sae, name)).detach().abs().max()) <= 1e-5, name
+    assert max(abs(a - b) for a, b in zip(log.fvu, ref_log.fvu)) <= 1e-5
+    assert log.dead_frac == pytest.approx(ref_log.dead_frac, abs=1e-6) and max(ref_log.dead_frac) > 0

@@ -32,6 +32,51 @@ from vitpos.errors import VitposError
 from vitpos.sae.model import SAE
 
 
+def _total_variance(xs: Tensor) -> Tensor:
+    """The batch FVU's denominator exactly as ``SAE._run`` computes it."""
+    return (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
+
+
+def _rescaled_loss(info: dict[str, Any], r_tv, r_n, arch: str, aux_coeff: float, l1_coeff: float) -> Tensor:
+    """A piece's loss as its share of the whole batch's loss (FVU terms over the whole batch's
+    total variance, means over the whole batch's tokens)."""
+    if arch == "relu":
+        return info["fvu"] * r_tv + l1_coeff * info["l1"] * r_n
+    return (info["fvu"] + aux_coeff * info["aux_loss"]) * r_tv
+
+
+def micro_step(sae: SAE, x: Tensor, dead: Tensor, pieces: int, arch: str, aux_coeff: float,
+               l1_coeff: float) -> dict[str, Any]:
+    """Forward + backward of the batch ``x`` in ``pieces`` contiguous pieces, accumulating into the
+    parameters' ``.grad`` a gradient equal (up to rounding) to that of the whole batch at once, for
+    TopK and ReLU (BatchTopK then selects per piece). What the trainer falls back to when a batch
+    does not fit in GPU memory; returns the whole batch's info like ``SAE._run``."""
+    with torch.no_grad():
+        tv_g = _total_variance(x.to(sae.W_enc.dtype) * sae.scale)
+    n = x.shape[0]
+    part = torch.zeros(4, dtype=torch.float64, device=x.device)
+    fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
+    mins = []
+    for piece in torch.tensor_split(x, pieces):
+        if piece.shape[0] == 0:
+            continue
+        with torch.no_grad():
+            tv_p = _total_variance(piece.to(sae.W_enc.dtype) * sae.scale)
+        _, _, info = sae._run(piece, dead, dense_codes=False)
+        _rescaled_loss(info, tv_p / tv_g, piece.shape[0] / n, arch, aux_coeff, l1_coeff).backward()
+        with torch.no_grad():
+            part += torch.stack([(info["fvu"].detach() * tv_p).double(), (info["aux_loss"].detach() * tv_p).double(),
+                                 (info["l0"] * piece.shape[0]).double(), (info["l1"].detach() * piece.shape[0]).double()])
+            fired |= info["fired"]
+            if info["min_act"] is not None:
+                mins.append(info["min_act"].detach().reshape(1))
+    g: dict[str, Any] = {"fvu": (part[0] / tv_g.double()).float(), "aux_loss": (part[1] / tv_g.double()).float(),
+                         "l0": (part[2] / n).float(), "l1": (part[3] / n).float(), "fired": fired, "n": n,
+                         "min_act": torch.cat(mins).min() if mins else None}
+    g["loss"] = g["fvu"] + (l1_coeff * g["l1"] if arch == "relu" else aux_coeff * g["aux_loss"])
+    return g
+
+
 class _Step(nn.Module):
     """What DDP wraps: one training forward of the SAE (sparse path, no dense codes)."""
 
@@ -100,12 +145,7 @@ class ParallelStep:
         tv_l, tv_g, n_g = self._global_tv(xs)
         n_l = x.shape[0]
         _, _, info = self.ddp(x, dead)
-        r_tv = (tv_l / tv_g) * self.world
-        r_n = (n_l / n_g) * self.world
-        if arch == "relu":
-            loss = info["fvu"] * r_tv + l1_coeff * info["l1"] * r_n
-        else:
-            loss = (info["fvu"] + aux_coeff * info["aux_loss"]) * r_tv
+        loss = _rescaled_loss(info, (tv_l / tv_g) * self.world, (n_l / n_g) * self.world, arch, aux_coeff, l1_coeff)
         with torch.no_grad():
             part = torch.stack([
                 (info["fvu"].detach() * tv_l).double(), (info["aux_loss"].detach() * tv_l).double(),

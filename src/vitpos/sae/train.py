@@ -179,6 +179,23 @@ def train_sae(
         if checkpoint_dir is not None and vdist.is_main():
             save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass, run=run_key)
 
+    piece = [1 << 62]  # tokens per forward piece: the whole batch until a CUDA OOM halves it
+
+    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> dict[str, Any]:
+        opt.zero_grad(set_to_none=True)
+        with amp_ctx():
+            if size >= x.shape[0]:
+                _, _, info = sae._run(x, dead, dense_codes=False)
+                info["loss"].backward()
+                return info
+            from vitpos.sae.ddp import micro_step  # gradient accumulation equal to the whole batch
+
+            return micro_step(sae, x, dead, -(-x.shape[0] // size), cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
+
+    def note_shrink(old: int, new: int) -> None:
+        log.notes.append(f"step {log.steps + 1}: out of memory at {old} tokens per forward, continuing with {new} "
+                         "(gradients accumulated: same step)")
+
     total = steps
     if total is None and hasattr(batches, "__len__") and not isinstance(batches, Tensor):
         total = len(batches) * epochs  # type: ignore[arg-type]
@@ -209,14 +226,14 @@ def train_sae(
                 if log.steps == 0:
                     (par.initialize if par is not None else sae.initialize)(x)
                 dead = since_fired >= cfg.dead_steps
-                with amp_ctx():
-                    if par is not None:
+                if par is not None:
+                    with amp_ctx():
                         loss, info = par.run(x, dead, cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
-                    else:
-                        _, _, info = sae._run(x, dead, dense_codes=False)
-                        loss = info["loss"]
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                else:
+                    info, piece[0] = vdist.retry_on_oom(lambda size: fwd_bwd(x, dead, size), min(piece[0], x.shape[0]),
+                                                        on_shrink=note_shrink)
                 sae.project_decoder_grad_()
                 opt.step()
                 sae.normalize_decoder_()
