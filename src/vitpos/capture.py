@@ -92,8 +92,8 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
                      distributed: bool | None = None, _first_id: int = 0, _meta: dict | None = None) -> dict:
     """Stream the chosen sites of every image of a split into an activation store (resumable).
 
-    ``device`` (auto|cpu|cuda; None = CPU unless the ``vitpos.distributed`` runtime says otherwise)
-    moves the model there; ``amp`` (none|bf16|fp16) autocasts the forward. On CUDA a batch that
+    ``device`` (auto|cpu|cuda; None = the runtime's ``--device`` if set, else where the model is)
+    moves the model there for the capture (and back after); ``amp`` (none|bf16|fp16) autocasts the forward. On CUDA a batch that
     runs out of memory is retried in halves (and later batches keep the smaller size). Under a
     torchrun job with several ranks (``distributed`` None = detect) the split is cut into one
     contiguous block per rank, each rank writes its own store under ``out/rank-NNNNN/`` and rank 0
@@ -115,10 +115,12 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
     for s in site_list:
         if s.name not in _STORABLE:
             raise VitposError(f"site {s} cannot be stored (attention patterns and tables are not token activations)")
-    dev = vdist.resolve_device(device if device is not None else (vdist.runtime().device or "cpu"))
+    home = next(surface.model.parameters()).device
+    rt_device = vdist.runtime().device
+    # default: wherever the model already is (or the runtime's --device)
+    dev = vdist.resolve_device(device) if device is not None else (vdist.resolve_device(rt_device) if rt_device else home)
     amp = amp if amp is not None else vdist.runtime().amp
     vdist.autocast_dtype(amp, dev)
-    home = next(surface.model.parameters()).device
     if dev != home:
         surface.model.to(dev)  # moved back below: callers keep the surface where it was
         try:
