@@ -14,7 +14,7 @@ mkdir -p "$out"
 
 # the known benchmarks first, in this order, then any other bench_*.py
 scripts=()
-for name in train capture probes sae; do
+for name in train capture probes sae scaling; do
     [[ -f "$here/bench_$name.py" ]] && scripts+=("$here/bench_$name.py")
 done
 for f in "$here"/bench_*.py; do
