@@ -326,3 +326,57 @@ def test_joint_heads_on_an_l2_path_reach_sklearns_optimum():
             b_ours = b.double().numpy() - b.double().numpy().mean()
             b_theirs = sk.intercept_ - sk.intercept_.mean()
             np.testing.assert_allclose(b_ours, b_theirs, atol=1e-3 * scale)
+
+
+def _anisotropic_design(n=2000, d=24, k=5, seed=0):
+    from vitpos.analysis import probes as P
+
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    x = torch.randn(n, d, generator=g) + 0.7 * torch.randn(k, d, generator=g)[y]
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
+    x = x @ (q / torch.arange(1, d + 1).float())
+    return P._Design(P._standardised_design(x, *P._standardise_stats(x))), y, g
+
+
+def test_compact_lbfgs_direction_equals_two_loop_recursion():
+    # The compact (matrix) form of H g must be the classic two-loop recursion's result, with and
+    # without the diagonal preconditioner, for any number of stored pairs up to the history.
+    from vitpos.analysis import probes as P
+
+    design, _, g = _anisotropic_design()
+    d1, k = design.xt.shape[0], 4
+    a = torch.randn(d1 * k, d1 * k, generator=g, dtype=torch.float64)
+    hess = a @ a.T / (d1 * k) + 0.1 * torch.eye(d1 * k, dtype=torch.float64)  # SPD: s^T y > 0
+    state = P._HeadLBFGS(torch.zeros(d1, k), history=6, design=design)
+    state.g = torch.randn(d1, k, generator=g)
+    m_diag = 0.5 + torch.rand(d1, 1, generator=g, dtype=torch.float64)
+    for pairs in range(9):  # 0 pairs (first step), then past the history of 6
+        if pairs:
+            s = torch.randn(d1, k, generator=g)
+            state.push(s, (hess @ s.double().reshape(-1)).reshape(d1, k).float())
+        assert state.s.shape[0] == min(pairs, 6)
+        for m in (None, m_diag):
+            compact, loop = state.direction(m), state.direction_two_loop(m)
+            torch.testing.assert_close(compact, loop, rtol=1e-5, atol=1e-6)
+            assert float((compact * state.g).sum()) < 0  # a descent direction
+
+
+def test_heads_converge_independently_to_their_own_optimum():
+    # Batched heads with very different conditioning (a strongly and a weakly regularised one)
+    # stop separately; each must reach the tolerance and end where it ends when fitted alone
+    # (a head that has converged leaves the batch and is not moved by the other's iterations).
+    from vitpos.analysis import probes as P
+
+    design, y, g = _anisotropic_design()
+    y2 = (y + torch.randint(0, 2, y.shape, generator=g)) % 5  # a noisier second target
+    both = P._fit_softmax_heads(design, [y, y2], [5, 5], [1.0, 1e-4], tol=1e-4, max_iter=500)
+    alone = [P._fit_softmax_heads(design, [t], [5], [l2], tol=1e-4, max_iter=500)[0] for t, l2 in ((y, 1.0), (y2, 1e-4))]
+    obj = P._SoftmaxHeads(design, [y, y2], [5, 5], [1.0, 1e-4])
+    theta = torch.cat([torch.cat([w, b[None]]) for w, b in both], 1)
+    f, resid = obj.value(theta)
+    assert float(obj.grad(theta, resid).abs().max()) <= 1e-4
+    for (w, b), (w1, b1) in zip(both, alone):
+        scale = max(1.0, float(w1.abs().max()))
+        torch.testing.assert_close(w, w1, rtol=0, atol=1e-5 * scale)
+        torch.testing.assert_close(b, b1, rtol=0, atol=1e-5 * scale)
