@@ -10,6 +10,9 @@ A probe is multinomial logistic regression on standardised features, fitted full
     mean cross-entropy + l2 / 2 * ||W||^2        (bias unpenalised),
 which is scikit-learn's LogisticRegression objective with C = 1 / (l2 * n_train_tokens); it is
 minimised to the same gradient tolerance as scikit-learn's lbfgs (max |grad| <= 1e-4).
+Several probes on the same tokens (row, column, controls) share every evaluation's matmul but
+each runs its own L-BFGS (see `_lbfgs`); the l2 grid is walked from strong to weak, each fit
+warm-started from the previous one with its curvature pairs carried over.
 
 `fit_position_probes` splits BY IMAGE (test images never reach training), chooses l2 per probe
 on a validation split of the training images, refits on all training images and reports test
@@ -312,7 +315,8 @@ class _SoftmaxHeads:
         """
         c = max(self.curv[h], 1e-6)
         e = self.design.e
-        return torch.cat([1.0 / (c * e + self.l2s[h]), e.new_full((1,), 1.0 / c)])[:, None]
+        # (floored: with l2 = 0, a constant feature would otherwise give 1 / 0)
+        return torch.cat([1.0 / (c * e + self.l2s[h]).clamp_min(1e-12), e.new_full((1,), 1.0 / c)])[:, None]
 
     # Whole-parameter views (all heads in one (D + 1, sum K) tensor), for checks and tests.
     def value(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
