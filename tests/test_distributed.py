@@ -430,3 +430,32 @@ def test_sae_step_splits_a_batch_that_runs_out_of_memory(monkeypatch):
         assert float((getattr(ref, name) - getattr(sae, name)).detach().abs().max()) <= 1e-5, name
     assert max(abs(a - b) for a, b in zip(log.fvu, ref_log.fvu)) <= 1e-5
     assert log.dead_frac == pytest.approx(ref_log.dead_frac, abs=1e-6) and max(ref_log.dead_frac) > 0
+
+
+def test_torchrun_cli_sae_equals_single_process(tmp_path):
+    """`torchrun --nproc-per-node 2 -m vitpos.cli sae --store S` (DDP) == run_sae on S in one process."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    from vitpos.capture import capture_to_store
+    from vitpos.experiments.sae_run import run_sae
+
+    surface = _surface()
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in surface.model.state_dict().items()}, str(weights))
+    capture_to_store(surface, "shapes", "train", "blocks.0.resid_post", tmp_path / "acts", limit=64, progress=False)
+    _, ref = run_sae(surface, 0, data="shapes", k=4, epochs=2, batch_tokens=128, store=tmp_path / "acts",
+                     n_eval_images=64)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+           "-m", "vitpos.cli", "sae", "--model", CAPTURE_SPEC, "--checkpoint", str(weights), "--layer", "0",
+           "--store", str(tmp_path / "acts"), "--k", "4", "--epochs", "2", "--batch-tokens", "128", "--device", "cpu",
+           "--no-progress", "--out", str(tmp_path / "sae")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("SAE L0 resid_post") == 1  # rank 0 reports
+    got = SAE.load(tmp_path / "sae")
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale"):
+        assert float((getattr(ref, name) - getattr(got, name)).detach().abs().max()) <= 1e-5, name
+    assert (tmp_path / "sae" / "train-state" / "train-state.safetensors").is_file()
