@@ -179,6 +179,12 @@ def test_ddp_sae_resumes_after_a_rank_dies(tmp_path):
     with pytest.raises(mp.ProcessExitedException):
         _spawn(_sae_worker, str(tmp_path), "topk", str(ckpt), 6)
     assert (ckpt / "train-state.safetensors").is_file() and not (tmp_path / "sae.safetensors").exists()
+    import shutil
+
+    shutil.copytree(ckpt, tmp_path / "ckpt1")  # the 2-rank checkpoint also resumes in one process
+    one, _ = train_sae(_sae_data(), SAE_CFGS["topk"], steps=SAE_STEPS, lr=3e-3, device="cpu", progress=False,
+                       checkpoint_dir=tmp_path / "ckpt1")
+    assert float((one.W_dec - ref.W_dec).detach().abs().max()) <= 1e-5
     _spawn(_sae_worker, str(tmp_path), "topk", str(ckpt), 0)  # the same job again: resumes at step 4
     log = json.loads((tmp_path / "log.json").read_text())
     assert any("resumed" in n and "step 4" in n for n in log["notes"])
@@ -459,3 +465,16 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
     for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale"):
         assert float((getattr(ref, name) - getattr(got, name)).detach().abs().max()) <= 1e-5, name
     assert (tmp_path / "sae" / "train-state" / "train-state.safetensors").is_file()
+
+
+def test_runtime_checkpoint_key_restarts_stale_state(tmp_path):
+    data, cfg = _sae_data(n_batches=3), SAE_CFGS["topk"]
+    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 256}):
+        train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
+    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128}):
+        with pytest.raises(VitposError, match="different SAE run"):
+            train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
+    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128}, restart_on_mismatch=True):
+        sae, log = train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
+    ref, _ = train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
+    assert log.steps == 3 and "other settings" in log.notes[0] and torch.equal(sae.W_dec, ref.W_dec)

@@ -227,7 +227,10 @@ def sae(
         vdist.barrier()
         # The runtime carries device/amp/checkpointing down to train_sae; under torchrun every rank runs
         # the same command (same global batches, DDP inside train_sae; capture into OUT/acts is sharded).
-        with vdist.use_runtime(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every):
+        key = {"model": model, "checkpoint": str(checkpoint), "layer": layer, "site": site, "data": data,
+               "store": str(store), "images": images, "batch_tokens": batch_tokens, "buffer_tokens": buffer_tokens}
+        with vdist.use_runtime(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
+                               checkpoint_key=key, restart_on_mismatch=True):
             surface = _surface(model, pretrained, checkpoint)
             doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
                              epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,

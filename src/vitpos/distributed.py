@@ -272,6 +272,8 @@ class Runtime:
     amp: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    checkpoint_key: dict | None = None  # extra run identity a resumed checkpoint must match (e.g. CLI settings)
+    restart_on_mismatch: bool = False  # a checkpoint of other settings: start over instead of an error
 
 
 _RUNTIME: contextvars.ContextVar[Runtime] = contextvars.ContextVar("vitpos_runtime", default=Runtime())

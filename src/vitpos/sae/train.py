@@ -161,10 +161,18 @@ def train_sae(
         from vitpos.sae.ddp import ParallelStep
 
         par = ParallelStep(sae, dev)
-    run_key = {"lr": lr, "steps": steps, "epochs": epochs, "world_size": vdist.current().world_size if par else 1}
+    # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
+    # number of ranks (equal up to float rounding).
+    run_key = {"lr": lr, "steps": steps, "epochs": epochs, **({"caller": rt.checkpoint_key} if rt.checkpoint_key else {})}
     epoch0 = skip = 0
     if checkpoint_dir is not None:
-        pos = load_train_state(checkpoint_dir, sae, opt, since_fired, log, run=run_key)
+        try:
+            pos = load_train_state(checkpoint_dir, sae, opt, since_fired, log, run=run_key)
+        except VitposError as e:
+            if not (rt.restart_on_mismatch and "different SAE run" in str(e)):
+                raise
+            pos = None  # stale scratch of other settings (refused before anything was loaded): start over
+            log.notes.append(f"ignored the checkpoint in {checkpoint_dir}: it was made with other settings")
         if pos is not None:
             epoch0, skip = pos
             log.notes.append(f"resumed from {checkpoint_dir} at step {log.steps}")
