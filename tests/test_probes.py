@@ -371,7 +371,9 @@ def test_heads_converge_independently_to_their_own_optimum():
     design, y, g = _anisotropic_design()
     y2 = (y + torch.randint(0, 2, y.shape, generator=g)) % 5  # a noisier second target
     both = P._fit_softmax_heads(design, [y, y2], [5, 5], [1.0, 1e-4], tol=1e-4, max_iter=500)
-    alone = [P._fit_softmax_heads(design, [t], [5], [l2], tol=1e-4, max_iter=500)[0] for t, l2 in ((y, 1.0), (y2, 1e-4))]
+    alone = [
+        P._fit_softmax_heads(design, [t], [5], [l2], tol=1e-4, max_iter=500)[0] for t, l2 in ((y, 1.0), (y2, 1e-4))
+    ]
     obj = P._SoftmaxHeads(design, [y, y2], [5, 5], [1.0, 1e-4])
     theta = torch.cat([torch.cat([w, b[None]]) for w, b in both], 1)
     f, resid = obj.value(theta)

@@ -240,9 +240,10 @@ class _SoftmaxHeads:
     """Objective and gradient of several independent softmax heads sharing one token matrix.
 
     `design` is a `_Design`. Head h has parameters theta_h, a (D + 1, K_h) tensor: weights with
-    the bias as the last row. The objective is a sum of per-head objectives, so the joint optimum is each head's own optimum; evaluating several
-    heads in one (sum K, D + 1) @ (D + 1, N) matmul per evaluation is what makes fitting them
-    together cheap. Gradients are analytic (no autograd): softmax - one-hot, then one matmul.
+    the bias as the last row. The objective is a sum of per-head objectives, so the joint
+    optimum is each head's own optimum; evaluating several heads in one
+    (sum K, D + 1) @ (D + 1, N) matmul per evaluation is what makes fitting them together cheap.
+    Gradients are analytic (no autograd): softmax - one-hot, then one matmul.
     """
 
     def __init__(self, design: _Design, targets: list[torch.Tensor], num_classes: list[int], l2s: list[float]):
@@ -338,8 +339,8 @@ class _HeadLBFGS:
     """L-BFGS state of one head: its curvature pairs and current point, objective and gradient.
 
     Pairs are kept in the design's rotated coordinates (`_Design.rotate`), where the
-    preconditioner M is diagonal, as rows of float64 matrices S, Y, and H g is computed in the compact form of
-    Byrd, Nocedal & Schnabel (1994, thm 2.2) with H0 = gamma * M, M diagonal:
+    preconditioner M is diagonal, as rows of float64 matrices S, Y, and H g is computed in the
+    compact form of Byrd, Nocedal & Schnabel (1994, thm 2.2) with H0 = gamma * M:
         H g = H0 g + S^T R^-T ((D + Y H0 Y^T) p - Y H0 g) - (H0 Y^T) p,   p = R^-1 S g,
     R = upper triangle of S Y^T, D its diagonal. That is the two-loop recursion's result (a
     test checks it) in a dozen tensor ops instead of four per stored pair.
@@ -502,7 +503,9 @@ def _lbfgs(
                 still.append(h)
         active = still
     if memory is not None:
-        memory["heads"] = [{"k": k, "l2": l2, "s": st.s, "y": st.y} for k, l2, st in zip(obj.num_classes, obj.l2s, states)]
+        memory["heads"] = [
+            {"k": k, "l2": l2, "s": st.s, "y": st.y} for k, l2, st in zip(obj.num_classes, obj.l2s, states)
+        ]
     return torch.cat([st.theta for st in states], 1), it
 
 
