@@ -2,6 +2,7 @@
 
 from vitpos.sae.features import FeatureScores, FeatureThresholds, score_codes, score_features
 from vitpos.sae.model import SAE, SAEConfig
+from vitpos.sae.stream import StoreBatches, store_batches
 from vitpos.sae.train import TrainLog, sae_metrics, train_sae
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "TrainLog",
     "train_sae",
     "sae_metrics",
+    "store_batches",
+    "StoreBatches",
     "score_features",
     "score_codes",
     "FeatureScores",
