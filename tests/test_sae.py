@@ -593,3 +593,23 @@ def test_cli_sae_store_mismatch_is_one_error_line(tmp_path, tiny_ape):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "tiny:ape" in lines[0] and "builtin:ape" in lines[0]
+
+
+def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
+    """The same spec over retrained weights must neither reuse a finished SAE nor train on the old store."""
+    from conftest import tiny_own
+
+    from vitpos.capture import capture_to_store
+    from vitpos.experiments.sae_run import run_sae
+
+    retrained = tiny_own("ape", seed=1)  # spec 'tiny:ape' again, other weights
+    assert retrained.spec == tiny_ape.spec and retrained.weights_digest() != tiny_ape.weights_digest()
+    assert tiny_own("ape", seed=0).weights_digest() == tiny_ape.weights_digest()
+    ds = toy_set(32)
+    kw = {**RUN_KW, "n_train_images": 32, "n_eval_images": 16}
+    doc, _ = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **kw)
+    doc2, _ = run_sae(retrained, 0, data=ds, out=tmp_path / "o", **kw)
+    assert doc2["run"]["weights"] == retrained.weights_digest() and doc2["fvu"] != doc["fvu"]
+    capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
+    with pytest.raises(VitposError, match="other weights"):
+        run_sae(retrained, 0, data=ds, store=tmp_path / "store", out=tmp_path / "o2", **kw)

@@ -130,7 +130,7 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
         finally:
             surface.model.to(home)
     dataset = dataset_for(surface, data, split, limit=limit)
-    meta = {"model": surface.spec, "data": data_name(data), "split": split, "limit": limit, "n_images": len(dataset)}
+    meta = {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split, "limit": limit, "n_images": len(dataset)}
     meta = meta if _meta is None else _meta
     keys = [str(s) for s in site_list]
     chunk = [batch_size]  # forward size; halves on CUDA OOM

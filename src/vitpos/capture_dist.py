@@ -129,7 +129,7 @@ def capture_sharded(surface: ModelSurface, data, split: str, sites: str, out, *,
     dataset = dataset_for(surface, data, split, limit=limit)
     n = len(dataset)
     # The same description a single-process capture of these images writes.
-    meta = {"model": surface.spec, "data": data_name(data), "split": split, "limit": limit, "n_images": n}
+    meta = {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split, "limit": limit, "n_images": n}
     verdict = vdist.broadcast_object(_precheck(out, meta, env.world_size, force) if env.is_main else None)
     if verdict not in ("go", "done"):
         raise VitposError(verdict)

@@ -79,6 +79,9 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     if meta.get("model") != surface.spec:
         raise VitposError(f"--store {st.dir} holds activations of model {meta.get('model')!r}, not {surface.spec!r}; "
                           f"pass the matching --model or {fix}")
+    if meta.get("weights") not in (None, surface.weights_digest()):
+        raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
+                          f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
     if str(site) not in st.sites:
         raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching --layer/--site or {fix}")
     if tuple(st.grid) != tuple(surface.grid) or st.d.get(str(site)) != surface.width:
@@ -104,7 +107,8 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
     if not force and (acts_dir / MANIFEST).is_file():
         try:
             meta = read_json(acts_dir / MANIFEST).get("meta", {})
-            force = (meta.get("model"), meta.get("data"), meta.get("limit")) != (surface.spec, data_name(data), n_train_images)
+            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images))
         except Exception:  # unreadable: start over
             force = True
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=256, force=force,
@@ -130,7 +134,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
-    run_key = {"model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
+    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture"}

@@ -20,6 +20,7 @@ Site names (TransformerLens style), shapes for a batch of B images with T = pref
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -147,6 +148,19 @@ class ModelSurface:
                 "use the dataset the model was trained on or pass img_size"
             )
         return self.model(images)
+
+    def weights_digest(self) -> str:
+        """sha256 (16 hex) of every parameter and buffer: the model's content identity, so results
+        cached under a spec are never reused after the weights behind that spec change (a retrained
+        train dir, another checkpoint). Computed once per surface; experiments never edit weights."""
+        if getattr(self, "_weights_digest", None) is None:
+            h = hashlib.sha256()
+            for name, t in sorted(self.model.state_dict().items()):
+                t = t.detach().cpu().contiguous()
+                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            self._weights_digest = h.hexdigest()[:16]
+        return self._weights_digest
 
     def describe(self) -> dict:
         return {
