@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trains every shipped checkpoint exactly as shipped (README: "Shipped models").
-# Usage: bash scripts/train_builtin.sh [shapes|fashion|all]   (CPU: ~10 min shapes, ~30 min fashion)
+# Usage: bash scripts/train_builtin.sh [shapes|fashion|all]   (CPU: ~10 min shapes, ~90 min fashion)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=src/vitpos/models/builtin
@@ -13,7 +13,7 @@ if [[ "$which" == shapes || "$which" == all ]]; then
 fi
 if [[ "$which" == fashion || "$which" == all ]]; then
   for pe in ape rope-axial rope-mixed none; do
-    vitpos train --pe "$pe" --data fashion --epochs 4 --seed 0 --no-progress --out "$DEST/fashion-$pe"
+    vitpos train --pe "$pe" --data fashion --epochs 10 --seed 0 --no-progress --out "$DEST/fashion-$pe"
     rm -rf "$DEST/fashion-$pe/checkpoint"
   done
 fi
