@@ -130,8 +130,7 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
         finally:
             surface.model.to(home)
     dataset = dataset_for(surface, data, split, limit=limit)
-    meta = {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split, "limit": limit, "n_images": len(dataset)}
-    meta = meta if _meta is None else _meta
+    meta = store_meta(surface, data, split, limit, len(dataset)) if _meta is None else _meta
     keys = [str(s) for s in site_list]
     chunk = [batch_size]  # forward size; halves on CUDA OOM
     with ActivationWriter(out, sites=keys, grid=surface.grid, num_prefix_tokens=surface.num_prefix_tokens,
@@ -173,6 +172,13 @@ def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[
             raise
 
     _, chunk[0] = vdist.retry_on_oom(step, chunk[0])
+
+
+def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_images: int) -> dict:
+    """What a store records of its source; one description for single-process and sharded capture,
+    with the weights digest so a store is never mistaken for one of retrained weights."""
+    return {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split,
+            "limit": limit, "n_images": n_images}
 
 
 def data_name(data) -> str:

@@ -120,7 +120,7 @@ def capture_sharded(surface: ModelSurface, data, split: str, sites: str, out, *,
                     batch_size: int = 128, dtype: str = "float32", shard_images: int = 256, force: bool = False,
                     progress: bool = True, device=None, amp: str | None = None) -> dict:
     """``capture_to_store`` on this rank's block, then a merged manifest (call on every rank)."""
-    from vitpos.capture import capture_to_store, data_name, dataset_for
+    from vitpos.capture import capture_to_store, dataset_for, store_meta
 
     env = vdist.current()
     out = Path(out)
@@ -129,7 +129,7 @@ def capture_sharded(surface: ModelSurface, data, split: str, sites: str, out, *,
     dataset = dataset_for(surface, data, split, limit=limit)
     n = len(dataset)
     # The same description a single-process capture of these images writes.
-    meta = {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split, "limit": limit, "n_images": n}
+    meta = store_meta(surface, data, split, limit, n)
     verdict = vdist.broadcast_object(_precheck(out, meta, env.world_size, force) if env.is_main else None)
     if verdict not in ("go", "done"):
         raise VitposError(verdict)
