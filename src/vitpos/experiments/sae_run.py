@@ -43,20 +43,6 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     return -max(cands)[1]
 
 
-def token_batches(acts: torch.Tensor, batch_tokens: int, seed: int):
-    """A fresh shuffled pass over (n, N, D) patch tokens per call (for several epochs)."""
-    flat = acts.reshape(-1, acts.shape[-1])
-
-    def passes():
-        g = torch.Generator().manual_seed(seed + passes.epoch)
-        passes.epoch += 1
-        order = torch.randperm(flat.shape[0], generator=g)
-        for i in range(0, len(order), batch_tokens):
-            yield flat[order[i:i + batch_tokens]]
-    passes.epoch = 0
-    return passes
-
-
 def sae_edit(surface: ModelSurface, sae: SAE, fn):
     """Edit patch tokens x (B, N, D) at the SAE's site with fn(x, z) -> new x; prefix tokens untouched."""
     npt = surface.num_prefix_tokens
