@@ -408,9 +408,9 @@ def test_probe_device_and_bf16_forwards():
     from vitpos.experiments.probe import run_probe
 
     s = _surface()
-    ref = run_probe(s, "shapes", "resid_post", n_images=40)
-    same = run_probe(s, "shapes", "resid_post", n_images=40, device="auto")  # resolves to the CPU here
-    amp = run_probe(s, "shapes", "resid_post", n_images=40, device="cpu", amp="bf16")
+    ref = run_probe(s, "shapes", "resid_post", n_images=40).to_json()
+    same = run_probe(s, "shapes", "resid_post", n_images=40, device="auto").to_json()  # resolves to the CPU here
+    amp = run_probe(s, "shapes", "resid_post", n_images=40, device="cpu", amp="bf16").to_json()
     assert same["row_acc"] == ref["row_acc"] and same["col_acc"] == ref["col_acc"]
     for key in ("row_acc", "col_acc"):
         assert max(abs(a - b) for a, b in zip(amp[key], ref[key])) <= 0.05

@@ -59,7 +59,7 @@ def test_no_row_removes_row_but_keeps_columns(rope_model):
 
 
 def test_rope_axis_document_and_restore(rope_model, tmp_path):
-    doc = run_rope_axis(rope_model, data=toy_images(120), n_images=120, restore_points=[1], out=tmp_path)
+    doc = run_rope_axis(rope_model, data=toy_images(120), n_images=120, restore_points=[1], out=tmp_path).to_json()
     assert (tmp_path / "rope_axis.json").exists() and (tmp_path / "rope_axis.png").exists()
     assert set(doc["conditions"]) == {"baseline", "no_row", "no_col", "no_both", "restore_row_R1", "restore_col_R1"}
     for c in doc["conditions"].values():
@@ -112,7 +112,7 @@ def test_ape_permute_identity_variant_gives_baseline_and_refuses_rope(tmp_path):
     ds = toy_images(64)
     sae = _sae()
     doc = {"layer": 0, "site": "resid_post", "row_features": [1, 2], "col_features": [3]}
-    res = run_ape_permute(s, sae, doc, data=ds, n_images=64, seeds=(0,))
+    res = run_ape_permute(s, sae, doc, data=ds, n_images=64, seeds=(0,)).to_json()
     assert res["baseline_top1"] == pytest.approx(res["baseline_top1"])
     for v in ("all", "row_only", "col_only", "mean_ablate", "pos_embed_shuffle"):
         assert 0 <= res[v]["top1"] <= 1
@@ -128,9 +128,9 @@ def test_experiments_run_on_timm_models():
     vit = tiny_timm("deit3")  # timm VisionTransformer with APE
     sae = _sae(vit.width)
     doc = {"layer": 1, "site": "resid_post", "row_features": [0, 1], "col_features": [2], "mixed_features": [3]}
-    res = run_ape_permute(vit, sae, doc, data=ds, n_images=48, seeds=(0,))
+    res = run_ape_permute(vit, sae, doc, data=ds, n_images=48, seeds=(0,)).to_json()
     assert res["pos_embed_shuffle"]["top1"] <= 1 and res["all_positional"]["n_features"] == 4
     for key in ("rope_axial", "rope_mixed", "dinov3"):
-        axis = run_rope_axis(tiny_timm(key), data=ds, n_images=48, restore_points=[1])
+        axis = run_rope_axis(tiny_timm(key), data=ds, n_images=48, restore_points=[1]).to_json()
         assert axis["conditions"]["no_both"]["row_acc"][-1] <= 0.25 + 0.15  # no APE: nothing positional survives
         assert axis["rope"]["kind"] == ("mixed" if key == "rope_mixed" else "axial")

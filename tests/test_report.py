@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
+import os
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
-from vitpos.report import plots
-from vitpos.report.html import PNG_MAGIC, figure_key, model_slug, render_figures, render_report
+from vitpos.errors import VitposError
+from vitpos.experiments.ape_permute import VARIANTS
+from vitpos.plots import sweeps as plots
+from vitpos.report.html import render_report
+from vitpos.report.sections import PNG_MAGIC
+from vitpos.study.config import RunConfig
+from vitpos.study.results import StudyResults, figure_key, model_slug
+from vitpos.study.run import draw_figures
 
 XSS = "<script>alert(1)</script>"
 XSS_DATA = "imagefolder:/data/cats&dogs<v2>"
@@ -28,7 +39,7 @@ def ape_permute_doc() -> dict:
         return d
 
     return {"model": APE, "layer": 2, "site": "resid_post", "data": "shapes", "n_images": 512, "seeds": [0, 1, 2],
-            "baseline_top1": 0.912, "variants": list(plots.APE_VARIANTS),
+            "baseline_top1": 0.912, "variants": list(VARIANTS),
             "all": v(0.639, 27.3, 40), "row_only": v(0.801, 11.1, 22), "col_only": v(0.79, 12.2, 18),
             "random_features": v(0.905, 0.7, 40, groups=False), "mean_ablate": v(0.70, 21.2, 40, groups=False),
             "pos_embed_shuffle": {"skipped": "model has no learned pos_embed <here>"},
@@ -86,39 +97,31 @@ def sae_doc() -> dict:
             "col_features": [5, 9], "mixed_features": [11], "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
 
 
-def describe(spec: str, scheme: str) -> dict:
-    return {"spec": spec, "scheme": scheme, "grid": [4, 4], "depth": L, "num_heads": H, "width": 48}
-
-
-CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported", "C5": "not applicable"}
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "run_quick_results.json").read_text())
 
 
 def make_results(second_data: str = "shapes") -> dict:
-    na_rope = {e: "APE model: no rotary embedding" for e in ("rope_axis", "rope_heads")}
-    models = {
-        APE: {"describe": describe(APE, "ape"), "data": "shapes",
-              "eval": {"top1": 0.912, "n": 1000, "per_class": {"0": 0.9}, "per_group": {"vertical": 0.88, "horizontal": 0.94}},
-              "probe": probe_doc(), "sae": sae_doc(), "ape_permute": ape_permute_doc(), "rope_axis": None,
-              "rope_heads": None, "not_applicable": na_rope},
-        ROPE: {"describe": describe(ROPE, "rope"), "data": second_data, "eval": {"top1": 0.93, "n": 1000},
-               "probe": probe_doc(), "sae": None, "ape_permute": None, "rope_axis": rope_axis_doc(),
-               "rope_heads": rope_heads_doc(),
-               "not_applicable": {"ape_permute": "RoPE model: no absolute embedding", "sae": "skipped in quick mode"}},
-        XSS: {"describe": describe(XSS, "none"), "data": XSS_DATA, "eval": None, "probe": None, "sae": None,
-              "ape_permute": None, "rope_axis": None, "rope_heads": None,
-              "not_applicable": {"probe": "no patches & <no> grid", "sae": "untrained"}},
-    }
-    claims = []
-    for cid, verdict in CLAIM_VERDICTS.items():
-        scheme = "ape" if cid in ("C1", "C2") else "rope"
-        spec = APE if scheme == "ape" else ROPE
-        claims.append({"id": cid, "claim": f"claim text {cid}", "scheme": scheme, "verdict": verdict,
-                       "evidence": f"evidence for {cid} with twenty-seven point three points",
-                       "numbers": {"drop": 27.3, "models": 1}, "models": [spec]})
+    """A results.json made of real result documents (a quick run of the shipped models), plus a
+    model whose name, data and reasons carry markup."""
+    models = {APE: copy.deepcopy(GOLDEN["models"]["builtin:ape"]),
+              ROPE: copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"])}
+    models[ROPE]["data"] = second_data
+    xss = copy.deepcopy(GOLDEN["models"]["builtin:none"])
+    xss["describe"]["spec"] = XSS
+    xss["data"] = XSS_DATA
+    xss["eval"] = xss["probe"] = None
+    xss["not_applicable"] = {"probe": "no patches & <no> grid", "sae": "untrained"}
+    models[XSS] = xss
+    summary = copy.deepcopy(GOLDEN["summary"])
+    for c in summary["claims"]:
+        c["verdict"] = CLAIM_VERDICTS[c["id"]]
     return {"vitpos_version": "0.1.0", "torch_version": "2.14.1", "timm_version": "1.0.31",
-            "created": "2026-01-01T00:00:00", "seed": 0, "config": {"models": [APE, ROPE], "data": "shapes"},
+            "created": "2026-01-01T00:00:00", "seed": 0, "config": RunConfig().model_dump(),
             "reproduce": "vitpos run --config study.yaml", "quick": True, "models": models,
-            "summary": {"claims": claims}, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
+            "summary": summary, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
+
+
+CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported", "C5": "not applicable"}
 
 
 # ---------------------------------------------------------------- HTML checks
@@ -182,8 +185,9 @@ def headline_rows(page: str) -> list[tuple[str, str]]:
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     results = make_results()
-    figs = render_figures(results, out)
-    path = render_report(results, out, figs)
+    results["figures"] = draw_figures(StudyResults.from_json(results), out)
+    figs = {k: out / p for k, p in results["figures"].items()}
+    path = render_report(results, out)
     return results, figs, path.read_text(encoding="utf-8"), out
 
 
@@ -219,13 +223,13 @@ def test_rope_heads_rejects_misshaped_grid(tmp_path):
         plots.plot_rope_heads(doc, tmp_path / "x.png")
 
 
-def test_render_figures_names_and_skips(rendered):
+def test_draw_figures_names_and_skips(rendered):
     results, figs, _, out = rendered
     expected = {figure_key(APE, "probe"), figure_key(APE, "ape_permute"), figure_key(ROPE, "probe"),
-                figure_key(ROPE, "rope_axis"), figure_key(ROPE, "recovery"), figure_key(ROPE, "rope_heads")}
-    assert set(figs) == expected  # the XSS model has no docs: nothing drawn
+                figure_key(ROPE, "rope_axis"), figure_key(ROPE, "rope_recovery"), figure_key(ROPE, "rope_heads")}
+    assert set(figs) == expected  # the XSS model has no results that draw: nothing drawn
     for key, path in figs.items():
-        assert path == out / "figures" / f"{key}.png"
+        assert results["figures"][key] == f"figures/{key}.png" and path == out / "figures" / f"{key}.png"
         assert re.fullmatch(r"[A-Za-z0-9._-]+\.png", path.name)
         assert path.read_bytes().startswith(PNG_MAGIC)
     slugs = {model_slug(s) for s in ("a:b", "a?b", "a/b", XSS)}
@@ -245,6 +249,7 @@ def test_report_is_well_formed_and_self_contained(rendered):
         assert img.get("alt")
     for bad in ("<link", "<script", "http://", "https://", "url("):
         assert bad not in page
+    assert "figure missing" not in page
     assert [p.name for p in out.iterdir() if p.is_file()] == ["report.html"]
 
 
@@ -252,16 +257,19 @@ def test_headline_has_one_row_per_claim_with_verdict(rendered):
     _, _, page, _ = rendered
     rows = headline_rows(page)
     assert [cid for cid, _ in rows] == ["C1", "C2", "C3", "C4", "C5"]
+    texts = {c["id"]: c for c in GOLDEN["summary"]["claims"]}
     for cid, row in rows:
         verdict = CLAIM_VERDICTS[cid]
         badge = re.search(r'<span class="badge ([a-z-]+)">([^<]*)</span>', row)
         assert badge and badge.group(2) == verdict and badge.group(1) == verdict.replace(" ", "-")
-        assert f"claim text {cid}" in row and f"evidence for {cid}" in row
+        assert texts[cid]["claim"].split(":")[0] in row
     # APE claims: the RoPE column says why the experiment does not apply to the RoPE model
-    c2 = dict(rows)["C2"]
-    assert "RoPE model: no absolute embedding" in c2
-    # RoPE claims: the APE column shows the APE model's reason
-    assert "APE model: no rotary embedding" in dict(rows)["C5"]
+    assert "no absolute position embedding" in dict(rows)["C2"]
+    # RoPE claims: the APE column says why the experiment does not apply to the APE model
+    assert "no rotary embedding" in dict(rows)["C5"]
+    # the numbers behind a verdict are readable pairs, never a raw dict
+    assert "{" not in re.sub(r"<[^>]+>", "", dict(rows)["C2"])
+    assert "drop points: " in dict(rows)["C2"]
 
 
 def test_json_text_is_escaped(rendered):
@@ -270,17 +278,24 @@ def test_json_text_is_escaped(rendered):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert XSS_DATA not in page and "cats&amp;dogs&lt;v2&gt;" in page
     assert "no patches &amp; &lt;no&gt; grid" in page
-    assert "model has no learned pos_embed &lt;here&gt;" in page
 
 
 def test_not_applicable_and_numbers(rendered):
     _, _, page, _ = rendered
     text = "".join(check_html(page).text)
-    for reason in ("APE model: no rotary embedding", "RoPE model: no absolute embedding", "skipped in quick mode",
+    for reason in ("no rotary embedding (scheme ape)", "no absolute position embedding (scheme rope)",
                    "no patches & <no> grid", "untrained"):
         assert f"not applicable: {reason}" in text
-    assert "91.2%" in text and "27.3 ± 1.2 pts" in text and "63.9 ± 1.0%" in text  # APE baseline, drop, top-1
-    assert "L2 h1" in text and "9.5 pts" in text and "1 of 12" in text  # primary rebuilding head
+    ape = GOLDEN["models"]["builtin:ape"]
+    assert f"{100 * ape['eval']['top1']:.1f}%" in text
+    allv = ape["ape_permute"]["all"]
+    assert f"{allv['drop_points']:.1f} ± {allv['drop_std']:.1f} pts" in text
+    heads = GOLDEN["models"]["builtin:rope-axial"]["rope_heads"]
+    lh = heads["primary_rebuilding_head"]
+    assert f"L{lh[0]} h{lh[1]}" in text
+    # the SAE section's causal rows agree with the claims table (they used to read n/a)
+    sel = ape["sae"]["causal"]["ablate_row"]["selectivity"]
+    assert f"{sel:.2f}" in text and "causal selectivity of the row features" in text
     assert "vitpos run --config study.yaml" in text
     assert "2.14.1" in text and "1.0.31" in text and "42.8 s" in text  # versions and total timing
 
@@ -288,34 +303,50 @@ def test_not_applicable_and_numbers(rendered):
 def test_headline_groups_by_dataset(tmp_path):
     results = make_results(second_data="fashion")
     del results["models"][XSS]
-    path = render_report(results, tmp_path, figures={})
-    page = path.read_text()
+    page = render_report(results, tmp_path).read_text()
     check_html(page)
     assert '<th colspan="4">data: shapes</th>' in page and '<th colspan="4">data: fashion</th>' in page
-    ids = [cid for cid, _ in headline_rows(page)]
-    assert ids == ["C1", "C2", "C3", "C4", "C5"] * 2
     assert "<img" not in page
     assert "no APE model on fashion" in page and "no RoPE model on shapes" in page
 
 
-def test_missing_pieces_never_crash(tmp_path):
-    results = {"models": {"m": {"data": None}, "n": {"describe": {"scheme": "rope"}, "rope_heads": {"skipped": "why"},
-                                                     "rope_axis": {"conditions": "garbage"}}}}
-    with pytest.warns(UserWarning, match="rope_axis"):  # the malformed doc is skipped, not fatal
-        page = render_report(results, tmp_path).read_text()
-    check_html(page)
-    rows = headline_rows(page)
-    assert [cid for cid, _ in rows] == ["C1", "C2", "C3", "C4", "C5"]
-    assert all("not evaluated" in r for _, r in rows)
-    assert "not applicable: why" in page
+def test_malformed_results_are_refused_in_one_line(tmp_path):
+    results = make_results()
+    results["models"][ROPE]["rope_axis"]["conditions"] = "garbage"
+    with pytest.raises(VitposError):
+        render_report(results, tmp_path)
+    results = make_results()
+    results["format_version"] = 99
+    with pytest.raises(VitposError, match="format version 99"):
+        render_report(results, tmp_path)
 
 
-def test_recorded_relative_figures_are_used(rendered):
-    results, figs, _, out = rendered
+def test_figure_missing_on_disk_is_said_in_place(rendered, tmp_path):
+    results, _, _, out = rendered
     results = copy.deepcopy(results)
-    results["figures"] = {k: str(p.relative_to(out)) for k, p in figs.items()}
+    key = next(iter(results["figures"]))
+    results["figures"][key] = "figures/gone.png"
     page = render_report(results, out).read_text()
-    assert page.count('src="data:image/png;base64,') == len(figs)
+    assert page.count('src="data:image/png;base64,') == len(results["figures"]) - 1
+    assert "figure missing: gone.png" in page
+    render_report(make_results() | {"figures": results["figures"]}, out)  # restore the shared page
+
+
+def test_relative_out_from_another_directory_inlines_every_figure(tmp_path):
+    """`vitpos run --out rel` (README command 1): figures are recorded relative to OUT and found."""
+    cwd = tmp_path / "work"
+    (cwd / "rel").mkdir(parents=True)
+    results = make_results()
+    results["figures"] = draw_figures(StudyResults.from_json(results), cwd / "rel")
+    (cwd / "rel" / "results.json").write_text(json.dumps(results))
+    code = ("import json, sys; from vitpos.report.html import render_report; "
+            "render_report(json.load(open('rel/results.json')), 'rel')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (cwd / "rel" / "report.html").read_text()
+    assert "figure missing" not in page
+    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 6
 
 
 def test_checker_catches_unbalanced_tags():
@@ -335,13 +366,16 @@ def _poison(x):
 
 
 def test_every_json_string_is_escaped(tmp_path):
-    results = _poison(make_results())
-    rope = results["models"][ROPE]
-    rope["rope_axis"]["conditions"][XSS] = {"top1": 0.5, "axis": XSS}
+    results = make_results()
+    for m in results["models"].values():
+        m["describe"] = _poison(m["describe"])
+        m["not_applicable"] = _poison(m["not_applicable"])
+        m["data"] = _poison(m["data"])
+    results["summary"] = _poison(results["summary"])
+    results["reproduce"] = _poison(results["reproduce"])
     results["timings"][XSS] = 1.0
-    results["summary"]["claims"][0]["numbers"][XSS] = [XSS]
     results["models"][APE]["eval"]["per_group"][XSS] = 0.5
-    page = render_report(results, tmp_path, figures={}).read_text()
+    page = render_report(results, tmp_path).read_text()
     check_html(page)
     assert "<script" not in page.lower()
-    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 50
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 20

@@ -10,7 +10,8 @@ from html.parser import HTMLParser
 import pytest
 
 from vitpos.errors import VitposError
-from vitpos.run import RunConfig, load_config, run_study
+from vitpos.study.config import RunConfig, load_config
+from vitpos.study.run import run_study
 from vitpos.train import train
 
 
@@ -82,7 +83,7 @@ def test_rerun_skips_and_killed_stage_resumes(tiny_models, tmp_path, monkeypatch
     assert not (tmp_path / "results.json").exists()
     monkeypatch.setattr(rh, "run_rope_heads", real)
     logs.clear()
-    res = run_study(tmp_path, cfg, quick=True, progress=False, log=logs.append)
+    res = run_study(tmp_path, cfg, quick=True, progress=False, log=logs.append).to_json()
     cached = [m for m in logs if m.endswith("cached")]
     assert {m.split("] ")[1].split(":")[0] for m in cached} == {"eval", "probe", "rope_axis"}
     heads = res["models"][tiny_models[1]]["rope_heads"]

@@ -400,7 +400,7 @@ def test_score_features_through_sae_and_errors():
 
 
 def test_plot_feature_maps(tmp_path):
-    from vitpos.report.feature_plot import plot_feature_maps
+    from vitpos.plots.features import plot_feature_maps
 
     scores = score_codes([planted_codes(20, 4, 5)], (4, 5))
     out = plot_feature_maps(scores, tmp_path / "maps.png", n=3)
@@ -536,7 +536,8 @@ def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
     from vitpos.experiments.sae_run import run_sae
 
     ds = toy_set()
-    doc, sae = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
+    res, sae = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
+    doc = res.to_json()
     out = tmp_path / "o"
     assert (out / "acts" / "manifest.json").is_file()  # the train split went to disk first
     assert {"sae.safetensors", "sae.json", "features.png"} <= {p.name for p in out.iterdir()}
@@ -547,14 +548,15 @@ def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
         assert key in doc
     assert doc["l0"] <= 4 and 0 <= doc["dead_frac"] <= 1
     again, sae2 = run_sae(tiny_ape, 0, data=ds, out=out, **RUN_KW)  # same run: reloaded, not retrained
-    assert again == doc and torch.equal(sae2.W_dec, sae.W_dec)
+    assert again == res and torch.equal(sae2.W_dec, sae.W_dec)
     # A store made by `vitpos capture` (capture_to_store) of the same images: the very same training.
     capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "store", limit=64, progress=False)
-    given, sae3 = run_sae(tiny_ape, 0, data=ds, store=tmp_path / "store", out=tmp_path / "o3", **RUN_KW)
+    given_res, sae3 = run_sae(tiny_ape, 0, data=ds, store=tmp_path / "store", out=tmp_path / "o3", **RUN_KW)
+    given = given_res.to_json()
     assert given["training"]["train_store"] == str(tmp_path / "store") and not (tmp_path / "o3" / "acts").exists()
     assert torch.equal(sae3.W_dec, sae.W_dec) and given["fvu"] == doc["fvu"]
     # Without an output folder the capture goes to a temp store, removed afterwards.
-    doc4, _ = run_sae(tiny_ape, 0, data=ds, **RUN_KW)
+    doc4 = run_sae(tiny_ape, 0, data=ds, **RUN_KW)[0].to_json()
     assert doc4["fvu"] == doc["fvu"] and doc4["training"]["train_store"] is None
 
 
@@ -607,8 +609,8 @@ def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
     assert tiny_own("ape", seed=0).weights_digest() == tiny_ape.weights_digest()
     ds = toy_set(32)
     kw = {**RUN_KW, "n_train_images": 32, "n_eval_images": 16}
-    doc, _ = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **kw)
-    doc2, _ = run_sae(retrained, 0, data=ds, out=tmp_path / "o", **kw)
+    doc = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **kw)[0].to_json()
+    doc2 = run_sae(retrained, 0, data=ds, out=tmp_path / "o", **kw)[0].to_json()
     assert doc2["run"]["weights"] == retrained.weights_digest() and doc2["fvu"] != doc["fvu"]
     capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
     with pytest.raises(VitposError, match="other weights"):

@@ -164,12 +164,12 @@ def probe(
     amp: str = AmpOpt,
 ):
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
-    from vitpos.experiments.probe import run_probe
+    from vitpos.experiments.probe import probe_sites, run_probe
 
     surface = _surface(model, pretrained, checkpoint)
-    doc = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
-                    device=device, amp=amp)
-    res = doc if "layers" in doc else next(iter(doc["sites"].values()))
+    result = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
+                       device=device, amp=amp)
+    res = next(iter(probe_sites(result).values())).to_json()
     t = Table("layer", "row acc", "col acc", "row sel", "col sel")
     for i, layer in enumerate(res["layers"]):
         t.add_row(str(layer), f"{res['row_acc'][i]:.3f}", f"{res['col_acc'][i]:.3f}",
@@ -237,9 +237,9 @@ def sae(
                              lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens)
     if not env.is_main:
         return
-    out_console.print(f"SAE L{layer} {site}: FVU {doc['fvu']:.3f}, L0 {doc['l0']:.1f}, dead {doc['dead_frac']:.1%}, "
-                      f"spliced top-1 change {doc['top1_change_points']:+.1f} pts; {doc['n_row_features']} row, "
-                      f"{doc['n_col_features']} col, {doc['n_mixed_features']} mixed features -> {out}")
+    out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
+                      f"spliced top-1 change {doc.top1_change_points:+.1f} pts; {doc.n_row_features} row, "
+                      f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
 
 
 @intervene_app.command("ape-permute")
@@ -264,7 +264,7 @@ def ape_permute(
         raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model")
     sae_doc = read_json(Path(sae_dir) / "sae.json")
     doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
-                          out=out, progress=progress)
+                          out=out, progress=progress).to_json()
     t = Table("variant", "top-1", "drop (points)", "features")
     t.add_row("baseline", f"{doc['baseline_top1']:.3f}", "", "")
     for v in doc["variants"]:
@@ -293,7 +293,8 @@ def rope_axis(
 
     surface = _surface(model, pretrained, checkpoint)
     Rs = None if restore is None else [int(r) for r in restore.split(",") if r.strip()]
-    doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out, progress=progress)
+    doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
+                        progress=progress).to_json()
     t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
     for name, c in doc["conditions"].items():
         t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]), " ".join(f"{v:.2f}" for v in c["col_acc"]))
@@ -317,7 +318,8 @@ def rope_heads(
     from vitpos.experiments.rope_heads import run_rope_heads
 
     surface = _surface(model, pretrained, checkpoint)
-    doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out, progress=progress)
+    doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
+                         progress=progress).to_json()
     p = doc["primary_rebuilding_head"]
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
                       f"{len(doc['layers']) * doc['num_heads']}); largest drop L{doc['largest_drop_head'][0]}H"
@@ -337,7 +339,9 @@ def run(
     progress: bool = ProgressOpt,
 ):
     """Run the whole study (eval, probes, SAE, APE and RoPE tests) and write results.json + report.html."""
-    from vitpos.run import load_config, run_study
+    from vitpos.report.html import render_report
+    from vitpos.study.config import load_config
+    from vitpos.study.run import run_study
 
     overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
                  "seed": seed, "pretrained": pretrained or None}
@@ -346,9 +350,10 @@ def run(
     t0 = __import__("time").time()
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
                         log=lambda msg: console.print(msg, highlight=False, markup=False))
+    render_report(results, out)
     t = Table("claim", "verdict", "evidence")
-    for c in results["summary"]["claims"]:
-        t.add_row(c["id"], c["verdict"], escape(c["evidence"]))
+    for c in results.summary.claims:
+        t.add_row(c.id, c.verdict, escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 

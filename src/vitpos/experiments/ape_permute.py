@@ -13,21 +13,67 @@ mean over patches), pos_embed_shuffle (the input APE table itself permuted: SAE-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 
-from vitpos.capture import data_name, dataset_for
-from vitpos.errors import VitposError
+from vitpos import plots
+from vitpos.capture import capture_layers, data_name, dataset_for
 from vitpos.evaluate import accuracy_report, predict
-from vitpos.experiments.sae_run import sae_edit
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.experiments.common import require_ape, sae_edit
 from vitpos.hooks import edit
-from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.sae import SAE
 
 VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
+
+
+class GroupDrop(BaseModel):
+    top1: float
+    drop_points: float
+
+
+class VariantResult(BaseModel):
+    """Top-1 under one intervention, mean (and std) over seeds; drops in points vs the baseline."""
+
+    top1: float
+    top1_std: float
+    drop_points: float
+    drop_std: float
+    per_seed_top1: list[float]
+    n_features: int | None  # latents moved (None: the SAE-free APE-table shuffle)
+    per_group: dict[str, GroupDrop]
+
+
+Outcome = VariantResult | Skipped
+
+
+class ApePermuteResult(Result):
+    model: str
+    layer: int
+    site: str
+    data: str
+    n_images: int
+    seeds: list[int]
+    baseline_top1: float
+    baseline_per_group: dict[str, float]
+    variants: list[str]
+    feature_counts: dict[str, int]
+    all: Outcome
+    row_only: Outcome
+    col_only: Outcome
+    all_positional: Outcome
+    random_features: Outcome
+    mean_ablate: Outcome
+    pos_embed_shuffle: Outcome
+
+    def variant(self, name: str) -> VariantResult | None:
+        v = getattr(self, name)
+        return v if isinstance(v, VariantResult) else None
 
 
 def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
@@ -72,21 +118,16 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
-    from vitpos.capture import capture_layers
-
     acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))
     return z.mean(0), (z != 0).float().mean(0)
 
 
-def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = "shapes", n_images: int = 2000,
+def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
-                    progress: bool = False) -> dict:
-    if not surface.has_ape:
-        raise VitposError(
-            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model "
-            "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
-        )
+                    progress: bool = False) -> ApePermuteResult:
+    """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists)."""
+    require_ape(surface)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
     site = Site(layer, site_name)
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
@@ -161,10 +202,32 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: dict, data: str = 
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
                   "per_seed_top1": t.tolist(), "n_features": n_feats[v], "per_group": groups}
+    result = ApePermuteResult.model_validate(doc)
     if out is not None:
-        out = Path(out)
-        write_json(out / "ape_permute.json", doc)
-        from vitpos.report.plots import plot_ape_permute
+        ApePermuteExperiment().write(result, out)
+    return result
 
-        plot_ape_permute(doc, out / "ape_permute.png")
-    return doc
+
+class ApePermuteExperiment(Experiment[ApePermuteResult]):
+    name = "ape_permute"
+    title = "APE positional-feature permutation (C2)"
+    claims = ("C2",)
+    result_type = ApePermuteResult
+    requires = ("sae",)
+
+    def applies_to(self, surface: ModelSurface) -> str | None:
+        return None if surface.has_ape else f"no absolute position embedding (scheme {surface.scheme})"
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
+        sae_doc = stage.prior["sae"].result.to_json()
+        s = stage.settings
+        return run_ape_permute(surface, SAE.load(sae_doc["sae_dir"]), sae_doc, data=stage.data, n_images=s["images"],
+                               seeds=tuple(range(s["seeds"])))
+
+    def figures(self, result: ApePermuteResult) -> list[Figure]:
+        return [Figure("ape_permute", "top-1 drop per permuted feature set, with controls",
+                       lambda r, p: plots.plot_ape_permute(r.to_json(), p))]
+

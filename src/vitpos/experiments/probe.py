@@ -7,17 +7,67 @@ position (centred garments, sky at the top).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 
+from vitpos import plots
 from vitpos.analysis.probes import fit_position_probes, probe_layers
 from vitpos.capture import capture_layers, dataset_for
-from vitpos.io import write_json
+from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
 PROBE_TRAIN_TOKENS = 20000  # position-balanced training tokens per probe (ample for <= 768 dims)
+
+
+class ContentBaseline(BaseModel):
+    row_acc: float
+    col_acc: float
+    note: str
+
+
+class ProbeSiteResult(Result):
+    """Row / column probe accuracies per layer at one site, with controls and the content baseline."""
+
+    layers: list[int]
+    site: str
+    row_acc: list[float]
+    col_acc: list[float]
+    chance_row: float
+    chance_col: float
+    row_control_acc: list[float | None]
+    col_control_acc: list[float | None]
+    row_selectivity: list[float | None]  # probe minus control-task accuracy
+    col_selectivity: list[float | None]
+    l2_row: list[float]
+    l2_col: list[float]
+    n_train_images: int
+    n_test_images: int
+    content_baseline: ContentBaseline
+    n_images: int
+
+    def content_curves(self) -> dict:
+        """The content baseline as flat per-layer curves, the shape plot_probe_curves draws."""
+        L = len(self.layers)
+        return {"layers": self.layers, "row_acc": [self.content_baseline.row_acc] * L,
+                "col_acc": [self.content_baseline.col_acc] * L, "chance_row": self.chance_row,
+                "chance_col": self.chance_col}
+
+
+class MultiSiteProbeResult(Result):
+    """`vitpos probe --sites a,b`: one ProbeSiteResult per site name."""
+
+    sites: dict[str, ProbeSiteResult]
+
+
+ProbeResults = ProbeSiteResult | MultiSiteProbeResult
+
+
+def probe_sites(result: ProbeResults) -> dict[str, ProbeSiteResult]:
+    return result.sites if isinstance(result, MultiSiteProbeResult) else {result.site: result}
 
 
 def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
@@ -45,7 +95,7 @@ def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int],
 
 def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_post", n_images: int = 1000,
               split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False,
-              device: str | torch.device | None = None, amp: str | None = None) -> dict:
+              device: str | torch.device | None = None, amp: str | None = None) -> ProbeResults:
     """Probe every layer of each site; writes probe.json and probe.png into `out` when given.
 
     ``device`` (auto|cpu|cuda) runs the model forwards and the probe fits there (the model is moved
@@ -66,7 +116,7 @@ def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_p
 
 
 def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, split: str, seed: int,
-               out: str | Path | None, progress: bool, fit_device=None) -> dict:
+               out: str | Path | None, progress: bool, fit_device=None) -> ProbeResults:
     dataset = dataset_for(surface, data, split, limit=n_images)
     site_names = sorted({s.name for s in expand_sites(sites, surface.depth)}, key=sites.find)
     content = fit_position_probes(content_features(surface, dataset), surface.grid, seed=seed,
@@ -82,17 +132,34 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
         res["content_baseline"] = baseline
         res["n_images"] = len(dataset)
         results[name] = res
-    doc = results[site_names[0]] if len(site_names) == 1 else {"sites": results}
+    typed = {name: ProbeSiteResult.model_validate(res) for name, res in results.items()}
+    result: ProbeResults = (typed[site_names[0]] if len(site_names) == 1
+                            else MultiSiteProbeResult(sites=typed))
     if out is not None:
-        from vitpos.report.probe_plot import plot_probe_curves
+        ProbeExperiment().write(result, out)
+    return result
 
-        out = Path(out)
-        write_json(out / "probe.json", doc)
-        for name, res in results.items():
-            L = len(res["layers"])
-            plot_probe_curves(res, out / ("probe.png" if len(results) == 1 else f"probe_{name}.png"),
-                              title=f"{surface.spec}: {name}",
-                              content_baseline={"layers": res["layers"], "row_acc": [baseline["row_acc"]] * L,
-                                                "col_acc": [baseline["col_acc"]] * L,
-                                                "chance_row": res["chance_row"], "chance_col": res["chance_col"]})
-    return doc
+
+class ProbeExperiment(Experiment[ProbeResults]):
+    name = "probe"
+    title = "Linear position probes"
+    result_type = ProbeSiteResult
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        return config.probe.model_dump()
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> ProbeResults:
+        return run_probe(surface, data=stage.data, n_images=stage.settings["images"], seed=stage.seed)
+
+    def load(self, doc):
+        return MultiSiteProbeResult.model_validate(doc) if "sites" in doc else super().load(doc)
+
+    def figures(self, result: ProbeResults) -> list[Figure]:
+        sites = probe_sites(result)
+        return [Figure("probe" if len(sites) == 1 else f"probe_{name}", f"row / column probe accuracy per layer at {name}",
+                       lambda r, p, name=name: _plot_site(probe_sites(r)[name], p))
+                for name in sites]
+
+
+def _plot_site(res: ProbeSiteResult, path: Path):
+    return plots.plot_probe_curves(res.to_json(), path, title=None, content_baseline=res.content_curves())

@@ -11,97 +11,57 @@ l >= R, with P the retrained accuracy; undefined (null) where P_clean - P_off < 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Any
 
-import torch
+from pydantic import BaseModel
 
-from vitpos.analysis.probes import fit_position_probes
-from vitpos.capture import capture_layers, data_name, dataset_for
-from vitpos.errors import VitposError
-from vitpos.evaluate import accuracy_report
-from vitpos.hooks import remove_rope
-from vitpos.io import write_json
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.capture import data_name, dataset_for
+from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
+from vitpos.experiments.common import MIN_GAP, condition_context, probe_condition, recovery, require_rope
+from vitpos.models.surface import ModelSurface
 from vitpos.progress import progress_bar
-
-MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
-
-
-def require_rope(surface: ModelSurface) -> None:
-    if not surface.has_rope:
-        raise VitposError(
-            f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE tests need a RoPE model "
-            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE models"
-        )
+from vitpos import plots
 
 
-def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int | None = None,
-                      extra: dict[int, dict[str, list[int]]] | None = None) -> Callable[[], ContextManager]:
-    """Factory for a hook context removing `axes` in layers < before (all layers if None),
-    plus per-layer extra removals {layer: {axis: heads}}."""
-    from contextlib import ExitStack
+class Condition(BaseModel):
+    """Probe accuracies per layer (retrained and clean-probe) and top-1 under one condition."""
 
-    def make():
-        es = ExitStack()
-        if axes:
-            layers = range(surface.depth) if before is None else range(before)
-            if len(layers):
-                es.enter_context(remove_rope(surface, {a: None for a in axes}, layers=layers))
-        for layer, remove in (extra or {}).items():
-            es.enter_context(remove_rope(surface, remove, layers=[layer]))
-        return es
-    return make
+    row_acc: list[float]
+    col_acc: list[float]
+    row_acc_orig_probe: list[float]
+    col_acc_orig_probe: list[float]
+    top1: float
+    per_group: dict[str, float]
+    axis: str | None  # row | col | both; None for the baseline
+    restore_from: int | None
 
 
-SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
+class Recovery(BaseModel):
+    layers: list[int]
+    rec: list[float | None]  # per layer; None before R or where nothing was removed
+    mean_rec: float | None
 
 
-def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
-                    layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS) -> dict:
-    """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
-
-    With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
-    chosen L2 strengths instead of searching the grid again: same probe family, far cheaper."""
-    layers = list(range(surface.depth)) if layers is None else layers
-    sites = [Site(l, "resid_post") for l in layers]
-    acts, labels, logits = capture_layers(surface, dataset, sites, context=context)
-    doc = {"row_acc": [], "col_acc": [], "row_acc_orig_probe": [], "col_acc_orig_probe": []}
-    probes = {}
-    for l in layers:
-        feats = acts[str(Site(l, "resid_post"))]
-        kw = {}
-        if base_probes is not None and l in base_probes:
-            kw["l2_grid"] = tuple(sorted({base_probes[l].l2_row, base_probes[l].l2_col}))
-        res = fit_position_probes(feats, surface.grid, seed=seed, control=False, max_train_tokens=max_train_tokens, **kw)
-        probes[l] = res
-        doc["row_acc"].append(res.row_acc)
-        doc["col_acc"].append(res.col_acc)
-        if base_probes is not None:
-            test = torch.as_tensor(base_probes[l].test_image_ids)
-            doc["row_acc_orig_probe"].append(base_probes[l].row_probe.accuracy(feats[test]))
-            doc["col_acc_orig_probe"].append(base_probes[l].col_probe.accuracy(feats[test]))
-        else:
-            doc["row_acc_orig_probe"].append(res.row_acc)
-            doc["col_acc_orig_probe"].append(res.col_acc)
-    rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
-    doc["top1"] = rep["top1"]
-    doc["per_group"] = rep["per_group"]
-    return {"doc": doc, "probes": probes}
-
-
-def recovery(clean: list[float], off: list[float], restored: list[float], R: int, layers: list[int]) -> dict:
-    rec = []
-    for i, l in enumerate(layers):
-        gap = clean[i] - off[i]
-        rec.append(None if l < R or gap < MIN_GAP else (restored[i] - off[i]) / gap)
-    vals = [r for r in rec if r is not None]
-    return {"layers": layers, "rec": rec, "mean_rec": (sum(vals) / len(vals)) if vals else None}
+class RopeAxisResult(Result):
+    model: str
+    data: str
+    split: str
+    n_images: int
+    site: str
+    layers: list[int]
+    chance_row: float
+    chance_col: float
+    rope: dict[str, Any]  # the model's RopeAxisMap.to_json(): kind, layout, channels
+    conditions: dict[str, Condition]
+    recovery: dict[str, dict[str, Recovery]]  # axis -> str(R) -> recovery
+    min_gap: float
 
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
-                  progress: bool = False) -> dict:
+                  progress: bool = False) -> RopeAxisResult:
     require_rope(surface)
     dataset = dataset_for(surface, data, split, limit=n_images)
     layers = list(range(surface.depth))
@@ -128,14 +88,39 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         for R in Rs:
             rec[a][str(R)] = recovery(clean, off, conditions[f"restore_{a}_R{R}"][f"{a}_acc"], R, layers)
     H, W = surface.grid
-    doc = {"model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
-           "layers": layers, "chance_row": 1 / H, "chance_col": 1 / W, "rope": surface.rope_axis_map().to_json(),
-           "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP}
+    result = RopeAxisResult.model_validate({
+        "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
+        "layers": layers, "chance_row": 1 / H, "chance_col": 1 / W, "rope": surface.rope_axis_map().to_json(),
+        "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP})
     if out is not None:
-        out = Path(out)
-        write_json(out / "rope_axis.json", doc)
-        from vitpos.report.plots import plot_recovery, plot_rope_axis
+        RopeAxisExperiment().write(result, out)
+    return result
 
-        plot_rope_axis(doc, out / "rope_axis.png")
-        plot_recovery(doc, out / "rope_recovery.png")
-    return doc
+
+class RopeAxisExperiment(Experiment[RopeAxisResult]):
+    name = "rope_axis"
+    title = "RoPE axis removal and restoring (C3, C4)"
+    claims = ("C3", "C4")
+    result_type = RopeAxisResult
+
+    def applies_to(self, surface: ModelSurface) -> str | None:
+        return None if surface.has_rope else f"no rotary embedding (scheme {surface.scheme})"
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        restore = config.rope_axis.restore
+        if restore is None and quick:
+            restore = [max(1, surface.depth // 2)]
+        return {**config.rope_axis.model_dump(), "restore": restore}
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeAxisResult:
+        s = stage.settings
+        return run_rope_axis(surface, data=stage.data, n_images=s["images"], restore_points=s["restore"],
+                             seed=stage.seed)
+
+    def figures(self, result: RopeAxisResult) -> list[Figure]:
+        figs = [Figure("rope_axis", "probe accuracy per layer under each condition",
+                       lambda r, p: plots.plot_rope_axis(r.to_json(), p))]
+        if result.recovery:
+            figs.append(Figure("rope_recovery", "recovery Rec(l) after restoring from R",
+                               lambda r, p: plots.plot_recovery(r.to_json(), p)))
+        return figs

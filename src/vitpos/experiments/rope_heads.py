@@ -13,19 +13,49 @@ primary_rebuilding_head = argmax rebuild_score; C5 holds when it also has the la
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from vitpos import plots
 from vitpos.capture import data_name, dataset_for
+from vitpos.errors import VitposError
 from vitpos.evaluate import predict
-from vitpos.experiments.rope_axis import condition_context, probe_condition, recovery, require_rope
+from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
+from vitpos.experiments.common import condition_context, probe_condition, recovery, require_rope
 from vitpos.hooks import capture, remove_rope
-from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 
 EPS = 1e-12
+AXES = ("row", "col", "both")
+
+
+class RopeHeadsResult(Result):
+    """Per-head matrices are indexed [layer][head] over `layers` x `num_heads`."""
+
+    model: str
+    data: str
+    axis: str
+    layers: list[int]
+    num_heads: int
+    restore_from: int
+    baseline_top1: float
+    n_top1_images: int
+    n_probe_images: int
+    recovery_restore: float
+    axis_index: list[list[float]]
+    kl: dict[str, list[list[float]]]
+    rebuild_score: list[list[float | None]]  # None for heads in layers < R
+    drop_points: list[list[float]]
+    primary_rebuilding_head: list[int] | None
+    primary_head_drop_rank: int | None
+    largest_drop_head: list[int]
+    primary_head_drop_rank_after_R: int | None
+    largest_drop_head_after_R: list[int] | None
+    primary_is_largest_drop: bool
+    specialised_heads: list[list[int]]
 
 
 def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -56,11 +86,10 @@ def axis_index(surface: ModelSurface, images: torch.Tensor) -> tuple[list[list[f
 
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
-                   split: str = "test", seed: int = 0, out: str | Path | None = None, progress: bool = False) -> dict:
+                   split: str = "test", seed: int = 0, out: str | Path | None = None,
+                   progress: bool = False) -> RopeHeadsResult:
     require_rope(surface)
-    if axis not in ("row", "col", "both"):
-        from vitpos.errors import VitposError
-
+    if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
     L, Hh = surface.depth, surface.num_heads
     R = restore_from if restore_from is not None else max(1, L // 2)
@@ -110,7 +139,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
     order_late = [o for o in order if o[1] >= R]  # heads that can rebuild (layers >= R) only
     rank_late = None if primary is None else 1 + [o[1:] for o in order_late].index(primary)
-    doc = {
+    result = RopeHeadsResult.model_validate({
         "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
         "restore_from": R, "baseline_top1": base_top1, "n_top1_images": len(top1_set),
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
@@ -120,11 +149,30 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "primary_head_drop_rank_after_R": rank_late, "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
         "specialised_heads": [[l, h] for l in range(L) for h in range(Hh) if abs(S[l][h]) >= 0.5],
-    }
+    })
     if out is not None:
-        out = Path(out)
-        write_json(out / "rope_heads.json", doc)
-        from vitpos.report.plots import plot_rope_heads
+        RopeHeadsExperiment().write(result, out)
+    return result
 
-        plot_rope_heads(doc, out / "rope_heads.png")
-    return doc
+
+class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
+    name = "rope_heads"
+    title = "RoPE per-head roles and ablation (C4, C5)"
+    claims = ("C4", "C5")
+    result_type = RopeHeadsResult
+
+    def applies_to(self, surface: ModelSurface) -> str | None:
+        return None if surface.has_rope else f"no rotary embedding (scheme {surface.scheme})"
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        return config.rope_heads.model_dump()
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeHeadsResult:
+        s = stage.settings
+        return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
+                              n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
+                              n_attn_images=s["attn_images"], seed=stage.seed)
+
+    def figures(self, result: RopeHeadsResult) -> list[Figure]:
+        return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",
+                       lambda r, p: plots.plot_rope_heads(r.to_json(), p))]

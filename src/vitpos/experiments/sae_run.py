@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
+from pydantic import BaseModel
 
+from vitpos import plots
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.capture import capture_layers, data_name, dataset_for, forward_batches
 from vitpos.errors import VitposError
-from vitpos.experiments.rope_axis import SWEEP_TRAIN_TOKENS
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -34,6 +39,75 @@ from vitpos.sae.train import default_lr
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 
 
+class AblationEffect(BaseModel):
+    """Clean-probe accuracies downstream after subtracting one feature set at the SAE's site."""
+
+    row_acc: list[float]
+    col_acc: list[float]
+    row_drop: float  # mean over later layers of clean - ablated accuracy
+    col_drop: float
+    selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
+
+
+class CausalCheck(BaseModel):
+    layers: list[int]
+    clean_row_acc: list[float]
+    clean_col_acc: list[float]
+    ablate_row: AblationEffect | Skipped
+    ablate_col: AblationEffect | Skipped
+
+    def effect(self, kind: str) -> AblationEffect | None:
+        eff = self.ablate_row if kind == "row" else self.ablate_col
+        return eff if isinstance(eff, AblationEffect) else None
+
+
+class SAETraining(BaseModel):
+    train_store: str | None
+    train_images: int
+    lr: float
+    buffer_tokens: int | None
+    reader_peak_bytes: int
+    reader_bound_bytes: int
+    max_batch_tokens: int
+    dropped_tail_tokens: int
+
+
+class SAEResult(Result):
+    """sae.json: the run key, held-out metrics, the positional features and their causal check."""
+
+    run: dict[str, Any]  # the settings that identify this SAE (a finished run with the same key is reused)
+    model: str
+    layer: int
+    site: str
+    data: str
+    arch: str
+    k: int
+    expansion: int
+    d_sae: int
+    mse: float
+    fvu: float
+    l0: float
+    dead_frac: float
+    tokens: int
+    logit_kl: float
+    top1: float
+    top1_spliced: float
+    top1_change_points: float
+    train_tokens: int
+    train_seconds: float
+    training: SAETraining
+    row_features: list[int]
+    col_features: list[int]
+    mixed_features: list[int]
+    n_row_features: int
+    n_col_features: int
+    n_mixed_features: int
+    thresholds: dict[str, float]
+    causal: CausalCheck | None
+    sae_dir: str | None = None  # set by the study: where the weights live
+    layer_choice: str | None = None  # set by the study: how the layer was chosen
+
+
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     """The layer whose patch tokens hold the most of BOTH axes (max of min(row, col) accuracy),
     excluding the last layer so the causal check has downstream layers; earliest on ties."""
@@ -41,17 +115,6 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     layers = probe_doc["layers"]
     cands = [(accs[i], -l) for i, l in enumerate(layers) if l < depth - 1] or [(accs[0], -layers[0])]
     return -max(cands)[1]
-
-
-def sae_edit(surface: ModelSurface, sae: SAE, fn):
-    """Edit patch tokens x (B, N, D) at the SAE's site with fn(x, z) -> new x; prefix tokens untouched."""
-    npt = surface.num_prefix_tokens
-
-    def edit_fn(t: torch.Tensor) -> torch.Tensor:
-        x = t[:, npt:]
-        new = fn(x, sae.encode(x))
-        return torch.cat([t[:, :npt], new.to(t.dtype)], dim=1)
-    return edit_fn
 
 
 def open_train_store(store, surface: ModelSurface, site: Site, data):
@@ -106,7 +169,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
-            lr: float | None = None, keep_acts: bool = True) -> tuple[dict, SAE]:
+            lr: float | None = None, keep_acts: bool = True) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
@@ -128,7 +191,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")
         if doc.get("run") == run_key:
-            return doc, SAE.load(out)
+            return SAEResult.model_validate(doc), SAE.load(out)
     eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
     with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
         if given is not None:
@@ -161,7 +224,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     top1_spliced = float((preds == labels).float().mean())
 
     causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
-    doc = {
+    result = SAEResult.model_validate({
         "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch, "k": k,
         "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1, "top1_spliced": top1_spliced,
         "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
@@ -171,15 +234,13 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
         "causal": causal,
-    }
+    })
     if out is not None:
         sae.save(out)
         write_json(out / "feature_scores.json", scores.to_json())
-        write_json(out / "sae.json", doc)
-        from vitpos.report.feature_plot import plot_feature_maps
-
-        plot_feature_maps(scores, out / "features.png")
-    return doc, sae
+        write_json(out / "sae.json", result.to_json())
+        plots.plot_feature_maps(scores, out / "features.png")
+    return result, sae
 
 
 def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
@@ -204,3 +265,30 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
         out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
                                  "selectivity": mine / denom if denom > 1e-9 else None}
     return out
+
+
+class SAEExperiment(Experiment[SAEResult]):
+    name = "sae"
+    title = "Sparse autoencoder"
+    claims = ("C1",)
+    result_type = SAEResult
+    requires = ("probe",)
+
+    def applies_to(self, surface: ModelSurface) -> str | None:
+        return None if surface.has_ape else f"no absolute position embedding (scheme {surface.scheme})"
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        given = config.sae.layer is not None
+        layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
+        return {**config.sae.model_dump(), "layer": layer,
+                "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
+        s = stage.settings
+        result, _ = run_sae(surface, s["layer"], site=s["site"], data=stage.data, arch=s["arch"], k=s["k"],
+                            expansion=s["expansion"], n_train_images=s["images"], epochs=s["epochs"], seed=stage.seed,
+                            out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
+        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
+
+    def artifacts_ready(self, result: SAEResult) -> bool:
+        return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()

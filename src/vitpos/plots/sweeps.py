@@ -26,7 +26,6 @@ OKABE_ITO = {
     "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7",
 }
 CYCLE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
-APE_VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
 _COND_COLORS = {
     "baseline": OKABE_ITO["black"], "no_row": OKABE_ITO["blue"], "no_col": OKABE_ITO["orange"],
     "no_both": OKABE_ITO["purple"], "restore": OKABE_ITO["green"],
@@ -86,7 +85,7 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
     """Bars of the top-1 drop (points, ± drop_std) per permutation variant; a second panel with
     the per-group drops (vertical vs horizontal) for all / row_only / col_only when available."""
     _need(doc, ("baseline_top1",), "ape_permute")
-    variants = list(doc.get("variants") or APE_VARIANTS)
+    variants = list(_need(doc, ["variants"], "ape_permute")["variants"])
     names, drops, errs, notes = [], [], [], []
     for v in variants:
         entry = doc.get(v)

@@ -1,16 +1,11 @@
-"""Figures and the self-contained HTML report, rendered from the experiment JSON documents."""
+"""The self-contained HTML report, rendered from results.json and the figures experiments declare."""
 
 from __future__ import annotations
 
 from typing import Any
 
-_EXPORTS = {
-    "render_report": "vitpos.report.html", "render_figures": "vitpos.report.html",
-    "model_slug": "vitpos.report.html", "figure_key": "vitpos.report.html",
-    "plot_ape_permute": "vitpos.report.plots", "plot_rope_axis": "vitpos.report.plots",
-    "plot_recovery": "vitpos.report.plots", "plot_rope_heads": "vitpos.report.plots",
-    "plot_probe_curves": "vitpos.report.probe_plot", "plot_feature_maps": "vitpos.report.feature_plot",
-}
+_EXPORTS = {"render_report": "vitpos.report.html", "render_figures": "vitpos.report.html",
+            "model_slug": "vitpos.report.html", "figure_key": "vitpos.report.html"}
 __all__ = sorted(_EXPORTS)
 
 

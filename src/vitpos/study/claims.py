@@ -21,6 +21,8 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from vitpos.study.results import ClaimVerdict, Summary
+
 SELECTIVE = 0.6
 MIN_DROP = 10.0
 CONTROL_FACTOR = 2.0
@@ -35,6 +37,13 @@ CLAIM_TEXT = {
     "C4": "RoPE: once rotations are restored the information is partly rebuilt, in part by axis-specialised heads.",
     "C5": "RoPE: ablating the rotations of the primary rebuilding head reduces accuracy more than any other head.",
 }
+
+
+CLAIM_SCHEME = {"C1": "ape", "C2": "ape", "C3": "rope", "C4": "rope", "C5": "rope"}
+
+
+def claim_scheme(cid: str) -> str:
+    return CLAIM_SCHEME.get(cid, "")
 
 
 def _mean(xs):
@@ -130,7 +139,8 @@ def _c5(spec: str, rh: dict) -> dict:
                     f"{(len(rh['layers']) - rh['restore_from']) * rh['num_heads']} heads of layers >= R={rh['restore_from']}"}
 
 
-def summarise(models: dict[str, dict]) -> dict:
+def summarise(models: dict[str, dict]) -> Summary:
+    """Verdicts per claim from the models' results (each entry as results.json holds it)."""
     claims: list[dict[str, Any]] = []
     per: dict[str, list[tuple[str, dict]]] = {c: [] for c in CLAIM_TEXT}
     for spec, m in models.items():
@@ -144,7 +154,7 @@ def summarise(models: dict[str, dict]) -> dict:
         if m.get("rope_heads"):
             per["C5"].append((spec, _c5(spec, m["rope_heads"])))
     for cid, text in CLAIM_TEXT.items():
-        scheme = "ape" if cid in ("C1", "C2") else "rope"
+        scheme = CLAIM_SCHEME[cid]
         found = per[cid]
         if not found:
             verdict = "not applicable"
@@ -157,4 +167,5 @@ def summarise(models: dict[str, dict]) -> dict:
             "numbers": {spec: {**r["numbers"], "holds": r["ok"]} for spec, r in found},
             "models": [spec for spec, _ in found],
         })
-    return {"claims": claims, "rules": __doc__.split("Verdict rules", 1)[1].strip()}
+    rules = (__doc__ or "").split("Verdict rules", 1)[1].strip()
+    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules)

@@ -1,0 +1,33 @@
+"""The one list of experiments, in the order the study runs them (each after what it requires)."""
+
+from __future__ import annotations
+
+from vitpos.experiments.ape_permute import ApePermuteExperiment
+from vitpos.experiments.base import Experiment
+from vitpos.experiments.evaluation import EvalExperiment
+from vitpos.experiments.probe import ProbeExperiment
+from vitpos.experiments.rope_axis import RopeAxisExperiment
+from vitpos.experiments.rope_heads import RopeHeadsExperiment
+from vitpos.experiments.sae_run import SAEExperiment
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
+    RopeHeadsExperiment(),
+)
+BY_NAME: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+def experiment(name: str) -> Experiment:
+    return BY_NAME[name]
+
+
+def _check_order() -> None:
+    seen: set[str] = set()
+    for e in EXPERIMENTS:
+        missing = set(e.requires) - seen
+        assert not missing, f"{e.name} requires {missing}, listed after it"
+        seen.add(e.name)
+
+
+_check_order()

@@ -1,0 +1,121 @@
+"""Text formatting shared by the report's pieces: escaping, numbers, small tables.
+
+Every string that comes from results.json goes through `e` (html.escape)."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+def e(x: Any) -> str:
+    """Escaped text of any JSON value."""
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def pct(v: Any) -> str:
+    """An accuracy fraction as a percentage with one decimal."""
+    x = num(v)
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def pts(v: Any, std: Any = None, signed: bool = False) -> str:
+    """A difference already in points, one decimal, optional ± std."""
+    x = num(v)
+    if x is None:
+        return "n/a"
+    s = f"{x:+.1f}" if signed else f"{x:.1f}"
+    sd = num(std)
+    return f"{s} ± {sd:.1f} pts" if sd is not None else f"{s} pts"
+
+
+def fnum(v: Any, digits: int = 3) -> str:
+    x = num(v)
+    if x is None:
+        return "n/a"
+    if isinstance(v, int):
+        return str(v)
+    return f"{x:.{digits}f}"
+
+
+def fmt_value(v: Any, depth: int = 0) -> str:
+    """Compact plain text of a JSON value (escaped later)."""
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        items = [fmt_value(x, depth + 1) for x in v[:8]]
+        return "[" + ", ".join(items) + (", …" if len(v) > 8 else "") + "]"
+    if isinstance(v, dict):
+        if depth > 2:
+            return "{…}"
+        return "{" + ", ".join(f"{k}: {fmt_value(x, depth + 1)}" for k, x in list(v.items())[:12]) + "}"
+    return str(v)
+
+
+def table(headers: list[str], rows: Iterable[list[str]], cls: str = "data", raw: bool = False) -> str:
+    """An HTML table; cells are escaped unless `raw` (then they are pre-built HTML)."""
+    out = [f'<table class="{cls}"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead><tbody>"]
+    for r in rows:
+        out.append("<tr>" + "".join(f"<td>{c if raw else e(c)}</td>" for c in r) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def kv_table(pairs: list[tuple[str, str]]) -> str:
+    return table(["quantity", "value"], [list(p) for p in pairs], cls="kv")
+
+
+def na(reason: Any) -> str:
+    return f'<p class="na">not applicable: {e(reason)}</p>'
+
+
+def families(scheme: Any) -> set[str]:
+    s = str(scheme or "").lower()
+    return {f for f in ("ape", "rope") if f in s}
+
+
+def describe(m: dict) -> dict:
+    d = m.get("describe")
+    return d if isinstance(d, dict) else {}
+
+
+def last(vals: Any) -> Any:
+    return vals[-1] if isinstance(vals, list) and vals else None
+
+
+def reason(m: dict, exp: str) -> str:
+    na = m.get("not_applicable")
+    if isinstance(na, dict) and na.get(exp):
+        return str(na[exp])
+    doc = m.get(exp)
+    if isinstance(doc, dict) and "skipped" in doc:
+        return str(doc["skipped"])
+    return "no result in this run"
+
+
+def doc_of(m: dict, exp: str) -> dict | None:
+    doc = m.get(exp)
+    return doc if isinstance(doc, dict) and "skipped" not in doc else None
+
+
+def probe_sites(doc: dict) -> dict[str, dict]:
+    """site -> probe result, for a single-site doc or a {"sites": {...}} doc."""
+    if isinstance(doc.get("sites"), dict):
+        return {str(k): v for k, v in doc["sites"].items() if isinstance(v, dict)}
+    return {str(doc.get("site", "resid_post")): doc}

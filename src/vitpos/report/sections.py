@@ -1,0 +1,298 @@
+"""Per-experiment pieces of the report: a one-line summary (headline contrast cells) and a section.
+
+Rendered from the JSON of each typed result (the report may read results.json files written by
+other runs); anything missing renders as a one-line reason instead of failing the page."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vitpos.errors import VitposError
+from vitpos.experiments.ape_permute import VARIANTS as APE_VARIANTS
+from vitpos.experiments.base import Result
+from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.study.results import ModelEntry, figure_key, model_slug
+from vitpos.report.format import (describe, doc_of, e, fmt_value, fnum, kv_table, last, na, num, pct, probe_sites,
+                                  pts, reason, table)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def img(path: Path, alt: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return f'<p class="na">figure missing: {e(Path(path).name)}</p>'
+    if not data.startswith(PNG_MAGIC):
+        return f'<p class="na">figure is not a PNG: {e(Path(path).name)}</p>'
+    b64 = base64.b64encode(data).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{b64}" alt="{e(alt)}">'
+            f"<figcaption>{e(alt)}</figcaption></figure>")
+
+
+def _summary_sae(doc: dict) -> str:
+    s = (f"{len(doc.get('row_features') or [])} row / {len(doc.get('col_features') or [])} col / "
+         f"{len(doc.get('mixed_features') or [])} mixed features at layer {doc.get('layer', '?')} "
+         f"(FVU {fnum(doc.get('fvu'))})")
+    c = doc.get("causal")
+    if isinstance(c, dict):
+        row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
+        s += (f"; removing the row features: Δ row-probe acc {fnum(row.get('row_drop'))}, Δ col-probe acc "
+              f"{fnum(row.get('col_drop'))} (selectivity {fnum(row.get('selectivity'), 2)}); removing the col "
+              f"features: Δ col {fnum(col.get('col_drop'))}, Δ row {fnum(col.get('row_drop'))} (selectivity "
+              f"{fnum(col.get('selectivity'), 2)})")
+    return s
+
+
+def _summary_ape(doc: dict) -> str:
+    parts = []
+    for v, label in (("all", "all positional features"), ("row_only", "row only"), ("col_only", "col only"),
+                     ("random_features", "random features")):
+        x = doc.get(v)
+        if isinstance(x, dict) and "drop_points" in x:
+            parts.append(f"{label} {pts(x.get('drop_points'), x.get('drop_std'))}")
+    return f"baseline top-1 {pct(doc.get('baseline_top1'))}; drop when permuting " + (", ".join(parts) or "n/a")
+
+
+def _summary_axis(doc: dict, claim: str) -> str:
+    conds = doc.get("conditions") or {}
+    base = conds.get("baseline") or {}
+    if claim == "C4":
+        parts = []
+        for axis in ("row", "col"):
+            per_r = (doc.get("recovery") or {}).get(axis) or {}
+            recs = ", ".join(f"R={r}: {fnum((v or {}).get('mean_rec'), 2)}" for r, v in per_r.items())
+            if recs:
+                parts.append(f"mean {axis} Rec {recs}")
+        return "; ".join(parts) or "no recovery data"
+    parts = []
+    for c in ("no_row", "no_col"):
+        x = conds.get(c)
+        if isinstance(x, dict):
+            parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean {pct(last(base.get('row_acc')))}), "
+                         f"col {pct(last(x.get('col_acc')))} (clean {pct(last(base.get('col_acc')))})")
+    return "; ".join(parts) or "no conditions"
+
+
+def _summary_heads(doc: dict) -> str:
+    ph, lh = doc.get("primary_rebuilding_head"), doc.get("largest_drop_head")
+    n = len(doc.get("layers") or []) * int(doc.get("num_heads") or 0)
+    return (f"primary rebuilding head {head_name(ph)}: drop {pts(at(doc.get('drop_points'), doc, ph))}, "
+            f"rank {doc.get('primary_head_drop_rank', '?')} of {n}; largest drop {head_name(lh)}: "
+            f"{pts(at(doc.get('drop_points'), doc, lh))}")
+
+
+def head_name(lh: Any) -> str:
+    return f"L{lh[0]} h{lh[1]}" if isinstance(lh, (list, tuple)) and len(lh) == 2 else "n/a"
+
+
+def at(grid: Any, doc: dict, lh: Any) -> Any:
+    """grid[layer][head] for a [layer, head] pair (layer = a value of doc['layers'])."""
+    try:
+        return grid[list(doc["layers"]).index(lh[0])][int(lh[1])]
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+
+
+def summary_line(exp: str, doc: dict, claim: str) -> str:
+    if exp == "sae":
+        return _summary_sae(doc)
+    if exp == "ape_permute":
+        return _summary_ape(doc)
+    if exp == "rope_axis":
+        return _summary_axis(doc, claim)
+    if exp == "rope_heads":
+        return _summary_heads(doc)
+    return ""
+
+
+def eval_top1(m: dict) -> Any:
+    ev = m.get("eval")
+    if not isinstance(ev, dict):
+        return None
+    return ev.get("top1", ev.get("test_top1"))
+
+
+def models_table(models: dict) -> str:
+    rows = []
+    for spec, m in models.items():
+        if not isinstance(m, dict):
+            continue
+        d = describe(m)
+        grid = d.get("grid")
+        grid_s = "×".join(map(str, grid)) if isinstance(grid, (list, tuple)) else ""
+        ev = m.get("eval") if isinstance(m.get("eval"), dict) else {}
+        top1 = pct(eval_top1(m)) + (f" (n={ev['n']})" if ev.get("n") is not None else "")
+        rows.append([f'<a href="#model-{e(model_slug(spec))}">{e(spec)}</a>', e(m.get("data")), e(d.get("scheme")),
+                     e(grid_s), e(d.get("depth")), e(d.get("num_heads")), e(top1)])
+    return table(["model", "data", "scheme", "grid", "depth", "heads", "test top-1"], rows, cls="data models", raw=True)
+
+
+def _sec_eval(doc: dict) -> str:
+    html_ = f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b> on n = {e(doc.get('n', '?'))} images</p>"
+    pg = doc.get("per_group")
+    if isinstance(pg, dict) and pg:
+        rows = []
+        for g, v in pg.items():
+            acc = v.get("top1", v.get("acc")) if isinstance(v, dict) else v
+            rows.append([str(g), pct(acc) if num(acc) is not None else fmt_value(v)])
+        html_ += table(["class group", "top-1"], rows)
+    return html_
+
+
+def _sec_probe(doc: dict) -> str:
+    out = []
+    for site, res in probe_sites(doc).items():
+        layers = res.get("layers") or []
+
+        def col(key: str, i: int, fmt: Callable[[Any], str] = pct) -> str:
+            vals = res.get(key)
+            return fmt(vals[i]) if isinstance(vals, list) and i < len(vals) else "n/a"
+
+        sel = lambda v: pts(None if num(v) is None else 100 * num(v), signed=True)  # noqa: E731
+        rows = [[str(l), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
+                 col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, l in enumerate(layers)]
+        cb = res.get("content_baseline") if isinstance(res.get("content_baseline"), dict) else {}
+        out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col {pct(res.get('chance_col'))}"
+                   + (f"; content baseline (no positional input): row {pct(cb.get('row_acc'))}, "
+                      f"col {pct(cb.get('col_acc'))}" if cb and num(cb.get("row_acc")) is not None else "")
+                   + "</p>")
+        out.append(table(["layer", "row acc", "col acc", "row control", "col control", "row selectivity",
+                           "col selectivity"], rows))
+    return "".join(out)
+
+
+def ids(v: Any, n: int = 12) -> str:
+    v = list(v or [])
+    return f"{len(v)}" + (f" ({', '.join(map(str, v[:n]))}{', …' if len(v) > n else ''})" if v else "")
+
+
+def _sec_sae(doc: dict) -> str:
+    pairs = [("architecture", f"{doc.get('arch', '?')}, k = {doc.get('k', '?')}, expansion {doc.get('expansion', '?')}×"),
+             ("trained on", f"layer {doc.get('layer', '?')} {doc.get('site', '')}"),
+             ("fraction of variance unexplained (FVU)", fnum(doc.get("fvu"))),
+             ("L0 (active latents per token)", fnum(doc.get("l0"), 1)),
+             ("dead latents", pct(doc.get("dead_frac"))),
+             ("top-1 with SAE reconstruction spliced in", pct(doc.get("top1_spliced"))),
+             ("top-1 change from splicing", pts(doc.get("top1_change_points"), signed=True)),
+             ("row features", ids(doc.get("row_features"))),
+             ("column features", ids(doc.get("col_features"))),
+             ("mixed features", ids(doc.get("mixed_features")))]
+    c = doc.get("causal")
+    if isinstance(c, dict):
+        row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
+        pairs += [("causal: row-probe drop on removing row features", fnum(row.get("row_drop", row.get("skipped")))),
+                  ("causal: col-probe drop on removing col features", fnum(col.get("col_drop", col.get("skipped")))),
+                  ("causal selectivity of the row features Δrow / (|Δrow| + |Δcol|)", fnum(row.get("selectivity"), 2)),
+                  ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)", fnum(col.get("selectivity"), 2))]
+    return kv_table(pairs)
+
+
+def _sec_ape(doc: dict) -> str:
+    fc = doc.get("feature_counts") if isinstance(doc.get("feature_counts"), dict) else {}
+    head = (f"<p>{e(doc.get('model', ''))} layer {e(doc.get('layer', '?'))} {e(doc.get('site', ''))} on "
+            f"{e(doc.get('data', ''))}: {e(doc.get('n_images', '?'))} images, seeds {e(fmt_value(doc.get('seeds')))}; "
+            f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>; positional features: "
+            f"{e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col</p>")
+    rows = []
+    for v in doc.get("variants") or APE_VARIANTS:
+        x = doc.get(v)
+        if not isinstance(x, dict):
+            rows.append([str(v), "not run", "", "", ""])
+            continue
+        if "skipped" in x:
+            rows.append([str(v), f"skipped: {x['skipped']}", "", "", ""])
+            continue
+        pg = x.get("per_group") if isinstance(x.get("per_group"), dict) else {}
+        groups = "; ".join(f"{g}: {pts((gv or {}).get('drop_points'))}" for g, gv in pg.items()) or "—"
+        sd = num(x.get("top1_std"))
+        t = num(x.get("top1"))
+        top1 = f"{100 * t:.1f} ± {100 * sd:.1f}%" if t is not None and sd is not None else pct(t)
+        nf = x.get("n_features")
+        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), "—" if nf is None else str(nf), groups])
+    return head + table(["variant", "top-1", "drop", "features permuted", "drop per class group"],
+                         rows)
+
+
+def _sec_axis(doc: dict) -> str:
+    conds = doc.get("conditions") if isinstance(doc.get("conditions"), dict) else {}
+    base_top1 = num((conds.get("baseline") or {}).get("top1"))
+    rows = []
+    for name, c in conds.items():
+        if not isinstance(c, dict):
+            continue
+        t = num(c.get("top1"))
+        d = "—" if t is None or base_top1 is None or name == "baseline" else pts(100 * (t - base_top1), signed=True)
+        rows.append([str(name), str(c.get("axis") or "—"), "—" if c.get("restore_from") is None else str(c["restore_from"]),
+                     pct(t), d, pct(last(c.get("row_acc"))), pct(last(c.get("row_acc_orig_probe"))),
+                     pct(last(c.get("col_acc"))), pct(last(c.get("col_acc_orig_probe")))])
+    out = (f"<p>{e(doc.get('model', ''))} on {e(doc.get('data', ''))}, probes at {e(doc.get('site', 'resid_post'))}; "
+           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Probe accuracies at the "
+           "final layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
+    out += table(["condition", "axis removed", "restore from", "top-1", "Δ top-1", "row (retrained)",
+                   "row (orig. probe)", "col (retrained)", "col (orig. probe)"], rows)
+    rec_rows = []
+    for axis, per_r in (doc.get("recovery") or {}).items():
+        for r, v in (per_r or {}).items():
+            v = v or {}
+            rec_rows.append([str(axis), str(r), fnum(v.get("mean_rec"), 2), fnum(last(v.get("rec")), 2)])
+    if rec_rows:
+        out += "<p>Recovery Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off); the study predicts 0 &lt; Rec &lt; 1.</p>"
+        out += table(["axis", "restore from R", "mean Rec after R", "Rec at final layer"], rec_rows)
+    return out
+
+
+def _sec_heads(doc: dict) -> str:
+    ph, lh = doc.get("primary_rebuilding_head"), doc.get("largest_drop_head")
+    n = len(doc.get("layers") or []) * int(doc.get("num_heads") or 0)
+    pairs = [("axis removed / restore from", f"{doc.get('axis', '?')} / {doc.get('restore_from', '?')}"),
+             ("baseline top-1", pct(doc.get("baseline_top1"))),
+             ("primary rebuilding head", head_name(ph)),
+             ("its rebuilding score", fnum(at(doc.get("rebuild_score"), doc, ph))),
+             ("its axis index S (+1 row, −1 col)", fnum(at(doc.get("axis_index"), doc, ph), 2)),
+             ("top-1 drop when its rotations are ablated", pts(at(doc.get("drop_points"), doc, ph))),
+             ("its drop rank (1 = largest)", f"{doc.get('primary_head_drop_rank', '?')} of {n}"),
+             ("largest-drop head", f"{head_name(lh)}: {pts(at(doc.get('drop_points'), doc, lh))}")]
+    if doc.get("mean_ablate_drop_points") is not None:
+        pairs.append(("primary head: drop when its output is mean-ablated",
+                      pts(at(doc.get("mean_ablate_drop_points"), doc, ph))))
+    return kv_table(pairs)
+
+
+SECTIONS: dict[str, Callable[[dict], str]] = {  # experiment name -> its section body
+    "eval": _sec_eval, "probe": _sec_probe, "sae": _sec_sae, "ape_permute": _sec_ape,
+    "rope_axis": _sec_axis, "rope_heads": _sec_heads,
+}
+RENDER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, VitposError)
+
+
+def model_section(spec: str, entry: ModelEntry, figures: dict[str, Path], used: set[str]) -> str:
+    """One model's section: per experiment (registry order) its declared figures, then its table."""
+    m = entry.to_json()
+    d = describe(m)
+    slug = model_slug(spec)
+    info = ", ".join(f"{k} {fmt_value(d[k])}" for k in ("scheme", "grid", "depth", "num_heads", "width")
+                     if k in d)
+    out = [f'<section id="model-{e(slug)}"><h2>{e(spec)}</h2><p>data: <code>{e(m.get("data"))}</code>; {e(info)}</p>']
+    for exp in EXPERIMENTS:
+        out.append(f'<section class="exp"><h3>{e(exp.title)}</h3>')
+        result = entry.results.get(exp.name)
+        doc = doc_of(m, exp.name)
+        if doc is None or not isinstance(result, Result):
+            out.append(na(reason(m, exp.name)))
+        else:
+            for fig in exp.figures(result):
+                key = figure_key(spec, fig.name)
+                if key in figures:
+                    used.add(key)
+                    out.append(img(figures[key], f"{spec}: {fig.caption}"))
+            try:
+                out.append(SECTIONS[exp.name](doc))
+            except RENDER_ERRORS as err:
+                out.append(f'<p class="na">could not render {e(exp.name)}: {e(type(err).__name__)}: {e(err)}</p>')
+        out.append("</section>")
+    out.append("</section>")
+    return "".join(out)

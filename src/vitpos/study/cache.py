@@ -1,0 +1,54 @@
+"""The study's stage cache: OUT/stages/<model>/<stage>-<key>.json, keyed by a content hash of
+(model weights or timm spec, data, seed, the stage's settings, vitpos version)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from vitpos.errors import VitposError
+from vitpos.io import read_json, write_json
+from vitpos.study.config import RunConfig
+
+
+def model_fingerprint(spec: str, cfg: RunConfig) -> str:
+    """Content identity of a model: its weights file hash, or timm spec + weights source."""
+    from vitpos.models.spec import BUILTIN_DIR
+
+    if spec.startswith("builtin:"):
+        path = BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
+    elif spec.startswith("timm:"):
+        ck = cfg.checkpoints.get(spec)
+        path = Path(ck) if ck else None
+        if path is None:
+            return hashlib.sha256(f"{spec}|pretrained={cfg.pretrained}".encode()).hexdigest()[:16]
+    else:
+        path = Path(spec) / "model.safetensors"
+    if not path.is_file():
+        return hashlib.sha256(spec.encode()).hexdigest()[:16]  # load_model will give the clear error
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+class StageCache:
+    def __init__(self, root: Path, force: bool):
+        self.root, self.force = root, force
+
+    def path(self, model_slug: str, stage: str, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return self.root / "stages" / model_slug / f"{stage}-{digest}.json"
+
+    def get(self, path: Path) -> dict | None:
+        if self.force or not path.is_file():
+            return None
+        try:
+            return read_json(path)["result"]
+        except (VitposError, KeyError):
+            return None  # a damaged cache entry is recomputed
+
+    def put(self, path: Path, key: dict, result: dict, seconds: float) -> None:
+        write_json(path, {"key": key, "seconds": seconds, "result": result})

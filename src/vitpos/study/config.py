@@ -1,0 +1,115 @@
+"""Study settings: one validated RunConfig (YAML/TOML file < --quick sizes < command-line options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vitpos.errors import VitposError
+
+SHAPES_MODELS = ["builtin:ape", "builtin:rope-axial", "builtin:rope-mixed", "builtin:none"]
+FASHION_MODELS = ["builtin:fashion-ape", "builtin:fashion-rope-axial", "builtin:fashion-rope-mixed",
+                  "builtin:fashion-none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProbeStage(_Strict):
+    images: int = 1000
+
+
+class SAEStage(_Strict):
+    layer: int | None = Field(None, description="None = chosen from the probe results")
+    site: str = "resid_post"
+    arch: Literal["topk", "batchtopk", "relu"] = "topk"
+    k: int = 32
+    expansion: int = 8
+    images: int = 4000
+    epochs: int = 4
+    lr: float | None = Field(None, description="None = vitpos.sae.train.default_lr")
+
+
+class ApePermuteStage(_Strict):
+    images: int = 2000
+    seeds: int = 3
+
+
+class RopeAxisStage(_Strict):
+    images: int = 1000
+    restore: list[int] | None = None
+
+
+class RopeHeadsStage(_Strict):
+    axis: Literal["row", "col", "both"] = "both"
+    restore_from: int | None = None
+    probe_images: int = 500
+    top1_images: int = 2000
+    attn_images: int = 64
+
+
+class RunConfig(_Strict):
+    models: list[str] | None = Field(None, description="None = the shipped models of each dataset")
+    data: list[str] = Field(default_factory=lambda: ["shapes"])
+    seed: int = 0
+    eval_images: int | None = None
+    pretrained: bool = False
+    checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
+    probe: ProbeStage = ProbeStage()
+    sae: SAEStage = SAEStage()
+    ape_permute: ApePermuteStage = ApePermuteStage()
+    rope_axis: RopeAxisStage = RopeAxisStage()
+    rope_heads: RopeHeadsStage = RopeHeadsStage()
+
+
+QUICK = {
+    "eval_images": 500,
+    "probe": {"images": 200},
+    "sae": {"images": 400, "epochs": 2, "expansion": 4},
+    "ape_permute": {"images": 300, "seeds": 1},
+    "rope_axis": {"images": 200},
+    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool) -> RunConfig:
+    """Config file (YAML or TOML) < --quick sizes < command-line options; unknown keys are errors."""
+    doc: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise VitposError(f"config file {path} does not exist")
+        text = path.read_text()
+        try:
+            if path.suffix == ".toml":
+                import tomllib
+
+                doc = tomllib.loads(text)
+            else:
+                doc = yaml.safe_load(text) or {}
+        except Exception as e:
+            raise VitposError(f"config file {path} does not parse ({str(e).splitlines()[0]})") from e
+        if not isinstance(doc, dict):
+            raise VitposError(f"config file {path} must hold a mapping of settings")
+    if quick:
+        doc = _merge(QUICK, doc)
+        if "rope_axis" not in doc or "restore" not in doc.get("rope_axis", {}):
+            doc.setdefault("rope_axis", {})["restore"] = None  # filled per model (middle layer)
+    doc = _merge(doc, {k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunConfig.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid keys)") from e
