@@ -19,6 +19,7 @@ from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 QUICK_LIMITS = dict(train=256, val=128, test=128)
+DEFAULT_EPOCHS, QUICK_EPOCHS = 3, 2
 
 
 def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str, quick: bool) -> dict:
@@ -67,7 +68,7 @@ def train(
     pe: str,
     out: str | Path,
     data: str = "shapes",
-    epochs: int = 3,
+    epochs: int | None = None,
     seed: int = 0,
     batch_size: int = 128,
     lr: float = 1e-3,
@@ -78,11 +79,16 @@ def train(
     progress: bool = True,
     model_overrides: dict | None = None,
 ) -> dict:
-    """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops."""
+    """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops.
+
+    epochs: default 3, or 2 with `quick` (tiny model and data); an explicit value is honoured either way.
+    """
     out = Path(out)
     limits = QUICK_LIMITS if quick else {}
-    if quick:
-        epochs = min(epochs, 2)
+    if epochs is None:
+        epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS
+    if epochs < 1:
+        raise VitposError(f"epochs must be at least 1 (got {epochs})")
     train_set = load_split(data, "train", seed=0, limit=limits.get("train"))
     val_set = load_split(data, "val", seed=0, limit=limits.get("val"))
     info = train_set.info
