@@ -25,10 +25,10 @@ import time
 
 import torch
 
+from vitpos.analysis.lbfgs import standardise_stats
 from vitpos.analysis.probes import (
     DEFAULT_L2_GRID,
     DEFAULT_MAX_TRAIN_TOKENS,
-    _standardise_stats,
     fit_position_probes,
     position_labels,
     sample_train_tokens,
@@ -78,8 +78,8 @@ def sklearn_pipeline(features, grid, seed, l2_grid, max_train_tokens, max_iter, 
     in_fit = torch.isin(img, split.fit)
     x_train = features[img, patch].float()
     x_fit = x_train[in_fit]
-    m_fit, s_fit = _standardise_stats(x_fit)
-    m_tr, s_tr = _standardise_stats(x_train)
+    m_fit, s_fit = standardise_stats(x_fit)
+    m_tr, s_tr = standardise_stats(x_train)
     xs_fit = ((x_fit - m_fit) / s_fit).numpy()
     xs_train = ((x_train - m_tr) / s_tr).numpy()
     x_val = features[split.val].reshape(-1, features.shape[-1]).float()

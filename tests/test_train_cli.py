@@ -266,6 +266,7 @@ def cli_runs(trained, tmp_path_factory):
         "negative_lr": ["train", "--pe", "ape", "--out", str(tmp / "lr"), "--lr", "-1", *quick],
         "out_is_a_file": ["train", "--pe", "ape", "--out", str(tmp / "a_file"), *quick],
         "limit_0": ["eval", "--model", str(src), "--limit", "0", "--no-progress"],
+        "quick_epochs_3": ["train", "--pe", "ape", "--out", str(tmp / "e3"), "--epochs", "3", *quick],
     }
     (tmp / "a_file").write_text("not a folder")
     if FASHION_DIR.is_dir():
@@ -311,3 +312,11 @@ def test_cli_rerun_of_finished_train_is_noop(cli_runs, trained):
     assert code == 0, stderr
     assert f"test top-1 {metrics['test_top1']:.4f}" in stdout
     assert read_json(src / "metrics.json") == metrics
+
+
+def test_cli_quick_honours_explicit_epochs(cli_runs, trained):
+    code, stdout, stderr = cli_runs["quick_epochs_3"]
+    assert code == 0, stderr
+    # --quick sets the default (2 epochs); it no longer silently caps an explicit --epochs at 2
+    assert "(3 epochs," in " ".join(stdout.split())  # (the console wraps lines at 40 columns here)
+    assert read_json(trained[0] / "metrics.json")["epochs"] == 2  # plain --quick / quick=True: 2 epochs

@@ -42,7 +42,7 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: int = typer.Option(3, "--epochs"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="default 3, or 2 with --quick"),
     seed: int = typer.Option(0, "--seed"),
     batch_size: int = typer.Option(128, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),
@@ -56,7 +56,7 @@ def train(
 
     if pe not in PE_CHOICES:
         raise VitposError(f"unknown --pe {pe!r}; use one of {', '.join(PE_CHOICES)}")
-    if epochs < 1:
+    if epochs is not None and epochs < 1:
         raise VitposError("--epochs must be at least 1")
     if batch_size < 1:
         raise VitposError(f"--batch-size must be at least 1 (got {batch_size})")

@@ -64,3 +64,26 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise VitposError(f"{path} is not a readable safetensors file ({e}); re-create it") from e
+
+
+_FAULT_HITS: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """Test hook: die right here, like `kill -9`, when the environment variable VITPOS_FAULT names this point.
+
+    VITPOS_FAULT=NAME ends the process with os._exit(137) (no cleanup, no atexit handlers, no
+    buffer flushes: what SIGKILL would leave) the first time it reaches fault_point(NAME);
+    VITPOS_FAULT=NAME@N the N-th time. Without VITPOS_FAULT (always, outside tests) it does
+    nothing. tests/test_train_atomic.py uses it to kill `vitpos train` between the writes of a
+    checkpoint and check that the rerun still ends with the uninterrupted run's model.
+    """
+    spec = os.environ.get("VITPOS_FAULT")
+    if not spec:
+        return
+    target, _, nth = spec.partition("@")
+    if target != name:
+        return
+    _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
+    if _FAULT_HITS[name] == int(nth or 1):
+        os._exit(137)

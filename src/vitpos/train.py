@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,13 +15,15 @@ import torch.nn.functional as F
 
 from vitpos.data import load_split
 from vitpos.errors import VitposError
-from vitpos.io import read_json, read_safetensors, write_json, write_safetensors
+from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
 from vitpos.models.checkpoint import save_own_model
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 QUICK_LIMITS = dict(train=256, val=128, test=128)
+DEFAULT_EPOCHS, QUICK_EPOCHS = 3, 2
+CHECKPOINT = "checkpoint"  # OUT/checkpoint/: model.safetensors, optim.safetensors, state.json
 
 
 def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str, quick: bool) -> dict:
@@ -63,11 +68,56 @@ def _load_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
+def _save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    """Commit one training checkpoint as a unit: OUT/checkpoint/ only ever holds a complete one.
+
+    The three files (weights, optimizer, state.json) are written into a fresh
+    OUT/checkpoint.tmp-*/ and swapped in by renames: checkpoint/ -> checkpoint.old/, then the
+    temp folder -> checkpoint/, and the old one is deleted last. A kill at any point leaves the
+    previous checkpoint or the new one, never new weights beside an old state.json (which made
+    the rerun train that epoch again on top of the new weights). Why folders and renames rather
+    than a state.json naming the sha256 of the files it commits: overwriting the files in place
+    would still destroy the old checkpoint before the new one is complete (a mismatch could only
+    be detected, and the run restarted from scratch), and a resume never has to verify anything.
+    POSIX cannot rename a folder onto a non-empty one, hence two renames; a kill between them
+    leaves only checkpoint.old/, which `_recover_checkpoint` puts back (that epoch is trained
+    again). This guards against a process kill; power loss would also take fsyncs.
+    """
+    ckpt, old = out / CHECKPOINT, out / f"{CHECKPOINT}.old"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{CHECKPOINT}.tmp-", dir=out))
+    write_safetensors(tmp / "model.safetensors", model.state_dict())
+    fault_point("ckpt-model")
+    _save_optimizer(tmp / "optim.safetensors", opt)
+    fault_point("ckpt-optim")
+    write_json(tmp / "state.json", state)
+    fault_point("ckpt-state")
+    if ckpt.exists():
+        os.replace(ckpt, old)
+    fault_point("ckpt-aside")
+    os.replace(tmp, ckpt)
+    fault_point("ckpt-commit")
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover_checkpoint(out: Path) -> None:
+    """Tidy what a kill inside `_save_checkpoint` left: uncommitted temp folders go, and a
+    checkpoint moved aside whose successor never arrived is put back."""
+    ckpt, old = out / CHECKPOINT, out / f"{CHECKPOINT}.old"
+    for tmp in out.glob(f"{CHECKPOINT}.tmp-*"):
+        shutil.rmtree(tmp)
+    if old.exists():
+        if ckpt.exists():
+            shutil.rmtree(old)  # the swap finished; only the deletion was cut short
+        else:
+            os.replace(old, ckpt)
+
+
 def train(
     pe: str,
     out: str | Path,
     data: str = "shapes",
-    epochs: int = 3,
+    epochs: int | None = None,
     seed: int = 0,
     batch_size: int = 128,
     lr: float = 1e-3,
@@ -78,11 +128,16 @@ def train(
     progress: bool = True,
     model_overrides: dict | None = None,
 ) -> dict:
-    """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops."""
+    """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops.
+
+    epochs: default 3, or 2 with `quick` (tiny model and data); an explicit value is honoured either way.
+    """
     out = Path(out)
     limits = QUICK_LIMITS if quick else {}
-    if quick:
-        epochs = min(epochs, 2)
+    if epochs is None:
+        epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS
+    if epochs < 1:
+        raise VitposError(f"epochs must be at least 1 (got {epochs})")
     train_set = load_split(data, "train", seed=0, limit=limits.get("train"))
     val_set = load_split(data, "val", seed=0, limit=limits.get("val"))
     info = train_set.info
@@ -96,10 +151,12 @@ def train(
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
 
-    ckpt_dir = out / "checkpoint"
+    ckpt_dir = out / CHECKPOINT
+    if out.is_dir():
+        _recover_checkpoint(out)
     if force:
-        for p in [out / "metrics.json", ckpt_dir / "state.json"]:
-            p.unlink(missing_ok=True)
+        (out / "metrics.json").unlink(missing_ok=True)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     if (out / "metrics.json").exists() and (out / "config.json").exists():
         if read_json(out / "config.json") == run_doc:
             return read_json(out / "metrics.json")
@@ -150,9 +207,7 @@ def train(
             val = accuracy(model, val_set)
             seconds += time.time() - t0
             history.append({"epoch": epoch + 1, "train_loss": loss_sum / n_seen, "val_top1": val})
-            write_safetensors(ckpt_dir / "model.safetensors", model.state_dict())
-            _save_optimizer(ckpt_dir / "optim.safetensors", opt)
-            write_json(state_path, {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
+            _save_checkpoint(out, model, opt, {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
     test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
     metrics = {
@@ -161,5 +216,6 @@ def train(
         "history": history,
     }
     save_own_model(out, model, cfg, extra={"train": hp})
-    write_json(out / "metrics.json", metrics)
+    fault_point("final-model")
+    write_json(out / "metrics.json", metrics)  # written last: its presence marks a finished run
     return metrics
