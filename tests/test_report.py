@@ -20,7 +20,7 @@ from vitpos.plots import sweeps as plots
 from vitpos.report.html import render_report
 from vitpos.report.sections import PNG_MAGIC
 from vitpos.study.config import RunConfig
-from vitpos.study.results import StudyResults, figure_key, model_slug
+from vitpos.study.results import HEADLINE_FIGURE, StudyResults, figure_key, model_slug
 from vitpos.study.run import draw_figures
 
 XSS = "<script>alert(1)</script>"
@@ -226,7 +226,8 @@ def test_rope_heads_rejects_misshaped_grid(tmp_path):
 def test_draw_figures_names_and_skips(rendered):
     results, figs, _, out = rendered
     expected = {figure_key(APE, "probe"), figure_key(APE, "ape_permute"), figure_key(ROPE, "probe"),
-                figure_key(ROPE, "rope_axis"), figure_key(ROPE, "rope_recovery"), figure_key(ROPE, "rope_heads")}
+                figure_key(ROPE, "rope_axis"), figure_key(ROPE, "rope_recovery"), figure_key(ROPE, "rope_heads"),
+                HEADLINE_FIGURE}
     assert set(figs) == expected  # the XSS model has no results that draw: nothing drawn
     for key, path in figs.items():
         assert results["figures"][key] == f"figures/{key}.png" and path == out / "figures" / f"{key}.png"
@@ -241,7 +242,7 @@ def test_report_is_well_formed_and_self_contained(rendered):
     c = check_html(page)
     assert page.startswith("<!DOCTYPE html>")
     assert c.counts["table"] >= 8 and c.counts["section"] >= 3 * 7
-    assert page.index('<table id="headline">') < page.index("<img")
+    assert page.index('alt="APE vs RoPE at a glance') < page.index('<table id="headline">') < page.index("<img", page.index('<table id="headline">'))
     assert len(c.imgs) == len(figs)
     for img in c.imgs:
         assert img["src"].startswith("data:image/png;base64,")
@@ -322,14 +323,14 @@ def test_malformed_results_are_refused_in_one_line(tmp_path):
 
 
 def test_figure_missing_on_disk_is_said_in_place(rendered, tmp_path):
-    results, _, _, out = rendered
-    results = copy.deepcopy(results)
+    original, _, _, out = rendered
+    results = copy.deepcopy(original)
     key = next(iter(results["figures"]))
     results["figures"][key] = "figures/gone.png"
     page = render_report(results, out).read_text()
     assert page.count('src="data:image/png;base64,') == len(results["figures"]) - 1
     assert "figure missing: gone.png" in page
-    render_report(make_results() | {"figures": results["figures"]}, out)  # restore the shared page
+    render_report(original, out)  # restore the shared page
 
 
 def test_relative_out_from_another_directory_inlines_every_figure(tmp_path):
@@ -346,7 +347,7 @@ def test_relative_out_from_another_directory_inlines_every_figure(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = (cwd / "rel" / "report.html").read_text()
     assert "figure missing" not in page
-    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 6
+    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 7
 
 
 def test_checker_catches_unbalanced_tags():
@@ -379,3 +380,32 @@ def test_every_json_string_is_escaped(tmp_path):
     check_html(page)
     assert "<script" not in page.lower()
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 20
+
+
+@pytest.mark.slow
+def test_report_in_headless_chromium(rendered, tmp_path):
+    """The page as a reader's browser shows it: every figure decoded, no console errors, a real screenshot."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
+    _, figs, _, out = rendered
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"]
+    url = (out / "report.html").resolve().as_uri()
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console[:5]
+    assert shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 100_000
+    # the DOM after load: every <img> decoded to its real size, nothing reads "figure missing"
+    probe = ("<script>window.onload=()=>{document.title=[...document.images].filter(i=>i.naturalWidth>100)"
+             ".length+'/'+document.images.length}</script>")
+    page = (out / "report.html").read_text().replace("</body>", probe + "</body>")
+    (tmp_path / "probe.html").write_text(page)
+    dom = subprocess.run([*flags, "--dump-dom", (tmp_path / "probe.html").as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert f"<title>{len(figs)}/{len(figs)}</title>" in dom
+    assert "figure missing" not in dom

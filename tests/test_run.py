@@ -64,7 +64,7 @@ def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
     parser = _Tags()
     parser.feed(page)
     assert not parser.errors and not parser.stack
-    assert '<table id="headline">' in page and page.index('<table id="headline">') < page.index("<img")
+    assert '<table id="headline">' in page and page.index('alt="APE vs RoPE at a glance') < page.index('<table id="headline">') < page.index("<img", page.index('<table id="headline">'))
 
 
 def test_rerun_skips_and_killed_stage_resumes(tiny_models, tmp_path, monkeypatch):

@@ -62,13 +62,13 @@ def _need(doc: Any, keys: Sequence[str], what: str) -> dict:
     return doc
 
 
-def _new_figure(w: float, h: float) -> Figure:
+def new_figure(w: float, h: float) -> Figure:
     fig = Figure(figsize=(w, h), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
@@ -106,7 +106,7 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
             if g not in groups:
                 groups.append(g)
     two = bool(groups)
-    fig = _new_figure(11.0 if two else 6.6, 4.4)
+    fig = new_figure(11.0 if two else 6.6, 4.4)
     axes = fig.subplots(1, 2 if two else 1, squeeze=False)[0]
     ax = axes[0]
     x = list(range(len(names)))
@@ -144,7 +144,7 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
         ax2.grid(axis="y", alpha=0.3)
     if model:
         fig.suptitle(model, fontsize=9, color="0.3")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- rope_axis
@@ -166,7 +166,7 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
     rs = restore_points(doc)
     if restore_from is None and rs:
         restore_from = rs[len(rs) // 2]
-    fig = _new_figure(11.5, 6.0)
+    fig = new_figure(11.5, 6.0)
     axes = fig.subplots(1, 2, sharey=True)
     for ax, axis in zip(axes, ("row", "col")):
         shown = ["baseline", "no_row", "no_col", "no_both"]
@@ -207,7 +207,7 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
     axes[0].set_ylabel("probe test accuracy")
     sub = f", restored from R={restore_from}" if restore_from is not None else ""
     fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"), fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_recovery(doc: dict, path: str | Path) -> Path:
@@ -216,7 +216,7 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
     rec = doc["recovery"] or {}
     if not isinstance(rec, dict):
         raise VitposError(f"rope_axis['recovery'] must map axis -> R -> curve, got {type(rec).__name__}")
-    fig = _new_figure(10.5, 4.2)
+    fig = new_figure(10.5, 4.2)
     axes = fig.subplots(1, 2, sharey=True)
     for ax, axis in zip(axes, ("row", "col")):
         per_r = rec.get(axis) or {}
@@ -241,7 +241,7 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
             ax.text(0.5, 0.5, f"no {axis} recovery data", ha="center", va="center", transform=ax.transAxes)
     axes[0].set_ylabel("Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off)")
     fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: recovery of removed position information"), fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- rope_heads
@@ -274,7 +274,7 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
                        dict(cmap="viridis")))
     panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
                    dict(cmap="cividis")))
-    fig = _new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
+    fig = new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     marks = []
     for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"], "primary rebuilding head"),
@@ -301,4 +301,4 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
     fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: per-head RoPE roles (axis {doc.get('axis', '?')}"
                                f"{'' if rf is None else f', restore from {rf}'}; "
                                f"baseline top-1 {_pct(doc.get('baseline_top1'))})"), fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -20,7 +20,7 @@ from vitpos.io import atomic_path
 from vitpos.report.format import describe, doc_of, e, families, fmt_value, num, reason, table
 from vitpos.report.sections import RENDER_ERRORS, img, model_section, models_table, summary_line
 from vitpos.study.claims import CLAIM_TEXT, claim_scheme
-from vitpos.study.results import StudyResults
+from vitpos.study.results import HEADLINE_FIGURE, StudyResults
 
 # claim id -> the first experiment (registry order) that informs it: its one-line summary fills
 # the other scheme's cell of the headline table
@@ -233,9 +233,13 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
             "with linear row/column probes, sparse-autoencoder positional features and their permutation (APE), "
             "and removal and restoring of row/column rotations per layer and head (RoPE). Data: "
             f"{', '.join(datas) or 'n/a'}. Accuracies are percentages; drops are in top-1 points.")
-    used: set[str] = set()
+    used: set[str] = {HEADLINE_FIGURE}
+    headline_fig = (img(figs[HEADLINE_FIGURE], "APE vs RoPE at a glance: (a) probes per layer, (b) permutation drops "
+                        "beside their controls, (c) recovery after restoring rotations, (d) per-head drops")
+                    if HEADLINE_FIGURE in figs else "")
     body = [f"<header><h1>vitpos report: where ViTs keep position (APE vs RoPE)</h1><p>{e(desc)}</p>{quick}</header>",
-            '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', _headline(doc, models), "</section>",
+            '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', headline_fig, _headline(doc, models),
+            "</section>",
             '<section id="models"><h2>Models</h2>', models_table(models), "</section>"]
     for spec, entry in results.models.items():
         body.append(model_section(spec, entry, figs, used))

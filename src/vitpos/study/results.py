@@ -21,6 +21,7 @@ from vitpos.study.config import RunConfig
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1
+HEADLINE_FIGURE = "headline"  # the study-level figure: APE vs RoPE per claim, above the claims table
 
 
 def model_slug(spec: str) -> str:

@@ -28,7 +28,8 @@ from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
-from vitpos.study.results import ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
+from vitpos.study.results import (HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key,
+                                  model_slug)
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -131,7 +132,15 @@ class _ModelStages:
 
 def draw_figures(results: StudyResults, out: Path, log: Callable[[str], None] = print) -> dict[str, str]:
     """Every figure the experiments declare, drawn once into OUT/figures/; key -> path relative to OUT."""
+    from vitpos import plots
+
     rel: dict[str, str] = {}
+    try:
+        path = Path("figures") / f"{HEADLINE_FIGURE}.png"
+        plots.plot_headline({spec: e.to_json() for spec, e in results.models.items()}, out / path)
+        rel[HEADLINE_FIGURE] = path.as_posix()
+    except VitposError as err:
+        log(f"warning: headline figure skipped: {err}")
     for spec, entry in results.models.items():
         for name, result in entry.results.items():
             if not isinstance(result, Result):

@@ -1,0 +1,139 @@
+"""The report's headline figure: APE and RoPE side by side, one panel per kind of evidence.
+
+(a) probes: row and column decodability per layer (depth-normalised) for every model;
+(b) C1/C2: the top-1 drop of each permuted feature set beside its controls (APE models);
+(c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
+(d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
+A panel without data says so in place, so the figure's layout never depends on what ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from matplotlib.ticker import MaxNLocator
+
+from vitpos.plots.sweeps import CYCLE, OKABE_ITO, mathtext_safe, new_figure, save_figure
+
+_APE_BARS = (("all", "row+col"), ("random_features", "random\n(matched)"), ("all_positional", "all\npositional"),
+             ("mean_ablate", "mean-\nablate"), ("pos_embed_shuffle", "APE table\nshuffled"))
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666", fontsize=9, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _probes(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+    drawn = 0
+    for i, (spec, m) in enumerate(models.items()):
+        p = m.get("probe")
+        if not isinstance(p, dict) or "layers" not in p:
+            continue
+        L = max(len(p["layers"]) - 1, 1)
+        x = [layer / L for layer in p["layers"]]
+        color = CYCLE[i % len(CYCLE)]
+        ax.plot(x, p["row_acc"], "-", color=color, lw=1.6, label=f"{mathtext_safe(spec)} row")
+        ax.plot(x, p["col_acc"], "--", color=color, lw=1.6, label=f"{mathtext_safe(spec)} col")
+        drawn += 1
+    if not drawn:
+        _empty(ax, "no probe results")
+        return
+    ax.set_xlabel("layer / depth")
+    ax.set_ylabel("probe accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=6, ncol=2, frameon=False)
+
+
+def _ape(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+    docs = [(spec, m["ape_permute"]) for spec, m in models.items() if isinstance(m.get("ape_permute"), dict)]
+    if not docs:
+        _empty(ax, "no APE model: permutation not applicable")
+        return
+    width = 0.8 / len(docs)
+    for j, (spec, doc) in enumerate(docs):
+        xs, ys, errs = [], [], []
+        for i, (v, _) in enumerate(_APE_BARS):
+            entry = doc.get(v)
+            if isinstance(entry, dict) and "drop_points" in entry:
+                xs.append(i + (j - (len(docs) - 1) / 2) * width)
+                ys.append(entry["drop_points"])
+                errs.append(entry.get("drop_std") or 0.0)
+        ax.bar(xs, ys, width, yerr=errs, color=CYCLE[j % len(CYCLE)], label=mathtext_safe(spec), capsize=2)
+    ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=7)
+    ax.axhspan(24, 31, color=OKABE_ITO["yellow"], alpha=0.25, lw=0, label="study: 24-31 pts")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_ylabel("top-1 drop (points)")
+    ax.legend(fontsize=6, frameon=False)
+
+
+def _recovery(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+    drawn = 0
+    for i, (spec, m) in enumerate(models.items()):
+        doc = m.get("rope_axis")
+        if not isinstance(doc, dict):
+            continue
+        for axis, style in (("row", "-"), ("col", "--")):
+            per_r = (doc.get("recovery") or {}).get(axis) or {}
+            if not per_r:
+                continue
+            R = sorted(per_r, key=int)[len(per_r) // 2]
+            rec = per_r[R]
+            pts = [(layer, r) for layer, r in zip(rec["layers"], rec["rec"], strict=False) if r is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, color=CYCLE[i % len(CYCLE)],
+                        label=f"{mathtext_safe(spec)} {axis} (R={R})")
+                drawn += 1
+    if not drawn:
+        _empty(ax, "no RoPE model: axis removal not applicable")
+        return
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.axhline(1, color="black", lw=0.6, ls=":")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("recovery Rec(l)")
+    ax.legend(fontsize=6, frameon=False)
+
+
+def _heads(fig, ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+    doc, spec = None, None
+    for s, m in models.items():
+        d = m.get("rope_heads")
+        if isinstance(d, dict) and d.get("drop_points"):
+            doc, spec = d, s
+            if "mixed" in s:
+                break  # prefer a mixed-frequency model: its heads are the study's C5 subject
+    if doc is None:
+        _empty(ax, "no RoPE model: head ablation not applicable")
+        return
+    im = ax.imshow(doc["drop_points"], cmap="viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, label="top-1 drop (points)")
+    prim = doc.get("primary_rebuilding_head")
+    if prim:
+        ax.scatter([prim[1]], [doc["layers"].index(prim[0])], s=160, facecolors="none",
+                   edgecolors=OKABE_ITO["vermillion"], linewidths=2, label="primary rebuilding head")
+        ax.legend(fontsize=6, frameon=False, loc="lower right")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_yticks(range(len(doc["layers"])), [str(layer) for layer in doc["layers"]])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(spec)}", fontsize=9)
+
+
+def plot_headline(models: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
+    """`models`: spec -> that model's entry as results.json holds it (experiment name -> result)."""
+    fig = new_figure(13, 8.5)
+    axes = fig.subplots(2, 2)
+    _probes(axes[0][0], models)
+    axes[0][0].set_title("(a) probes: row (solid) / col (dashed) decodability", fontsize=9)
+    _ape(axes[0][1], models)
+    axes[0][1].set_title("(b) C2 APE: permuting features vs controls", fontsize=9)
+    _recovery(axes[1][0], models)
+    axes[1][0].set_title("(c) C3/C4 RoPE: recovery after restoring rotations", fontsize=9)
+    _heads(fig, axes[1][1], models)
+    if not axes[1][1].get_title():
+        axes[1][1].set_title("(d) C5 RoPE: per-head top-1 drop", fontsize=9)
+    return save_figure(fig, path)
