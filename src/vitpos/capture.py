@@ -92,17 +92,18 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
                      distributed: bool | None = None, _first_id: int = 0, _meta: dict | None = None) -> dict:
     """Stream the chosen sites of every image of a split into an activation store (resumable).
 
-    ``device`` (auto|cpu|cuda; None = the runtime's ``--device`` if set, else where the model is)
+    ``device`` (auto|cpu|cuda; None = where the model is)
     moves the model there for the capture (and back after); ``amp`` (none|bf16|fp16) autocasts the forward. On CUDA a batch that
     runs out of memory is retried in halves (and later batches keep the smaller size). Under a
     torchrun job with several ranks (``distributed`` None = detect) the split is cut into one
     contiguous block per rank, each rank writes its own store under ``out/rank-NNNNN/`` and rank 0
     merges their manifests into ``out/manifest.json`` (docs/distributed.md).
     """
-    from vitpos import distributed as vdist
+    from vitpos.runtime import device as rdevice
+    from vitpos.runtime import dist as rdist
     from vitpos.store import ActivationWriter
 
-    if distributed or (distributed is None and vdist.current().enabled):
+    if distributed or (distributed is None and rdist.current().enabled):
         from vitpos.capture_dist import capture_sharded
 
         return capture_sharded(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
@@ -116,11 +117,8 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
         if s.name not in _STORABLE:
             raise VitposError(f"site {s} cannot be stored (attention patterns and tables are not token activations)")
     home = next(surface.model.parameters()).device
-    rt_device = vdist.runtime().device
-    # default: wherever the model already is (or the runtime's --device)
-    dev = vdist.resolve_device(device) if device is not None else (vdist.resolve_device(rt_device) if rt_device else home)
-    amp = amp if amp is not None else vdist.runtime().amp
-    vdist.autocast_dtype(amp, dev)
+    dev = rdevice.resolve_device(device) if device is not None else home  # default: wherever the model already is
+    rdevice.autocast_dtype(amp, dev)
     if dev != home:
         surface.model.to(dev)  # moved back below: callers keep the surface where it was
         try:
@@ -156,11 +154,11 @@ def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[
                       dev: torch.device, amp: str | None) -> None:
     """Forward ``x`` in pieces of ``chunk[0]`` images under autocast; on out-of-memory drop what was
     captured for this batch, halve the piece size (kept for later batches) and redo the batch."""
-    from vitpos import distributed as vdist
+    from vitpos.runtime import device as rdevice
 
     def step(bs: int) -> None:
         try:
-            with vdist.autocast(dev, amp):
+            with rdevice.autocast(dev, amp):
                 for i in range(0, x.shape[0], bs):
                     surface(x[i : i + bs])
         except BaseException:
@@ -171,7 +169,7 @@ def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[
                     pass
             raise
 
-    _, chunk[0] = vdist.retry_on_oom(step, chunk[0])
+    _, chunk[0] = rdevice.retry_on_oom(step, chunk[0])
 
 
 def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_images: int) -> dict:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vitpos import distributed as vdist
+from vitpos.runtime import dist as vdist
 from vitpos.errors import VitposError
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface

@@ -769,7 +769,7 @@ def _head_accuracies(
     return (correct / (images.numel() * num_patches)).tolist()
 
 
-from vitpos.distributed import full_precision, resolve_device  # noqa: E402 - device/amp plumbing (docs/distributed.md)
+from vitpos.runtime.device import full_precision, resolve_device  # noqa: E402 - device/amp plumbing (docs/distributed.md)
 
 
 @full_precision  # the fit stays float32 under an outer --amp autocast (model forwards)
