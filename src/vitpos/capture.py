@@ -1,82 +1,18 @@
-"""Running a dataset through a surface while capturing (and optionally editing) sites.
+"""Streaming a dataset's captured sites into the on-disk activation store (`capture_to_store`).
 
-Small builtin studies keep patch activations in memory (`capture_layers`); large ones stream to
-the on-disk activation store (`capture_to_store`). Prefix tokens are dropped: probes and SAEs
-only ever see patch tokens.
+In-memory capture for small studies is ``vitpos.analysis.forward.capture_layers``. Prefix tokens
+are dropped: probes and SAEs only ever see patch tokens.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterable
-
 import torch
 
-from vitpos.data import load_split
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.hooks import capture
-from vitpos.models import load_model
-from vitpos.models.surface import ModelSurface, Site, expand_sites
+from vitpos.models.surface import ModelSurface, expand_sites
 from vitpos.progress import progress_bar
-
-
-def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None = None, seed: int = 0):
-    """A split of `data` shaped for `surface`; imagefolder data gets the timm model's own preprocessing.
-
-    `data` may also be a dataset object already (anything with .batches, .info, .subset): used as is."""
-    if not isinstance(data, str):
-        return data.subset(limit)
-    if data.startswith("imagefolder:"):
-        from timm.data import create_transform, resolve_data_config
-
-        cfg = resolve_data_config({}, model=surface.model)
-        cfg["input_size"] = surface.input_size
-        return load_split(data, split, seed=seed, limit=limit, transform=create_transform(**cfg))
-    ds = load_split(data, split, seed=seed, limit=limit)
-    shape = (ds.info.in_chans, *ds.info.image_size)
-    if shape != tuple(surface.input_size):
-        raise VitposError(
-            f"{data} images are {shape} but {surface.spec} takes {tuple(surface.input_size)}; use matching data "
-            "(fashion for builtin:fashion-*) or pass img_size/in_chans in the timm spec"
-        )
-    return ds
-
-
-def forward_batches(surface: ModelSurface, dataset, batch_size: int = 256, progress: bool = False,
-                    desc: str = "forward") -> Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Yield (images, labels, logits) batch by batch under whatever hooks are active."""
-    total = (len(dataset) + batch_size - 1) // batch_size
-    with progress_bar(enabled=progress) as bar:
-        task = bar.add_task(desc, total=total)
-        dev = next(surface.model.parameters()).device  # images follow the model (e.g. onto a GPU)
-        for x, y in dataset.batches(batch_size):
-            yield x, y, surface(x.to(dev, non_blocking=True))
-            bar.update(task, advance=1)
-
-
-def capture_layers(surface: ModelSurface, dataset, sites: list[Site] | str, *, batch_size: int = 256,
-                   context: Callable[[], ContextManager] | None = None, progress: bool = False,
-                   desc: str = "capture") -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Patch activations (n_images, N, D) per site, plus labels and logits, under an optional hook context."""
-    site_list = expand_sites(sites, surface.depth) if isinstance(sites, str) else sites
-    npt = surface.num_prefix_tokens
-    labels, logits = [], []
-    with (context() if context else nullcontext()), capture(surface, site_list, tokens=slice(npt, None)) as cache:
-        for _, y, out in forward_batches(surface, dataset, batch_size, progress, desc):
-            labels.append(y)
-            logits.append(out)
-        acts = {str(s): cache[str(s)] for s in site_list}
-    return acts, torch.cat(labels), torch.cat(logits)
-
-
-def capture_patch_tokens(spec: str, site: str, layer: int, data: str = "shapes", split: str = "test",
-                         n_images: int = 500, batch_size: int = 256) -> torch.Tensor:
-    """(n_images, num_patches, D) activations of one site/layer — the benchmark-friendly entry point."""
-    surface = load_model(spec)
-    ds = dataset_for(surface, data, split, limit=n_images)
-    acts, _, _ = capture_layers(surface, ds, [Site(layer, site)], batch_size=batch_size)
-    return acts[str(Site(layer, site))]
-
 
 _STORABLE = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot")
 
@@ -177,8 +113,3 @@ def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_ima
     with the weights digest so a store is never mistaken for one of retrained weights."""
     return {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split,
             "limit": limit, "n_images": n_images}
-
-
-def data_name(data) -> str:
-    """A dataset's name for JSON documents (`data` may be a name or a dataset object)."""
-    return data if isinstance(data, str) else f"{data.info.name}:{getattr(data, 'split', '?')}"

@@ -82,8 +82,8 @@ def eval_cmd(
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
-    from vitpos.capture import dataset_for
-    from vitpos.evaluate import evaluate
+    from vitpos.analysis.forward import evaluate
+    from vitpos.data.resolve import dataset_for
     from vitpos.io import write_json
 
     if limit is not None and limit < 1:

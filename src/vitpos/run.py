@@ -188,8 +188,8 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False, progress: bool = True,
               reproduce: str | None = None, log=print) -> dict:
-    from vitpos.capture import dataset_for
-    from vitpos.evaluate import evaluate
+    from vitpos.analysis.forward import evaluate
+    from vitpos.data.resolve import dataset_for
     from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.experiments.probe import run_probe
     from vitpos.experiments.rope_axis import run_rope_axis

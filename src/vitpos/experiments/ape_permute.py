@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from vitpos.capture import data_name, dataset_for
+from vitpos.analysis.forward import accuracy_report, predict
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.evaluate import accuracy_report, predict
 from vitpos.experiments.sae_run import sae_edit
 from vitpos.hooks import edit
 from vitpos.io import write_json
@@ -72,7 +72,7 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
-    from vitpos.capture import capture_layers
+    from vitpos.analysis.forward import capture_layers
 
     acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
+from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import fit_position_probes, probe_layers
-from vitpos.capture import capture_layers, dataset_for
+from vitpos.data.resolve import dataset_for
 from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 

@@ -16,10 +16,10 @@ from typing import Callable, ContextManager
 
 import torch
 
+from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.probes import fit_position_probes
-from vitpos.capture import capture_layers, data_name, dataset_for
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.evaluate import accuracy_report
 from vitpos.hooks import remove_rope
 from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface, Site

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from vitpos.capture import data_name, dataset_for
-from vitpos.evaluate import predict
+from vitpos.analysis.forward import predict
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.rope_axis import condition_context, probe_condition, recovery, require_rope
 from vitpos.hooks import capture, remove_rope
 from vitpos.io import write_json

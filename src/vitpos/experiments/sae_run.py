@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
-from vitpos.capture import capture_layers, data_name, dataset_for, forward_batches
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.rope_axis import SWEEP_TRAIN_TOKENS
 from vitpos.hooks import edit
