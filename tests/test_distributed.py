@@ -233,8 +233,8 @@ def _surface():
 
 
 def _capture_worker(rank, world, port, out, die_after_shards, force):
-    from vitpos.capture import capture_to_store
-    from vitpos.store import ActivationWriter
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.writer import ActivationWriter
 
     _join(rank, world, port)
     if die_after_shards and rank == world - 1:
@@ -251,7 +251,7 @@ def _capture_worker(rank, world, port, out, die_after_shards, force):
 
 
 def _assert_same_store(a_dir, b_dir):
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     a, b = ActivationStore(a_dir), ActivationStore(b_dir)
     assert a.meta == b.meta and a.num_images == b.num_images and a.sites == b.sites and a.d == b.d
@@ -267,7 +267,7 @@ def _assert_same_store(a_dir, b_dir):
 
 @pytest.fixture(scope="module")
 def single_store(tmp_path_factory):
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
 
     out = tmp_path_factory.mktemp("single")
     capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, out, **CAPTURE_ARGS)
@@ -275,7 +275,7 @@ def single_store(tmp_path_factory):
 
 
 def test_distributed_capture_equals_single_process(tmp_path, single_store):
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     _spawn(_capture_worker, str(tmp_path), 0, False)
     _assert_same_store(single_store, tmp_path)
@@ -297,8 +297,7 @@ def test_distributed_capture_resumes_after_a_rank_dies(tmp_path, single_store):
 
 
 def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
-    from vitpos.capture import capture_to_store
-    from vitpos.capture_dist import merge_manifests
+    from vitpos.store.capture import capture_to_store, merge_manifests
 
     _spawn(_capture_worker, str(tmp_path), 0, False)
     with pytest.raises(VitposError, match="captured with 2 ranks"):
@@ -313,8 +312,8 @@ def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
 
 
 def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
-    from vitpos.capture import capture_to_store
-    from vitpos.store import ActivationStore
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.reader import ActivationStore
 
     capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "a", amp="bf16", dtype="bfloat16",
                      **CAPTURE_ARGS)
@@ -325,7 +324,7 @@ def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
 
 def test_capture_retries_a_batch_that_runs_out_of_memory(tmp_path, single_store, monkeypatch):
     """A fake CUDA OOM on batches above 5 images: the batch is redone in halves, the store is unchanged."""
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.models.surface import ModelSurface
 
     surface = _surface()
@@ -362,7 +361,7 @@ def test_torchrun_cli_capture(tmp_path, single_store):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "captured 45 images x 3 sites on 2 ranks" in r.stdout
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     assert ActivationStore(tmp_path / "acts").meta["model"] == CAPTURE_SPEC
     _assert_same_store(single_store, tmp_path / "acts")
@@ -447,7 +446,7 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
 
     from safetensors.torch import save_file
 
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
 
     surface = _surface()

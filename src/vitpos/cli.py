@@ -134,9 +134,9 @@ def capture(
 
     Under torchrun (several ranks) each rank captures its block of the split and rank 0 merges
     the manifests (docs/distributed.md)."""
-    from vitpos.capture import capture_to_store
     from vitpos.runtime.device import autocast_dtype
     from vitpos.runtime.dist import distributed
+    from vitpos.store.capture import capture_to_store
 
     if batch_size < 1 or shard_images < 1:
         raise VitposError(f"--batch-size and --shard-images must be at least 1 (got {batch_size}, {shard_images})")

@@ -59,7 +59,7 @@ def sae_edit(surface: ModelSurface, sae: SAE, fn):
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
     fix = f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} --split train`"
@@ -89,8 +89,9 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
                          force: bool, options: RunOptions | None = None):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.capture import capture_to_store
-    from vitpos.store import MANIFEST, ActivationStore
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.manifest import MANIFEST
+    from vitpos.store.reader import ActivationStore
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
