@@ -423,14 +423,14 @@ def test_sae_step_splits_a_batch_that_runs_out_of_memory(monkeypatch):
     whole-batch step (TopK with AuxK active)."""
     data, cfg = _sae_data(), SAE_CFGS["topk"]
     ref, ref_log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
-    run = SAE._run
+    step = SAE.step
 
-    def small_only(self, x, dead_mask, dense_codes):
+    def small_only(self, x, *args, **kwargs):
         if x.shape[0] > 100:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
-        return run(self, x, dead_mask, dense_codes)
+        return step(self, x, *args, **kwargs)
 
-    monkeypatch.setattr(SAE, "_run", small_only)
+    monkeypatch.setattr(SAE, "step", small_only)
     sae, log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
     assert any("out of memory at 128 tokens" in n for n in log.notes)  # 256 -> 128 -> 64 tokens per piece
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):

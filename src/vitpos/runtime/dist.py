@@ -2,7 +2,7 @@
 
 ``torch.distributed`` is launched by ``torchrun``, which sets RANK / WORLD_SIZE / LOCAL_RANK /
 MASTER_ADDR / MASTER_PORT; ``DistributedDataParallel`` does the gradient all-reduce (see
-``vitpos.sae.ddp``). No process spawning or cluster logic of our own. ``dist_env`` takes the
+``vitpos.sae.parallel``). No process spawning or cluster logic of our own. ``dist_env`` takes the
 environment explicitly so it is testable without a job.
 """
 

@@ -22,7 +22,7 @@ from vitpos.runtime import device as rdevice
 from vitpos.runtime import dist as rdist
 from vitpos.runtime.options import RunOptions
 from vitpos.sae.checkpoint import StaleCheckpointError, load_train_state, save_train_state
-from vitpos.sae.model import SAE, SAEConfig
+from vitpos.sae.model import SAE, SAEConfig, StepOutput
 
 Batches = Iterable[Tensor] | Callable[[], Iterable[Tensor]]
 
@@ -132,7 +132,7 @@ def train_sae(
     auto); ``amp`` ``none|bf16|fp16`` autocasts the forward. Under an
     initialised process group with several ranks (``distributed`` None = detect) every rank must
     get the same global batches; each trains on its slice with DDP and the steps equal
-    single-process steps on the global batches (``vitpos.sae.ddp``). With ``checkpoint_dir`` rank 0
+    single-process steps on the global batches (``vitpos.sae.parallel``). With ``checkpoint_dir`` rank 0
     saves the full training state every ``checkpoint_every`` steps and at the end, and a rerun
     resumes from it (skipping the batches already consumed). ``options`` (a CLI's
     :class:`~vitpos.runtime.options.RunOptions`) supplies what these arguments leave None, plus the
@@ -163,7 +163,7 @@ def train_sae(
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
     par = None
     if distributed or (distributed is None and rdist.current().enabled):
-        from vitpos.sae.ddp import ParallelStep
+        from vitpos.sae.parallel import ParallelStep
 
         par = ParallelStep(sae, dev)
     # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
@@ -194,14 +194,14 @@ def train_sae(
 
     piece = [1 << 62]  # tokens per forward piece: the whole batch until a CUDA OOM halves it
 
-    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> dict[str, Any]:
+    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> StepOutput:
         opt.zero_grad(set_to_none=True)
         with amp_ctx():
             if size >= x.shape[0]:
-                _, _, info = sae._run(x, dead, dense_codes=False)
-                info["loss"].backward()
-                return info
-            from vitpos.sae.ddp import micro_step  # gradient accumulation equal to the whole batch
+                out = sae.step(x, dead)
+                out.loss.backward()
+                return out
+            from vitpos.sae.parallel import micro_step  # gradient accumulation equal to the whole batch
 
             return micro_step(sae, x, dead, -(-x.shape[0] // size), cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
 
@@ -250,19 +250,19 @@ def train_sae(
                 sae.project_decoder_grad_()
                 opt.step()
                 sae.normalize_decoder_()
-                n_tok = int(info.get("n", x.shape[0]))  # global tokens of this step
+                n_tok = int(info.n)  # global tokens of this step
                 with torch.no_grad():
                     since_fired += n_tok
-                    since_fired.masked_fill_(info["fired"], 0)
-                    if cfg.arch == "batchtopk" and info["min_act"] is not None:
-                        _update_threshold(sae, info["min_act"], log.steps)
+                    since_fired.masked_fill_(info.fired, 0)
+                    if cfg.arch == "batchtopk" and info.min_act is not None:
+                        _update_threshold(sae, info.min_act, log.steps)
                 log.steps += 1
                 log.tokens += n_tok
                 m = {
-                    "loss": float(info["loss"].detach()),
-                    "fvu": float(info["fvu"].detach()),
-                    "l0": float(info["l0"]),
-                    "aux_loss": float(info["aux_loss"].detach()),
+                    "loss": float(info.loss.detach()),
+                    "fvu": float(info.fvu.detach()),
+                    "l0": float(info.l0),
+                    "aux_loss": float(info.aux_loss.detach()),
                     "dead_frac": float(dead.float().mean()),
                 }
                 log.step.append(log.steps)
