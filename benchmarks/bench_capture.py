@@ -3,7 +3,7 @@
 Three passes over the same dataset split (same loading, same batches, eval mode, no grad):
   bare     the model's forward only
   hooks    the same with vitpos' capture hooks on every layer (pop_batch per batch), nothing written
-  store    vitpos.capture.capture_to_store (what `vitpos capture` runs): hooks + shards on disk,
+  store    vitpos.store.capture.capture_to_store (what `vitpos capture` runs): hooks + shards on disk,
            once per storage dtype
 Passes are timed in interleaved rounds; the best round is kept (interference only slows a round).
 The clock is the process CPU time by default (`--clock cpu`: it does not count time spent
@@ -32,11 +32,12 @@ import timm
 import torch
 from PIL import Image
 
-from vitpos.capture import _tokens_first, capture_to_store, dataset_for
+from vitpos.data.resolve import dataset_for
 from vitpos.hooks import capture
 from vitpos.io import read_json, write_json
 from vitpos.models import load_model
 from vitpos.models.surface import expand_sites
+from vitpos.store.capture import capture_to_store, tokens_first
 
 DEFAULT_MODEL = "timm:vit_small_patch16_224?img_size=64&patch_size=8&num_classes=10"
 
@@ -64,7 +65,7 @@ def hooks_pass(surface, ds, batch_size: int, sites: str) -> None:
         for x, _ in ds.batches(batch_size):
             surface(x)
             for k in keys:
-                _tokens_first(cache.pop_batch(k))
+                tokens_first(cache.pop_batch(k))
 
 
 def main(argv=None) -> int:

@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     try:
         if args.synthetic:
             raise ImportError("--synthetic given")
-        from vitpos.capture import capture_patch_tokens
+        from vitpos.analysis.forward import capture_patch_tokens
 
         for layer in layers:
             features = capture_patch_tokens(args.model, args.site, layer, data=args.data, split="test",

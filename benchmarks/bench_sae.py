@@ -18,7 +18,7 @@ trained on). Peers:
 
 Peers are fed activations pre-scaled to mean norm √D (what vitpos does internally), so the
 learning rate means the same thing to all; FVU does not depend on that scale. Activations come
-from ``vitpos.capture.capture_patch_tokens`` (builtin:ape, resid_post, layer 2, shapes) when it
+from ``vitpos.analysis.forward.capture_patch_tokens`` (builtin:ape, resid_post, layer 2, shapes) when it
 works, otherwise from synthetic planted-sparse tokens of realistic size; the output says which.
 Threads default to 1 and speed is compared on CPU seconds (wall time is reported too): on a
 shared small machine wall time mostly measures waiting for a core.
@@ -66,13 +66,13 @@ def get_activations(args) -> tuple[torch.Tensor, str]:
     need = args.tokens + args.eval_tokens
     if args.source in ("auto", "model"):
         try:
-            from vitpos.capture import capture_patch_tokens
+            from vitpos.analysis.forward import capture_patch_tokens
 
             probe = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train", n_images=1)
             n_images = math.ceil(need / probe.shape[1])
             acts = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train", n_images=n_images)
             x = acts.reshape(-1, acts.shape[-1]).float()[:need]
-            return x, f"vitpos.capture {args.spec} resid_post layer 2, shapes/train, {n_images} images x {acts.shape[1]} patches"
+            return x, f"vitpos.analysis.forward {args.spec} resid_post layer 2, shapes/train, {n_images} images x {acts.shape[1]} patches"
         except Exception as e:  # any failure: fall back, and say why
             if args.source == "model":
                 raise

@@ -3,7 +3,7 @@
 For each size (default 1x, 4x, 16x of --images) two stages run, each in a fresh subprocess so that
 the peak-memory reading belongs to that stage alone:
 
-  capture  vitpos.capture.capture_to_store (what `vitpos capture` runs) of one site of a model over
+  capture  vitpos.store.capture.capture_to_store (what `vitpos capture` runs) of one site of a model over
            the first N train images, into a float32 store (shards of --shard-images images)
   sae      vitpos.sae.train_sae for one epoch over that store, streamed with the store's shuffled
            iter_tokens (bounded buffer), --batch-tokens tokens per step
@@ -85,10 +85,11 @@ def worker(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from vitpos.capture import capture_to_store, dataset_for
+    from vitpos.data.resolve import dataset_for
     from vitpos.models import load_model
     from vitpos.sae import SAEConfig, train_sae
-    from vitpos.store import ActivationStore
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.reader import ActivationStore
 
     store_dir = Path(args.workdir) / f"store-{args.n}"
     if args.stage == "capture":

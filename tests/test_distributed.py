@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vitpos import distributed as vd
+from vitpos.runtime import device as rdevice
+from vitpos.runtime import dist as rdist
+from vitpos.runtime.options import RunOptions
 from vitpos.errors import VitposError
 from vitpos.sae import SAE, SAEConfig, train_sae
 
@@ -53,27 +55,27 @@ def _spawn(fn, *args) -> None:
 
 
 def test_resolve_device():
-    assert vd.resolve_device("auto", cuda_available=False) == torch.device("cpu")
-    assert vd.resolve_device(None, cuda_available=False) == torch.device("cpu")
-    assert vd.resolve_device("cpu", cuda_available=True) == torch.device("cpu")
-    assert vd.resolve_device("auto", cuda_available=True, local_rank=0) == torch.device("cuda", 0)
-    assert vd.resolve_device("cuda", cuda_available=True, local_rank=3) == torch.device("cuda", 3)
-    assert vd.resolve_device("cuda:1", cuda_available=True, local_rank=3) == torch.device("cuda", 1)
+    assert rdevice.resolve_device("auto", cuda_available=False) == torch.device("cpu")
+    assert rdevice.resolve_device(None, cuda_available=False) == torch.device("cpu")
+    assert rdevice.resolve_device("cpu", cuda_available=True) == torch.device("cpu")
+    assert rdevice.resolve_device("auto", cuda_available=True, local_rank=0) == torch.device("cuda", 0)
+    assert rdevice.resolve_device("cuda", cuda_available=True, local_rank=3) == torch.device("cuda", 3)
+    assert rdevice.resolve_device("cuda:1", cuda_available=True, local_rank=3) == torch.device("cuda", 1)
     with pytest.raises(VitposError, match="no CUDA device"):
-        vd.resolve_device("cuda", cuda_available=False)
+        rdevice.resolve_device("cuda", cuda_available=False)
     with pytest.raises(VitposError, match="unknown --device"):
-        vd.resolve_device("tpu", cuda_available=False)
+        rdevice.resolve_device("tpu", cuda_available=False)
 
 
 def test_autocast_choices():
-    assert vd.autocast_dtype("none", "cpu") is None
-    assert vd.autocast_dtype("bf16", "cpu") is torch.bfloat16
-    assert vd.autocast_dtype("fp16", "cuda") is torch.float16
+    assert rdevice.autocast_dtype("none", "cpu") is None
+    assert rdevice.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert rdevice.autocast_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(VitposError, match="fp16 needs a CUDA"):
-        vd.autocast_dtype("fp16", "cpu")
+        rdevice.autocast_dtype("fp16", "cpu")
     with pytest.raises(VitposError, match="unknown --amp"):
-        vd.autocast_dtype("int8", "cpu")
-    with vd.autocast("cpu", "bf16"):
+        rdevice.autocast_dtype("int8", "cpu")
+    with rdevice.autocast("cpu", "bf16"):
         assert (torch.ones(4, 4) @ torch.ones(4, 4)).dtype is torch.bfloat16
 
 
@@ -86,25 +88,25 @@ def test_retry_on_oom_halves_the_batch():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return bs * 10
 
-    assert vd.retry_on_oom(step, 100, on_shrink=lambda a, b: shrinks.append((a, b))) == (120, 12)
+    assert rdevice.retry_on_oom(step, 100, on_shrink=lambda a, b: shrinks.append((a, b))) == (120, 12)
     assert tried == [100, 50, 25, 12]
     assert shrinks == [(100, 50), (50, 25), (25, 12)]
     with pytest.raises(VitposError, match="out of memory even at batch size 4"):
-        vd.retry_on_oom(lambda bs: step(1000), 8, min_batch=4)
+        rdevice.retry_on_oom(lambda bs: step(1000), 8, min_batch=4)
     with pytest.raises(ValueError):  # other errors pass through untouched
-        vd.retry_on_oom(lambda bs: (_ for _ in ()).throw(ValueError("no")), 8)
-    assert vd.is_oom(RuntimeError("CUDA error: out of memory")) and not vd.is_oom(RuntimeError("shape mismatch"))
+        rdevice.retry_on_oom(lambda bs: (_ for _ in ()).throw(ValueError("no")), 8)
+    assert rdevice.is_oom(RuntimeError("CUDA error: out of memory")) and not rdevice.is_oom(RuntimeError("shape mismatch"))
 
 
 def test_dist_env_and_blocks():
-    assert vd.dist_env({}) == vd.DistEnv(0, 1, 0)
-    e = vd.dist_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert rdist.dist_env({}) == rdist.DistEnv(0, 1, 0)
+    e = rdist.dist_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert (e.rank, e.world_size, e.local_rank, e.is_main, e.enabled) == (3, 4, 1, False, True)
     with pytest.raises(VitposError):
-        vd.dist_env({"RANK": "4", "WORLD_SIZE": "4"})
-    blocks = [vd.block_range(10, r, 3) for r in range(3)]
+        rdist.dist_env({"RANK": "4", "WORLD_SIZE": "4"})
+    blocks = [rdist.block_range(10, r, 3) for r in range(3)]
     assert blocks == [(0, 4), (4, 7), (7, 10)]
-    assert vd.backend_for("cpu") == "gloo" and vd.backend_for("cuda:0") == "nccl"
+    assert rdist.backend_for("cpu") == "gloo" and rdist.backend_for("cuda:0") == "nccl"
 
 
 def test_sae_bf16_autocast_trains_on_cpu():
@@ -141,7 +143,7 @@ def _sae_worker(rank, world, port, out, arch, ckpt, kill_at):
         def on_step(step, m):  # a rank dying mid-run (no cleanup, like a lost node)
             if step == kill_at:
                 os._exit(3)
-    with vd.distributed("cpu", timeout_s=60):
+    with rdist.distributed("cpu", timeout_s=60):
         sae, log = train_sae(_sae_data(), SAE_CFGS[arch], steps=SAE_STEPS, lr=3e-3, device="cpu", progress=False,
                              on_step=on_step, checkpoint_dir=ckpt, checkpoint_every=4 if ckpt else None)
         if rank == 0:
@@ -231,8 +233,8 @@ def _surface():
 
 
 def _capture_worker(rank, world, port, out, die_after_shards, force):
-    from vitpos.capture import capture_to_store
-    from vitpos.store import ActivationWriter
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.writer import ActivationWriter
 
     _join(rank, world, port)
     if die_after_shards and rank == world - 1:
@@ -244,12 +246,12 @@ def _capture_worker(rank, world, port, out, die_after_shards, force):
             if count[0] == die_after_shards:
                 os._exit(3)
         ActivationWriter._flush = dying_flush
-    with vd.distributed("cpu", timeout_s=60):
+    with rdist.distributed("cpu", timeout_s=60):
         capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, out, force=force, **CAPTURE_ARGS)
 
 
 def _assert_same_store(a_dir, b_dir):
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     a, b = ActivationStore(a_dir), ActivationStore(b_dir)
     assert a.meta == b.meta and a.num_images == b.num_images and a.sites == b.sites and a.d == b.d
@@ -265,7 +267,7 @@ def _assert_same_store(a_dir, b_dir):
 
 @pytest.fixture(scope="module")
 def single_store(tmp_path_factory):
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
 
     out = tmp_path_factory.mktemp("single")
     capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, out, **CAPTURE_ARGS)
@@ -273,7 +275,7 @@ def single_store(tmp_path_factory):
 
 
 def test_distributed_capture_equals_single_process(tmp_path, single_store):
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     _spawn(_capture_worker, str(tmp_path), 0, False)
     _assert_same_store(single_store, tmp_path)
@@ -295,8 +297,7 @@ def test_distributed_capture_resumes_after_a_rank_dies(tmp_path, single_store):
 
 
 def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
-    from vitpos.capture import capture_to_store
-    from vitpos.capture_dist import merge_manifests
+    from vitpos.store.capture import capture_to_store, merge_manifests
 
     _spawn(_capture_worker, str(tmp_path), 0, False)
     with pytest.raises(VitposError, match="captured with 2 ranks"):
@@ -311,8 +312,8 @@ def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
 
 
 def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
-    from vitpos.capture import capture_to_store
-    from vitpos.store import ActivationStore
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.reader import ActivationStore
 
     capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "a", amp="bf16", dtype="bfloat16",
                      **CAPTURE_ARGS)
@@ -323,7 +324,7 @@ def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
 
 def test_capture_retries_a_batch_that_runs_out_of_memory(tmp_path, single_store, monkeypatch):
     """A fake CUDA OOM on batches above 5 images: the batch is redone in halves, the store is unchanged."""
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.models.surface import ModelSurface
 
     surface = _surface()
@@ -360,7 +361,7 @@ def test_torchrun_cli_capture(tmp_path, single_store):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "captured 45 images x 3 sites on 2 ranks" in r.stdout
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     assert ActivationStore(tmp_path / "acts").meta["model"] == CAPTURE_SPEC
     _assert_same_store(single_store, tmp_path / "acts")
@@ -395,11 +396,11 @@ def test_resume_continues_a_reseeded_epoch_stream(tmp_path):
 
 
 def test_full_precision_shields_a_fit_from_autocast():
-    @vd.full_precision
+    @rdevice.full_precision
     def fit():
         return (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
 
-    with vd.autocast("cpu", "bf16"):
+    with rdevice.autocast("cpu", "bf16"):
         assert fit() is torch.float32
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
 
@@ -422,14 +423,14 @@ def test_sae_step_splits_a_batch_that_runs_out_of_memory(monkeypatch):
     whole-batch step (TopK with AuxK active)."""
     data, cfg = _sae_data(), SAE_CFGS["topk"]
     ref, ref_log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
-    run = SAE._run
+    step = SAE.step
 
-    def small_only(self, x, dead_mask, dense_codes):
+    def small_only(self, x, *args, **kwargs):
         if x.shape[0] > 100:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
-        return run(self, x, dead_mask, dense_codes)
+        return step(self, x, *args, **kwargs)
 
-    monkeypatch.setattr(SAE, "_run", small_only)
+    monkeypatch.setattr(SAE, "step", small_only)
     sae, log = train_sae(data, cfg, steps=SAE_STEPS, lr=3e-3, progress=False)
     assert any("out of memory at 128 tokens" in n for n in log.notes)  # 256 -> 128 -> 64 tokens per piece
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
@@ -445,7 +446,7 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
 
     from safetensors.torch import save_file
 
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
 
     surface = _surface()
@@ -467,14 +468,17 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
     assert (tmp_path / "sae" / "train-state" / "train-state.safetensors").is_file()
 
 
-def test_runtime_checkpoint_key_restarts_stale_state(tmp_path):
+def test_options_checkpoint_key_restarts_stale_state(tmp_path):
+    from vitpos.sae.checkpoint import StaleCheckpointError
+
     data, cfg = _sae_data(n_batches=3), SAE_CFGS["topk"]
-    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 256}):
-        train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
-    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128}):
-        with pytest.raises(VitposError, match="different SAE run"):
-            train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
-    with vd.use_runtime(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128}, restart_on_mismatch=True):
-        sae, log = train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
+    train_sae(data, cfg, epochs=1, lr=3e-3, progress=False,
+              options=RunOptions(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 256}))
+    other = RunOptions(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128})
+    with pytest.raises(StaleCheckpointError, match="different SAE run"):
+        train_sae(data, cfg, epochs=1, lr=3e-3, progress=False, options=other)
+    sae, log = train_sae(data, cfg, epochs=1, lr=3e-3, progress=False,
+                         options=RunOptions(checkpoint_dir=str(tmp_path), checkpoint_key={"batch_tokens": 128},
+                                            restart_on_mismatch=True))
     ref, _ = train_sae(data, cfg, epochs=1, lr=3e-3, progress=False)
     assert log.steps == 3 and "other settings" in log.notes[0] and torch.equal(sae.W_dec, ref.W_dec)

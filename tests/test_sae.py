@@ -415,7 +415,7 @@ def test_plot_feature_maps(tmp_path):
 
 def write_store(path, tokens, grid=(4, 4), shard_images=16, meta=None):
     """Tokens (n, D) as a store of n / (H·W) images in stored (image-major) order."""
-    from vitpos.store import ActivationWriter
+    from vitpos.store.writer import ActivationWriter
 
     n_p = grid[0] * grid[1]
     acts = tokens.reshape(-1, n_p, tokens.shape[-1])
@@ -532,7 +532,7 @@ RUN_KW = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=2, b
 
 
 def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
 
     ds = toy_set()
@@ -563,7 +563,7 @@ def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
 def test_run_sae_refuses_a_store_that_does_not_match(tmp_path, tiny_ape):
     from conftest import tiny_own
 
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
 
     ds = toy_set(24)
@@ -586,7 +586,7 @@ def test_cli_sae_store_mismatch_is_one_error_line(tmp_path, tiny_ape):
     import subprocess
     import sys
 
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
 
     capture_to_store(tiny_ape, toy_set(8), "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
     proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "sae", "--model", "builtin:ape", "--layer", "0", "--store",
@@ -601,7 +601,7 @@ def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
     """The same spec over retrained weights must neither reuse a finished SAE nor train on the old store."""
     from conftest import tiny_own
 
-    from vitpos.capture import capture_to_store
+    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
 
     retrained = tiny_own("ape", seed=1)  # spec 'tiny:ape' again, other weights

@@ -7,7 +7,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from vitpos.errors import VitposError
 from vitpos.io import read_safetensors, write_safetensors
-from vitpos.store import ROUNDTRIP_ERROR, ActivationStore, ActivationWriter
+from vitpos.store.manifest import ROUNDTRIP_ERROR
+from vitpos.store.reader import ActivationStore
+from vitpos.store.writer import ActivationWriter
 
 GRID = (3, 5)
 N = 15

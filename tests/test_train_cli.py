@@ -215,7 +215,7 @@ def test_cli_eval_writes_eval_json(tmp_path, trained):
 _DRIVER = r"""
 import json, os, sys, traceback
 import torch
-import vitpos.capture, vitpos.evaluate, vitpos.train  # heavy imports once, before forking
+import vitpos.analysis.forward, vitpos.store.capture, vitpos.train  # heavy imports once, before forking
 from vitpos.cli import main
 torch.set_num_threads(1)
 results = {}

@@ -82,8 +82,8 @@ def eval_cmd(
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
-    from vitpos.capture import dataset_for
-    from vitpos.evaluate import evaluate
+    from vitpos.analysis.forward import evaluate
+    from vitpos.data.resolve import dataset_for
     from vitpos.io import write_json
 
     if limit is not None and limit < 1:
@@ -134,13 +134,14 @@ def capture(
 
     Under torchrun (several ranks) each rank captures its block of the split and rank 0 merges
     the manifests (docs/distributed.md)."""
-    from vitpos import distributed as vdist
-    from vitpos.capture import capture_to_store
+    from vitpos.runtime.device import autocast_dtype
+    from vitpos.runtime.dist import distributed
+    from vitpos.store.capture import capture_to_store
 
     if batch_size < 1 or shard_images < 1:
         raise VitposError(f"--batch-size and --shard-images must be at least 1 (got {batch_size}, {shard_images})")
-    with vdist.distributed(device) as (env, dev):
-        vdist.autocast_dtype(amp, dev)
+    with distributed(device) as (env, dev):
+        autocast_dtype(amp, dev)
         surface = _surface(model, pretrained, checkpoint)
         info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
                                 shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp)
@@ -215,26 +216,28 @@ def sae(
         raise VitposError(f"--batch-tokens must be >= 1 and --buffer-tokens >= 0 (got {batch_tokens}, {buffer_tokens})")
     if images < 1 or epochs < 1:
         raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
-    from vitpos import distributed as vdist
+    from vitpos.runtime.device import autocast_dtype
+    from vitpos.runtime.dist import barrier, distributed
+    from vitpos.runtime.options import RunOptions
 
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
-    with vdist.distributed(device) as (env, dev):
-        vdist.autocast_dtype(amp, dev)
+    with distributed(device) as (env, dev):
+        autocast_dtype(amp, dev)
         state_dir = out / "train-state"
         if force and env.is_main and (state_dir / "train-state.safetensors").exists():
             (state_dir / "train-state.safetensors").unlink()
-        vdist.barrier()
-        # The runtime carries device/amp/checkpointing down to train_sae; under torchrun every rank runs
+        barrier()
+        # The options carry device/amp/checkpointing down to train_sae; under torchrun every rank runs
         # the same command (same global batches, DDP inside train_sae; capture into OUT/acts is sharded).
         key = {"model": model, "checkpoint": str(checkpoint), "layer": layer, "site": site, "data": data,
                "store": str(store), "images": images, "batch_tokens": batch_tokens, "buffer_tokens": buffer_tokens}
-        with vdist.use_runtime(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
-                               checkpoint_key=key, restart_on_mismatch=True):
-            surface = _surface(model, pretrained, checkpoint)
-            doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
-                             epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
-                             lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens)
+        options = RunOptions(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
+                             checkpoint_key=key, restart_on_mismatch=True)
+        surface = _surface(model, pretrained, checkpoint)
+        doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
+                         epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
+                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
     if not env.is_main:
         return
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "

@@ -27,7 +27,7 @@ import torch
 
 from vitpos.analysis.lbfgs import Design, all_finite, fit_softmax_heads, standardise_stats, standardised_design
 from vitpos.analysis.probe_results import LayerProbeResults, ProbeResult
-from vitpos.distributed import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
+from vitpos.runtime.device import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
 from vitpos.errors import VitposError
 
 

@@ -20,8 +20,8 @@ import torch
 from pydantic import BaseModel
 
 from vitpos import plots
-from vitpos.capture import capture_layers, data_name, dataset_for
-from vitpos.evaluate import accuracy_report, predict
+from vitpos.analysis.forward import accuracy_report, capture_layers, predict
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
 from vitpos.experiments.common import require_ape, sae_edit
 from vitpos.hooks import edit

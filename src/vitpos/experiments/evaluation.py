@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vitpos.capture import dataset_for
-from vitpos.evaluate import evaluate
+from vitpos.analysis.forward import evaluate
+from vitpos.data.resolve import dataset_for
 from vitpos.experiments.base import Done, Experiment, Result, StageInput
 from vitpos.models.surface import ModelSurface
 

@@ -14,8 +14,9 @@ import torch
 from pydantic import BaseModel
 
 from vitpos import plots
+from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import fit_position_probes, probe_layers
-from vitpos.capture import capture_layers, dataset_for
+from vitpos.data.resolve import dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
@@ -100,11 +101,11 @@ def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_p
 
     ``device`` (auto|cpu|cuda) runs the model forwards and the probe fits there (the model is moved
     back afterwards); ``amp`` (none|bf16|fp16) autocasts the forwards only, fits stay float32."""
-    from vitpos import distributed as vdist
+    from vitpos.runtime.device import autocast, resolve_device
 
     if device is not None or amp is not None:
-        dev = vdist.resolve_device(device)
-        amp_ctx = vdist.autocast(dev, amp)
+        dev = resolve_device(device)
+        amp_ctx = autocast(dev, amp)
         home = next(surface.model.parameters()).device
         surface.model.to(dev)
         try:

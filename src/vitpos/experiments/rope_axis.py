@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vitpos.capture import data_name, dataset_for
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.experiments.common import MIN_GAP, condition_context, probe_condition, recovery, require_rope
 from vitpos.models.surface import ModelSurface

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from vitpos import plots
-from vitpos.capture import data_name, dataset_for
+from vitpos.analysis.forward import predict
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.evaluate import predict
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.experiments.common import condition_context, probe_condition, recovery, require_rope
 from vitpos.hooks import capture, remove_rope

@@ -24,14 +24,16 @@ import torch
 from pydantic import BaseModel
 
 from vitpos import plots
+from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
-from vitpos.capture import capture_layers, data_name, dataset_for, forward_batches
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
+from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
@@ -120,7 +122,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
-    from vitpos.store import ActivationStore
+    from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
     fix = f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} --split train`"
@@ -147,11 +149,12 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
 
 
 def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images: int, acts_dir: Path, progress: bool,
-                         force: bool):
+                         force: bool, options: RunOptions | None = None):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.capture import capture_to_store
-    from vitpos.store import MANIFEST, ActivationStore
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.manifest import MANIFEST
+    from vitpos.store.reader import ActivationStore
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
@@ -160,8 +163,9 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
                      != (surface.spec, surface.weights_digest(), data_name(data), n_train_images))
         except Exception:  # unreadable: start over
             force = True
+    opts = options if options is not None else RunOptions()
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=256, force=force,
-                     progress=progress)
+                     progress=progress, device=opts.device, amp=opts.amp)
     return ActivationStore(acts_dir)
 
 
@@ -169,12 +173,14 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
-            lr: float | None = None, keep_acts: bool = True) -> tuple[SAEResult, SAE]:
+            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None
+            ) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
     without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
-    reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`)."""
+    reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`).
+    `options` (device, amp, checkpointing) reach the capture and `train_sae`."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
@@ -198,10 +204,10 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             train_store = given
         else:
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
-            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force)
+            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress)
+        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,

@@ -25,6 +25,11 @@ FORMAT = "vitpos.sae-train-state/1"
 _SAE_TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "scale", "threshold")
 
 
+class StaleCheckpointError(VitposError):
+    """The checkpoint folder holds the state of a different SAE run (config or training settings
+    differ); raised before anything is loaded, so a caller may start over instead."""
+
+
 def checkpoint_file(ckpt_dir: str | Path) -> Path:
     return Path(ckpt_dir) / STATE_FILE
 
@@ -62,7 +67,8 @@ def _was_scalar(sd: dict, key: str) -> bool:
 def load_train_state(ckpt_dir: str | Path, sae, opt: torch.optim.Optimizer, since_fired: torch.Tensor, log,
                      *, run: dict[str, Any]) -> tuple[int, int] | None:
     """Restore a checkpoint into the given objects; returns (epoch, batch_in_pass), or None when
-    there is none. A checkpoint of a different run (config, lr, batch settings) is an error."""
+    there is none. A checkpoint of a different run (config, lr, batch settings) raises
+    :class:`StaleCheckpointError`."""
     file = checkpoint_file(ckpt_dir)
     if not file.is_file():
         return None
@@ -75,7 +81,7 @@ def load_train_state(ckpt_dir: str | Path, sae, opt: torch.optim.Optimizer, sinc
     if meta.get("format") != FORMAT:
         raise VitposError(f"{file} is not a vitpos SAE training checkpoint; delete it or use another folder")
     if json.loads(meta["config"]) != sae.cfg.model_dump() or json.loads(meta["run"]) != json.loads(json.dumps(run, sort_keys=True)):
-        raise VitposError(f"{file} belongs to a different SAE run (config or training settings differ); "
+        raise StaleCheckpointError(f"{file} belongs to a different SAE run (config or training settings differ); "
                           "pass --force or another output folder")
     dev = sae.W_enc.device
     with torch.no_grad():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -76,6 +76,29 @@ class SAEConfig(BaseModel):
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "config"
             raise VitposError(f"invalid SAE config: {where}: {first['msg']}; fix that field") from e
+
+
+class StepOutput(NamedTuple):
+    """One training forward of an SAE (:meth:`SAE.step`), or the whole batch's when it ran in pieces
+    or over ranks (``vitpos.sae.parallel``). Losses are in normalised units."""
+
+    loss: Tensor  # what training minimises: fvu + aux_coeff·aux_loss (TopK/BatchTopK) or fvu + l1_coeff·l1 (ReLU)
+    fvu: Tensor  # Σ‖x̂ − x‖² / total variance of the batch
+    aux_loss: Tensor  # AuxK loss (0 without dead latents)
+    l1: Tensor  # ReLU: mean over tokens of Σ_f z_f‖d_f‖ (0 otherwise)
+    l0: Tensor  # mean number of active latents per token
+    fired: Tensor  # bool (F,): latents active in this batch
+    min_act: Tensor | None  # smallest selected activation (BatchTopK's threshold estimate)
+    n: int  # tokens in the batch
+    x_hat: Tensor | None = None  # reconstruction (..., D) in activation units; None for an aggregate
+    z: Tensor | None = None  # dense codes (..., F) when asked for (``dense_codes=True``)
+
+
+def batch_total_variance(xs: Tensor) -> Tensor:
+    """Σ‖x − x̄‖² over a batch of tokens ``xs`` (N, D) (x̄ its mean): the batch FVU's denominator,
+    detached and clamped away from zero. The one definition; pass its value as ``SAE.step``'s
+    ``total_variance`` to score a piece of a batch against a known denominator."""
+    return (xs - xs.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
 
 
 def geometric_median(x: Tensor, iters: int = 30, tol: float = 1e-6) -> Tensor:
@@ -315,17 +338,25 @@ class SAE(nn.Module):
         In training mode BatchTopK selects the top k·N activations of the batch; in eval mode
         it uses the estimated threshold, like ``encode``.
         """
-        x_hat, z, info = self._run(x, dead_mask, dense_codes=True)
-        return x_hat, z, info  # type: ignore[return-value]
+        out = self.step(x, dead_mask, dense_codes=True)
+        info = {"fired": out.fired, "min_act": out.min_act, "l0": out.l0, "l1": out.l1, "fvu": out.fvu,
+                "aux_loss": out.aux_loss, "loss": out.loss}
+        return out.x_hat, out.z, info  # type: ignore[return-value]
 
-    def _run(self, x: Tensor, dead_mask: Tensor | None, dense_codes: bool) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
-        # The trainer skips the dense (N, F) code matrix: on the sparse path nothing needs it.
+    def step(self, x: Tensor, dead_mask: Tensor | None = None, *, dense_codes: bool = False,
+             total_variance: Tensor | None = None) -> StepOutput:
+        """One training-capable forward: x (..., D) -> :class:`StepOutput` (see :meth:`forward`).
+
+        ``dense_codes=False`` (what the trainer uses) skips the dense (N, F) code matrix, which
+        nothing on the sparse path needs (``z`` is then None). ``total_variance`` is the FVU and
+        AuxK denominator (as sparsify's ``total_variance=``); None: this batch's own,
+        ``batch_total_variance`` of the normalised tokens."""
         lead = x.shape[:-1]
         xs = self._flat(x) * self.scale
         xc = xs - self.b_dec
         n, F = xc.shape[0], self.d_sae
         info: dict[str, Any] = {}
-        tv = (xs - xs.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
+        tv = batch_total_variance(xs) if total_variance is None else total_variance
         zero = xs.new_zeros(())
         sparse_path = self.cfg.arch == "topk" or (self.cfg.arch == "batchtopk" and self.training)
 
@@ -363,13 +394,13 @@ class SAE(nn.Module):
         aux = zero
         if dead_mask is not None and sparse_path and bool(dead_mask.any()):
             aux = self._auxk_loss(pre, xc, err.detach(), dead_mask, tv)
-        info["fvu"], info["aux_loss"] = fvu, aux
         if self.cfg.arch == "relu":
-            info["loss"] = fvu + self.cfg.l1_coeff * info["l1"]
+            loss = fvu + self.cfg.l1_coeff * info["l1"]
         else:
-            info["loss"] = fvu + self.cfg.aux_coeff * aux
+            loss = fvu + self.cfg.aux_coeff * aux
         x_hat = (xs_hat / self.scale).reshape(*lead, self.d_in)
-        return x_hat, (z.reshape(*lead, F) if z is not None else None), info
+        return StepOutput(loss=loss, fvu=fvu, aux_loss=aux, l1=info["l1"], l0=info["l0"], fired=info["fired"],
+                          min_act=info["min_act"], n=n, x_hat=x_hat, z=z.reshape(*lead, F) if z is not None else None)
 
     def _auxk_loss(self, pre: Tensor, xc: Tensor, err: Tensor, dead_mask: Tensor, tv: Tensor) -> Tensor:
         """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂."""

@@ -1,6 +1,6 @@
 """SAE training batches streamed from an on-disk activation store, in bounded memory.
 
-:func:`store_batches` turns one site of an :class:`~vitpos.store.ActivationStore` into what
+:func:`store_batches` turns one site of an :class:`~vitpos.store.reader.ActivationStore` into what
 :func:`~vitpos.sae.train.train_sae` takes: a callable returning a fresh pass per epoch. Each pass
 is the store's shuffled ``iter_tokens`` (shard order permuted, tokens drawn from a bounded buffer),
 reseeded per epoch, so the reader holds at most ``buffer_tokens + largest shard + batch_tokens``
@@ -32,7 +32,7 @@ class StoreBatches:
 
     def __init__(self, store, site: str, batch_tokens: int = 4096, *, seed: int = 0, shuffle: bool = True,
                  buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS, min_batch: int | None = None) -> None:
-        from vitpos.store import ActivationStore
+        from vitpos.store.reader import ActivationStore
 
         self.store = store if isinstance(store, ActivationStore) else ActivationStore(Path(store))
         if site not in self.store.sites:

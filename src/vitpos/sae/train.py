@@ -18,7 +18,11 @@ import torch
 from torch import Tensor
 
 from vitpos.errors import VitposError
-from vitpos.sae.model import SAE, SAEConfig
+from vitpos.runtime import device as rdevice
+from vitpos.runtime import dist as rdist
+from vitpos.runtime.options import RunOptions
+from vitpos.sae.checkpoint import StaleCheckpointError, load_train_state, save_train_state
+from vitpos.sae.model import SAE, SAEConfig, StepOutput
 
 Batches = Iterable[Tensor] | Callable[[], Iterable[Tensor]]
 
@@ -111,6 +115,7 @@ def train_sae(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int | None = None,
     distributed: bool | None = None,
+    options: RunOptions | None = None,
 ) -> tuple[SAE, TrainLog]:
     """Train an SAE on a stream of token activations.
 
@@ -123,21 +128,21 @@ def train_sae(
     ``eval_batches`` the log's ``eval`` holds ``sae_metrics`` on them. Deterministic on CPU for
     a fixed ``cfg.seed`` and batch order.
 
-    Scaling (docs/distributed.md): ``device`` ``auto|cpu|cuda`` (None: the ``vitpos.distributed``
-    runtime default, else auto); ``amp`` ``none|bf16|fp16`` autocasts the forward. Under an
+    Scaling (docs/distributed.md): ``device`` ``auto|cpu|cuda`` (None: ``options.device``, else
+    auto); ``amp`` ``none|bf16|fp16`` autocasts the forward. Under an
     initialised process group with several ranks (``distributed`` None = detect) every rank must
     get the same global batches; each trains on its slice with DDP and the steps equal
-    single-process steps on the global batches (``vitpos.sae.ddp``). With ``checkpoint_dir`` rank 0
+    single-process steps on the global batches (``vitpos.sae.parallel``). With ``checkpoint_dir`` rank 0
     saves the full training state every ``checkpoint_every`` steps and at the end, and a rerun
-    resumes from it (skipping the batches already consumed).
+    resumes from it (skipping the batches already consumed). ``options`` (a CLI's
+    :class:`~vitpos.runtime.options.RunOptions`) supplies what these arguments leave None, plus the
+    checkpoint's extra run identity and whether a checkpoint of other settings is skipped
+    (``restart_on_mismatch``) instead of refused.
     """
-    from vitpos import distributed as vdist
-    from vitpos.sae.checkpoint import load_train_state, save_train_state
-
-    rt = vdist.runtime()
-    amp = amp if amp is not None else rt.amp
-    checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else rt.checkpoint_dir
-    checkpoint_every = int(checkpoint_every if checkpoint_every is not None else rt.checkpoint_every or 0)
+    opts = options if options is not None else RunOptions()
+    amp = amp if amp is not None else opts.amp
+    checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else opts.checkpoint_dir
+    checkpoint_every = int(checkpoint_every if checkpoint_every is not None else opts.checkpoint_every or 0)
     if epochs < 1:
         raise VitposError(f"epochs must be >= 1, got {epochs}")
     if steps is not None and steps < 1:
@@ -145,9 +150,9 @@ def train_sae(
     factory, repeatable = _pass_factory(batches)
     if steps is None and epochs > 1 and not repeatable:
         raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh iterator")
-    dev = vdist.resolve_device(device if device is not None else (rt.device or "auto"))
-    amp_ctx = lambda: vdist.autocast(dev, amp)  # noqa: E731 - validated just below
-    vdist.autocast_dtype(amp, dev)
+    dev = rdevice.resolve_device(device if device is not None else (opts.device or "auto"))
+    amp_ctx = lambda: rdevice.autocast(dev, amp)  # noqa: E731 - validated just below
+    rdevice.autocast_dtype(amp, dev)
     sae = SAE(cfg).to(dev)
     sae.train()
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
@@ -157,19 +162,19 @@ def train_sae(
     log = TrainLog(lr=lr, device=str(dev))
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
     par = None
-    if distributed or (distributed is None and vdist.current().enabled):
-        from vitpos.sae.ddp import ParallelStep
+    if distributed or (distributed is None and rdist.current().enabled):
+        from vitpos.sae.parallel import ParallelStep
 
         par = ParallelStep(sae, dev)
     # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
     # number of ranks (equal up to float rounding).
-    run_key = {"lr": lr, "steps": steps, "epochs": epochs, **({"caller": rt.checkpoint_key} if rt.checkpoint_key else {})}
+    run_key = {"lr": lr, "steps": steps, "epochs": epochs, **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
     epoch0 = skip = 0
     if checkpoint_dir is not None:
         try:
             pos = load_train_state(checkpoint_dir, sae, opt, since_fired, log, run=run_key)
-        except VitposError as e:
-            if not (rt.restart_on_mismatch and "different SAE run" in str(e)):
+        except StaleCheckpointError:
+            if not opts.restart_on_mismatch:
                 raise
             pos = None  # stale scratch of other settings (refused before anything was loaded): start over
             log.notes.append(f"ignored the checkpoint in {checkpoint_dir}: it was made with other settings")
@@ -181,22 +186,22 @@ def train_sae(
                 # or once iterated) past the passes already done: start each and take one batch.
                 for _ in range(epoch0):
                     next(iter(factory()), None)
-        vdist.barrier()
+        rdist.barrier()
 
     def save_state(pass_index: int, batch_in_pass: int) -> None:
-        if checkpoint_dir is not None and vdist.is_main():
+        if checkpoint_dir is not None and rdist.is_main():
             save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass, run=run_key)
 
     piece = [1 << 62]  # tokens per forward piece: the whole batch until a CUDA OOM halves it
 
-    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> dict[str, Any]:
+    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> StepOutput:
         opt.zero_grad(set_to_none=True)
         with amp_ctx():
             if size >= x.shape[0]:
-                _, _, info = sae._run(x, dead, dense_codes=False)
-                info["loss"].backward()
-                return info
-            from vitpos.sae.ddp import micro_step  # gradient accumulation equal to the whole batch
+                out = sae.step(x, dead)
+                out.loss.backward()
+                return out
+            from vitpos.sae.parallel import micro_step  # gradient accumulation equal to the whole batch
 
             return micro_step(sae, x, dead, -(-x.shape[0] // size), cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
 
@@ -240,24 +245,24 @@ def train_sae(
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                 else:
-                    info, piece[0] = vdist.retry_on_oom(lambda size: fwd_bwd(x, dead, size), min(piece[0], x.shape[0]),
+                    info, piece[0] = rdevice.retry_on_oom(lambda size: fwd_bwd(x, dead, size), min(piece[0], x.shape[0]),
                                                         on_shrink=note_shrink)
                 sae.project_decoder_grad_()
                 opt.step()
                 sae.normalize_decoder_()
-                n_tok = int(info.get("n", x.shape[0]))  # global tokens of this step
+                n_tok = int(info.n)  # global tokens of this step
                 with torch.no_grad():
                     since_fired += n_tok
-                    since_fired.masked_fill_(info["fired"], 0)
-                    if cfg.arch == "batchtopk" and info["min_act"] is not None:
-                        _update_threshold(sae, info["min_act"], log.steps)
+                    since_fired.masked_fill_(info.fired, 0)
+                    if cfg.arch == "batchtopk" and info.min_act is not None:
+                        _update_threshold(sae, info.min_act, log.steps)
                 log.steps += 1
                 log.tokens += n_tok
                 m = {
-                    "loss": float(info["loss"].detach()),
-                    "fvu": float(info["fvu"].detach()),
-                    "l0": float(info["l0"]),
-                    "aux_loss": float(info["aux_loss"].detach()),
+                    "loss": float(info.loss.detach()),
+                    "fvu": float(info.fvu.detach()),
+                    "l0": float(info.l0),
+                    "aux_loss": float(info.aux_loss.detach()),
                     "dead_frac": float(dead.float().mean()),
                 }
                 log.step.append(log.steps)
@@ -288,8 +293,8 @@ def train_sae(
     sae.eval()
     if eval_batches is not None:
         log.eval = sae_metrics(sae, eval_batches)
-    if device is None and rt.device is not None and dev.type != "cpu":
-        sae.cpu()  # a runtime (CLI --device) choice covers training only; callers' models live on the CPU
+    if device is None and opts.device is not None and dev.type != "cpu":
+        sae.cpu()  # an options (CLI --device) choice covers training only; callers' models live on the CPU
     return sae, log
 
 

@@ -1,4 +1,4 @@
-"""Data-parallel SAE training steps (torch DistributedDataParallel) that equal single-process steps.
+"""SAE steps split over ranks (DistributedDataParallel) or over pieces of a batch, equal to whole-batch steps.
 
 ``train_sae`` uses :class:`ParallelStep` when a process group with more than one rank is active.
 Every rank sees the same stream of *global* batches and trains on its contiguous slice
@@ -18,63 +18,74 @@ TopK and ReLU steps then match single-process training up to float summation ord
 selects its top k·n activations within each rank's slice (as other DDP SAE trainers do), which is
 not the global selection: close, not equal. The decoder unit-norm projection runs after the
 all-reduced gradients, on identical weights, so weights stay in sync without extra traffic.
+
+``micro_step`` is the same idea within one process: a batch that does not fit in GPU memory runs
+in pieces whose gradients accumulate to the whole batch's. Both add up each piece's (or rank's)
+metrics the same way (``combine``), with every FVU scored against ``batch_total_variance``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from vitpos.errors import VitposError
-from vitpos.sae.model import SAE
+from vitpos.sae.model import SAE, StepOutput, batch_total_variance
 
 
-def _total_variance(xs: Tensor) -> Tensor:
-    """The batch FVU's denominator exactly as ``SAE._run`` computes it."""
-    return (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
-
-
-def _rescaled_loss(info: dict[str, Any], r_tv, r_n, arch: str, aux_coeff: float, l1_coeff: float) -> Tensor:
+def _rescaled_loss(out: StepOutput, r_tv, r_n, arch: str, aux_coeff: float, l1_coeff: float) -> Tensor:
     """A piece's loss as its share of the whole batch's loss (FVU terms over the whole batch's
     total variance, means over the whole batch's tokens)."""
     if arch == "relu":
-        return info["fvu"] * r_tv + l1_coeff * info["l1"] * r_n
-    return (info["fvu"] + aux_coeff * info["aux_loss"]) * r_tv
+        return out.fvu * r_tv + l1_coeff * out.l1 * r_n
+    return (out.fvu + aux_coeff * out.aux_loss) * r_tv
+
+
+def _sums(out: StepOutput, tv: Tensor) -> Tensor:
+    """(fvu·tv, aux_loss·tv, l0·n, l1·n) of a piece scored against its own total variance ``tv``,
+    in float64: what adds up over the pieces (or ranks) of a batch."""
+    return torch.stack([(out.fvu.detach() * tv).double(), (out.aux_loss.detach() * tv).double(),
+                        (out.l0 * out.n).double(), (out.l1.detach() * out.n).double()])
+
+
+def combine(sums: Tensor, total_variance: Tensor, n, fired: Tensor, min_act: Tensor | None, arch: str,
+            aux_coeff: float, l1_coeff: float) -> StepOutput:
+    """The whole batch's output from its pieces' (or ranks') added-up ``_sums``: FVU terms over the
+    whole batch's ``total_variance``, means over its ``n`` tokens."""
+    fvu = (sums[0] / total_variance.double()).float()
+    aux_loss = (sums[1] / total_variance.double()).float()
+    l0 = (sums[2] / n).float()
+    l1 = (sums[3] / n).float()
+    loss = fvu + (l1_coeff * l1 if arch == "relu" else aux_coeff * aux_loss)
+    return StepOutput(loss=loss, fvu=fvu, aux_loss=aux_loss, l1=l1, l0=l0, fired=fired, min_act=min_act, n=int(n))
 
 
 def micro_step(sae: SAE, x: Tensor, dead: Tensor, pieces: int, arch: str, aux_coeff: float,
-               l1_coeff: float) -> dict[str, Any]:
+               l1_coeff: float) -> StepOutput:
     """Forward + backward of the batch ``x`` in ``pieces`` contiguous pieces, accumulating into the
     parameters' ``.grad`` a gradient equal (up to rounding) to that of the whole batch at once, for
     TopK and ReLU (BatchTopK then selects per piece). What the trainer falls back to when a batch
-    does not fit in GPU memory; returns the whole batch's info like ``SAE._run``."""
+    does not fit in GPU memory; returns the whole batch's output like ``SAE.step`` (without x_hat)."""
     with torch.no_grad():
-        tv_g = _total_variance(x.to(sae.W_enc.dtype) * sae.scale)
+        tv_g = batch_total_variance(x.to(sae.W_enc.dtype) * sae.scale)
     n = x.shape[0]
-    part = torch.zeros(4, dtype=torch.float64, device=x.device)
+    sums = torch.zeros(4, dtype=torch.float64, device=x.device)
     fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
     mins = []
     for piece in torch.tensor_split(x, pieces):
         if piece.shape[0] == 0:
             continue
         with torch.no_grad():
-            tv_p = _total_variance(piece.to(sae.W_enc.dtype) * sae.scale)
-        _, _, info = sae._run(piece, dead, dense_codes=False)
-        _rescaled_loss(info, tv_p / tv_g, piece.shape[0] / n, arch, aux_coeff, l1_coeff).backward()
+            tv_p = batch_total_variance(piece.to(sae.W_enc.dtype) * sae.scale)
+        out = sae.step(piece, dead, total_variance=tv_p)
+        _rescaled_loss(out, tv_p / tv_g, piece.shape[0] / n, arch, aux_coeff, l1_coeff).backward()
         with torch.no_grad():
-            part += torch.stack([(info["fvu"].detach() * tv_p).double(), (info["aux_loss"].detach() * tv_p).double(),
-                                 (info["l0"] * piece.shape[0]).double(), (info["l1"].detach() * piece.shape[0]).double()])
-            fired |= info["fired"]
-            if info["min_act"] is not None:
-                mins.append(info["min_act"].detach().reshape(1))
-    g: dict[str, Any] = {"fvu": (part[0] / tv_g.double()).float(), "aux_loss": (part[1] / tv_g.double()).float(),
-                         "l0": (part[2] / n).float(), "l1": (part[3] / n).float(), "fired": fired, "n": n,
-                         "min_act": torch.cat(mins).min() if mins else None}
-    g["loss"] = g["fvu"] + (l1_coeff * g["l1"] if arch == "relu" else aux_coeff * g["aux_loss"])
-    return g
+            sums += _sums(out, tv_p)
+            fired |= out.fired
+            if out.min_act is not None:
+                mins.append(out.min_act.detach().reshape(1))
+    return combine(sums, tv_g, n, fired, torch.cat(mins).min() if mins else None, arch, aux_coeff, l1_coeff)
 
 
 class _Step(nn.Module):
@@ -84,11 +95,13 @@ class _Step(nn.Module):
         super().__init__()
         self.sae = sae
 
-    def forward(self, x: Tensor, dead: Tensor):  # type: ignore[override]
-        return self.sae._run(x, dead, dense_codes=False)
+    def forward(self, x: Tensor, dead: Tensor, total_variance: Tensor) -> StepOutput:  # type: ignore[override]
+        return self.sae.step(x, dead, total_variance=total_variance)
 
 
 class ParallelStep:
+    """DDP-wrapped training step of ``sae`` on this rank's slice of every global batch."""
+
     def __init__(self, sae: SAE, device: torch.device):
         if not (dist.is_available() and dist.is_initialized()):
             raise VitposError("ParallelStep needs an initialised process group (launch with torchrun)")
@@ -130,7 +143,7 @@ class ParallelStep:
     @torch.no_grad()
     def _global_tv(self, xs: Tensor) -> tuple[Tensor, Tensor, float]:
         """(local total variance as the model computes it, global total variance, global n)."""
-        tv_local = (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
+        tv_local = batch_total_variance(xs)
         s = torch.cat([xs.double().sum(0), xs.new_tensor([xs.shape[0]], dtype=torch.float64)])
         dist.all_reduce(s)
         n_g = float(s[-1])
@@ -139,31 +152,25 @@ class ParallelStep:
         dist.all_reduce(q)
         return tv_local, q.to(xs.dtype).clamp_min(1e-12)[0], n_g
 
-    def run(self, x: Tensor, dead: Tensor, arch: str, aux_coeff: float, l1_coeff: float) -> tuple[Tensor, dict[str, Any]]:
-        """Forward through DDP on the local slice ``x``; returns (loss to backward, global info)."""
+    def run(self, x: Tensor, dead: Tensor, arch: str, aux_coeff: float, l1_coeff: float) -> tuple[Tensor, StepOutput]:
+        """Forward through DDP on the local slice ``x``; returns (loss to backward, the global batch's output)."""
         xs = x.to(self.sae.W_enc.dtype) * self.sae.scale
         tv_l, tv_g, n_g = self._global_tv(xs)
         n_l = x.shape[0]
-        _, _, info = self.ddp(x, dead)
-        loss = _rescaled_loss(info, (tv_l / tv_g) * self.world, (n_l / n_g) * self.world, arch, aux_coeff, l1_coeff)
+        out: StepOutput = self.ddp(x, dead, tv_l)
+        loss = _rescaled_loss(out, (tv_l / tv_g) * self.world, (n_l / n_g) * self.world, arch, aux_coeff, l1_coeff)
         with torch.no_grad():
-            part = torch.stack([
-                (info["fvu"].detach() * tv_l).double(), (info["aux_loss"].detach() * tv_l).double(),
-                (info["l0"] * n_l).double(), (info["l1"].detach() * n_l).double(),
-            ])
-            dist.all_reduce(part)
-            fired = info["fired"].to(torch.int32)
+            sums = _sums(out, tv_l)
+            dist.all_reduce(sums)
+            fired = out.fired.to(torch.int32)
             dist.all_reduce(fired)
-            g: dict[str, Any] = {
-                "fvu": (part[0] / tv_g.double()).float(), "aux_loss": (part[1] / tv_g.double()).float(),
-                "l0": (part[2] / n_g).float(), "l1": (part[3] / n_g).float(), "fired": fired > 0, "n": int(n_g),
-            }
-            g["loss"] = g["fvu"] + (l1_coeff * g["l1"] if arch == "relu" else aux_coeff * g["aux_loss"])
+            min_act = None
             if arch == "batchtopk":
-                m = info["min_act"]
+                m = out.min_act
                 m = torch.tensor([float("inf")], device=x.device) if m is None else m.detach().reshape(1).float()
                 dist.all_reduce(m, op=dist.ReduceOp.MIN)
-                g["min_act"] = None if not torch.isfinite(m).all() else m[0]
-            else:
-                g["min_act"] = None
-        return loss, g
+                min_act = None if not torch.isfinite(m).all() else m[0]
+            return loss, combine(sums, tv_g, n_g, fired > 0, min_act, arch, aux_coeff, l1_coeff)
+
+
+__all__ = ["ParallelStep", "combine", "micro_step"]
