@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -28,6 +29,23 @@ DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
 DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise VitposError(f"{flag} takes a comma list of layer numbers, e.g. {flag} 2,3 (got {text!r})") from None
+    if not values:
+        raise VitposError(f"{flag} is empty; give at least one layer number, e.g. {flag} 2")
+    return values
+
+
+def _positive_finite(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a positive finite number (got {value})")
+    return value
+
+
+SplitOpt = typer.Option("test", "--split")
 AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
@@ -42,10 +60,10 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="default 3, or 2 with --quick"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="default 3, or 2 with --quick (>= 1)"),
     seed: int = typer.Option(0, "--seed"),
-    batch_size: int = typer.Option(128, "--batch-size"),
-    lr: float = typer.Option(1e-3, "--lr"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    lr: float = typer.Option(1e-3, "--lr", callback=_positive_finite, help="AdamW peak learning rate (> 0, finite)"),
     quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
     force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
     progress: bool = ProgressOpt,
@@ -74,11 +92,11 @@ def train(
 def eval_cmd(
     model: str = ModelOpt,
     data: str = DataOpt,
-    split: str = typer.Option("test", "--split"),
+    split: Literal["train", "val", "test"] = SplitOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", help="evaluate on the first N images"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
@@ -117,12 +135,12 @@ def capture(
     model: str = ModelOpt,
     sites: str = typer.Option("resid_post", "--sites", help="comma list: resid_post (all layers) or blocks.L.site"),
     data: str = DataOpt,
-    split: str = typer.Option("train", "--split"),
+    split: Literal["train", "val", "test"] = typer.Option("train", "--split"),
     out: Path = OutOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", help="first N images only"),
-    batch_size: int = typer.Option(128, "--batch-size"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 | bfloat16 storage"),
-    shard_images: int = typer.Option(256, "--shard-images"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N images only (>= 1)"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    dtype: Literal["float32", "float16", "bfloat16"] = typer.Option("float32", "--dtype", help="storage dtype"),
+    shard_images: int = typer.Option(256, "--shard-images", min=1, help=">= 1"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -156,7 +174,7 @@ def probe(
     sites: str = typer.Option("resid_post", "--sites"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", help="number of test-split images (split by image into probe train/test)"),
+    images: int = typer.Option(1000, "--images", min=2, help="number of test-split images, split by image into probe train/test (>= 2)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -183,21 +201,23 @@ def probe(
 @app.command()
 def sae(
     model: str = ModelOpt,
-    layer: int = typer.Option(..., "--layer", help="block index whose site is encoded"),
-    site: str = typer.Option("resid_post", "--site", help="resid_post | resid_pre | attn_out | mlp_out"),
+    layer: int = typer.Option(..., "--layer", min=0, help="block index whose site is encoded (0..depth-1)"),
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = typer.Option("resid_post", "--site"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    arch: str = typer.Option("topk", "--arch", help="topk | batchtopk | relu"),
-    k: int = typer.Option(32, "--k"),
-    expansion: int = typer.Option(8, "--expansion"),
-    images: int = typer.Option(4000, "--images", help="training images (their patch tokens); unused with --store"),
-    epochs: int = typer.Option(4, "--epochs"),
+    arch: Literal["topk", "batchtopk", "relu"] = typer.Option("topk", "--arch"),
+    k: int = typer.Option(32, "--k", min=1, help="active latents per token for topk / batchtopk (>= 1)"),
+    expansion: int = typer.Option(8, "--expansion", min=1, help="latents = expansion x width (>= 1)"),
+    images: int = typer.Option(4000, "--images", min=1, help="training images (their patch tokens); unused with --store (>= 1)"),
+    epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
     seed: int = typer.Option(0, "--seed"),
     store: Optional[Path] = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Adam learning rate (default: 2e-3, ∝ 1/√F above 768 latents)"),
-    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="tokens per training step"),
-    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", help="shuffle buffer (tokens held in memory while streaming)"),
+    lr: Optional[float] = typer.Option(None, "--lr", callback=_positive_finite,
+                                     help="Adam learning rate (> 0; default: 2e-3, ∝ 1/√F above 768 latents)"),
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, help="tokens per training step (>= 1)"),
+    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0,
+                                       help="shuffle buffer (tokens held in memory while streaming; 0 = none)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -251,8 +271,8 @@ def ape_permute(
     sae_dir: Path = typer.Option(..., "--sae", help="directory written by `vitpos sae`"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(2000, "--images"),
-    seeds: int = typer.Option(3, "--seeds", help="number of random seeds"),
+    images: int = typer.Option(2000, "--images", min=1, help=">= 1"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="number of random seeds (>= 1)"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
     progress: bool = ProgressOpt,
@@ -284,8 +304,9 @@ def rope_axis(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images"),
-    restore: Optional[str] = typer.Option(None, "--restore", help="comma list of R (default: every layer 1..L-1)"),
+    images: int = typer.Option(1000, "--images", min=2, help=">= 2"),
+    restore: Optional[str] = typer.Option(None, "--restore", help="comma list of R in 1..depth-1, the first layer whose rotations "
+                                         "come back (default: every one)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -295,7 +316,7 @@ def rope_axis(
     from vitpos.experiments.rope_axis import run_rope_axis
 
     surface = _surface(model, pretrained, checkpoint)
-    Rs = None if restore is None else [int(r) for r in restore.split(",") if r.strip()]
+    Rs = None if restore is None else _int_list(restore, "--restore")
     doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
                         progress=progress).to_json()
     t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
@@ -310,8 +331,9 @@ def rope_heads(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    axis: str = typer.Option("both", "--axis", help="row | col | both"),
-    restore_from: Optional[int] = typer.Option(None, "--restore-from", help="R of the restore setting (default depth//2)"),
+    axis: Literal["row", "col", "both"] = typer.Option("both", "--axis"),
+    restore_from: Optional[int] = typer.Option(None, "--restore-from", min=1,
+                                                 help="R of the restore setting, 1..depth-1 (default depth//2)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Optional[Path] = CheckpointOpt,
@@ -361,15 +383,50 @@ def run(
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 
 
-def main() -> None:
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every expected failure ends as one `error: ...` line on stderr and exit code 2."""
     try:
-        app()
+        app(args=argv, standalone_mode=False)
     except VitposError as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(_one_line(str(e)))
     except KeyboardInterrupt:
-        console.print("interrupted; rerun the same command to resume")
+        console.print("interrupted; rerun the same command to resume", highlight=False, markup=False)
         sys.exit(130)
+    except OSError as e:  # full disk, permission, a path that is a file: the environment, not a bug
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        _fail(f"{e.strerror or e}{where}; check that the output location is a writable directory with free space")
+    except Exception as e:
+        _usage_or_raise(e)
+
+
+def _usage_or_raise(e: Exception) -> None:
+    """typer's own errors (it vendors click and does not re-export their classes: matched by name)."""
+    kind = type(e).__name__
+    ctx = getattr(e, "ctx", None)
+    if kind == "NoArgsIsHelpError" and ctx is not None:  # bare `vitpos` / `vitpos intervene`: the help
+        out_console.print(ctx.get_help())
+        sys.exit(0)
+    if kind == "Abort":
+        console.print("interrupted; rerun the same command to resume", highlight=False, markup=False)
+        sys.exit(130)
+    if kind == "Exit":
+        sys.exit(getattr(e, "exit_code", 0))
+    if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # UsageError, BadParameter, NoSuchOption...
+        cmd = ctx.command_path if ctx is not None else "vitpos"
+        _fail(f"{_one_line(e.format_message())} (see `{cmd} --help`)")  # type: ignore[attr-defined]
+    if kind == "SafetensorError":  # safetensors reports a full disk or a truncated file as its own type
+        _fail(f"could not read or write a .safetensors file ({_one_line(str(e))}); check free disk space and "
+              "that the file is complete")
+    raise e
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,32 @@ def fault_point(name: str) -> None:
     _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
     if _FAULT_HITS[name] == int(nth or 1):
         os._exit(137)
+
+
+@contextmanager
+def exclusive_lock(folder: str | Path, what: str = "vitpos run") -> Iterator[Path]:
+    """Hold an exclusive lock on FOLDER/.vitpos.lock while writing there; a second writer is refused.
+
+    An OS lock (flock), not a marker file: it goes away with the process, so a killed run never
+    leaves a stale lock behind."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".vitpos.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise VitposError(f"another `{what}` is writing to {folder} ({holder}); wait for it to finish or pass "
+                              "another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        try:
+            yield path
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -24,7 +25,8 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress | _Silent]:
     if not enabled:
         yield _Silent()
         return
+    # stderr: stdout carries the command's result line, which scripts read
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+                   TimeElapsedColumn(), TimeRemainingColumn(), transient=False, console=Console(stderr=True))
     with bar:
         yield bar

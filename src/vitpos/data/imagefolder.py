@@ -84,6 +84,25 @@ def dataset_info(name: str) -> DatasetInfo:
     )
 
 
+def fingerprint(name: str) -> str:
+    """sha256 (16 hex) of every file's relative path, size and mtime under the folder: results
+    cached for an imagefolder are recomputed once its images change (added, removed, edited)."""
+    import hashlib
+    import os
+
+    root = _root(name)
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in sorted(filenames):
+            if fn.startswith("."):
+                continue
+            p = Path(dirpath) / fn
+            st = p.stat()
+            h.update(f"{p.relative_to(root).as_posix()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def _scan(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int]]:
     from torchvision.datasets import ImageFolder
 

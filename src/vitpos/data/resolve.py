@@ -33,9 +33,19 @@ def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None 
     return ds
 
 
+def data_fingerprint(data: str) -> str:
+    """What identifies the data's content beyond its name: the file list of an imagefolder; the
+    built-in data sets are fixed by vitpos' version and the seed."""
+    if data.startswith("imagefolder:"):
+        from vitpos.data.imagefolder import fingerprint
+
+        return fingerprint(data)
+    return ""
+
+
 def data_name(data) -> str:
     """A dataset's name for JSON documents (`data` may be a name or a dataset object)."""
     return data if isinstance(data, str) else f"{data.info.name}:{getattr(data, 'split', '?')}"
 
 
-__all__ = ["data_name", "dataset_for"]
+__all__ = ["data_fingerprint", "data_name", "dataset_for"]

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers, predict
 from vitpos.data.resolve import data_name, dataset_for
+from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
 from vitpos.experiments.common import require_ape, sae_edit
 from vitpos.hooks import edit
@@ -123,11 +124,24 @@ def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 
     return z.mean(0), (z != 0).float().mean(0)
 
 
+def check_sae_matches(surface: ModelSurface, sae_doc: Mapping) -> None:
+    """An SAE is only meaningful on the model (and weights) whose activations it was trained on."""
+    model = sae_doc.get("model")
+    if model is not None and model != surface.spec:
+        raise VitposError(f"the SAE was trained on {model!r}, not {surface.spec!r}; train one on this model with "
+                          f"`vitpos sae --model {surface.spec} ...` or pass --model {model}")
+    weights = (sae_doc.get("run") or {}).get("weights")
+    if weights is not None and weights != surface.weights_digest():
+        raise VitposError(f"the SAE was trained on other weights of {surface.spec} (digest {weights}, now "
+                          f"{surface.weights_digest()}); retrain it with `vitpos sae --model {surface.spec} ...`")
+
+
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
                     progress: bool = False) -> ApePermuteResult:
     """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists)."""
     require_ape(surface)
+    check_sae_matches(surface, sae_doc)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
     site = Site(layer, site_name)
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])

@@ -34,6 +34,14 @@ def require_ape(surface: ModelSurface) -> None:
         )
 
 
+def check_restore_points(surface: ModelSurface, points: list[int], flag: str = "--restore") -> None:
+    """R is the first layer whose rotations come back: 1..depth-1 (R = 0 is the clean model)."""
+    bad = [R for R in points if not 1 <= R <= surface.depth - 1]
+    if bad:
+        raise VitposError(f"{flag} {','.join(map(str, bad))}: restore points must lie in 1..{surface.depth - 1} for "
+                          f"{surface.spec} (depth {surface.depth}; R is the first layer whose rotations come back)")
+
+
 def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int | None = None,
                       extra: dict[int, dict[str, list[int]]] | None = None
                       ) -> Callable[[], AbstractContextManager]:

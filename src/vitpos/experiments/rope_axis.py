@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import MIN_GAP, condition_context, probe_condition, recovery, require_rope
+from vitpos.experiments.common import (MIN_GAP, check_restore_points, condition_context, probe_condition, recovery,
+                                       require_rope)
 from vitpos.models.surface import ModelSurface
 from vitpos.progress import progress_bar
 from vitpos import plots
@@ -65,6 +66,8 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     require_rope(surface)
     dataset = dataset_for(surface, data, split, limit=n_images)
     layers = list(range(surface.depth))
+    if restore_points is not None:
+        check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
     plan: list[tuple[str, tuple[str, ...], int | None]] = [
         ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None)]

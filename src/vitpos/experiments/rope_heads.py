@@ -23,7 +23,8 @@ from vitpos.analysis.forward import predict
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import condition_context, probe_condition, recovery, require_rope
+from vitpos.experiments.common import (check_restore_points, condition_context, probe_condition, recovery,
+                                       require_rope)
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -92,6 +93,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
     L, Hh = surface.depth, surface.num_heads
+    if restore_from is not None:
+        check_restore_points(surface, [restore_from], "--restore-from")
     R = restore_from if restore_from is not None else max(1, L // 2)
     axes = ("row", "col") if axis == "both" else (axis,)
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)

@@ -189,6 +189,12 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
+    n_images = given.num_images if given is not None else n_train_images
+    if n_images * surface.num_patches < batch_tokens:
+        need = -(-batch_tokens // surface.num_patches)
+        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer than one "
+                          f"training batch (--batch-tokens {batch_tokens}); use at least {need} images or a smaller "
+                          "--batch-tokens")
     run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,

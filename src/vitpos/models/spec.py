@@ -109,6 +109,10 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
 def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
                timm_kwargs: dict | None = None) -> ModelSurface:
     """Load any supported model SPEC behind the model surface (eval mode)."""
+    if not spec.startswith("timm:") and (pretrained or checkpoint is not None):
+        flag = "--checkpoint" if checkpoint is not None else "--pretrained"
+        raise VitposError(f"{flag} applies to timm:NAME specs only; {spec!r} loads its own weights (drop {flag}, "
+                          "or name a timm model)")
     if spec.startswith("builtin:"):
         name = spec[len("builtin:"):]
         if name not in available_builtins():
@@ -118,7 +122,14 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if spec.startswith("timm:"):
         name, kwargs = parse_timm_spec(spec)
         kwargs.update(timm_kwargs or {})
-        model = load_timm(name, kwargs, pretrained, checkpoint)
+        try:
+            model = load_timm(name, kwargs, pretrained, checkpoint)
+        except (ValueError, TypeError, AssertionError, RuntimeError) as e:  # timm's own argument checks
+            if isinstance(e, VitposError):
+                raise
+            msg = " ".join(str(e).split())[:200] or type(e).__name__
+            raise VitposError(f"timm could not build {spec!r}: {msg}; check the model name and the ?key=value "
+                              "arguments (e.g. img_size must be a positive multiple of the patch size)") from None
         return surface_for(model.eval(), spec)
     path = Path(os.path.expanduser(spec))
     if path.is_dir():

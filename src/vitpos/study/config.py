@@ -20,43 +20,43 @@ class _Strict(BaseModel):
 
 
 class ProbeStage(_Strict):
-    images: int = 1000
+    images: int = Field(1000, ge=2, description="test-split images, split by image into probe train/test")
 
 
 class SAEStage(_Strict):
-    layer: int | None = Field(None, description="None = chosen from the probe results")
-    site: str = "resid_post"
+    layer: int | None = Field(None, ge=0, description="None = chosen from the probe results")
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
-    k: int = 32
-    expansion: int = 8
-    images: int = 4000
-    epochs: int = 4
-    lr: float | None = Field(None, description="None = vitpos.sae.train.default_lr")
+    k: int = Field(32, ge=1)
+    expansion: int = Field(8, ge=1)
+    images: int = Field(4000, ge=1)
+    epochs: int = Field(4, ge=1)
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
 
 
 class ApePermuteStage(_Strict):
-    images: int = 2000
-    seeds: int = 3
+    images: int = Field(2000, ge=1)
+    seeds: int = Field(3, ge=1)
 
 
 class RopeAxisStage(_Strict):
-    images: int = 1000
-    restore: list[int] | None = None
+    images: int = Field(1000, ge=2)
+    restore: list[int] | None = Field(None, min_length=1, description="None = every layer 1..depth-1")
 
 
 class RopeHeadsStage(_Strict):
     axis: Literal["row", "col", "both"] = "both"
-    restore_from: int | None = None
-    probe_images: int = 500
-    top1_images: int = 2000
-    attn_images: int = 64
+    restore_from: int | None = Field(None, ge=1, description="None = depth // 2")
+    probe_images: int = Field(500, ge=2)
+    top1_images: int = Field(2000, ge=1)
+    attn_images: int = Field(64, ge=1)
 
 
 class RunConfig(_Strict):
     models: list[str] | None = Field(None, description="None = the shipped models of each dataset")
-    data: list[str] = Field(default_factory=lambda: ["shapes"])
-    seed: int = 0
-    eval_images: int | None = None
+    data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
+    seed: int = Field(0, ge=0)
+    eval_images: int | None = Field(None, ge=1, description="None = the whole test split")
     pretrained: bool = False
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
     probe: ProbeStage = ProbeStage()

@@ -23,7 +23,9 @@ import vitpos
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
-from vitpos.io import write_json
+from vitpos.data import dataset_info
+from vitpos.data.resolve import data_fingerprint
+from vitpos.io import exclusive_lock, write_json
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
@@ -49,18 +51,35 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
 def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False, progress: bool = True,
               reproduce: str | None = None, log: Callable[[str], None] = print) -> StudyResults:
     from vitpos.models import load_model
-    from vitpos.report.html import render_report
 
     out = Path(out)
-    cache = StageCache(out, force)
-    t_start = time.time()
-    timings: dict[str, float] = {}
-    entries: dict[str, ModelEntry] = {}
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+    # every input is checked before anything is written: a bad model or data set late in the list
+    # must not cost the stages of the ones before it
+    surfaces = {}
+    fingerprints = {}
     for spec, data in _models_for(cfg):
-        key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
-        surface = load_model(spec, pretrained=cfg.pretrained, checkpoint=cfg.checkpoints.get(spec))
-        runner = _ModelStages(surface, spec, key_spec, data, cfg, cache, out, quick, progress, timings, log)
-        entries[key_spec] = runner.run_all()
+        if spec not in surfaces:
+            surfaces[spec] = load_model(spec, pretrained=cfg.pretrained, checkpoint=cfg.checkpoints.get(spec))
+        if data not in fingerprints:
+            dataset_info(data)  # names the problem with an unknown or empty data set
+            fingerprints[data] = data_fingerprint(data)
+    with exclusive_lock(out):
+        cache = StageCache(out, force)
+        t_start = time.time()
+        timings: dict[str, float] = {}
+        entries: dict[str, ModelEntry] = {}
+        for spec, data in _models_for(cfg):
+            key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
+            runner = _ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
+                                  progress, timings, log)
+            entries[key_spec] = runner.run_all()
+        return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
+
+
+def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: dict[str, float], t_start: float,
+            quick: bool, reproduce: str | None, log: Callable[[str], None]) -> StudyResults:
 
     results = StudyResults(
         vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=timm.__version__,
@@ -70,17 +89,17 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
     results.timings["total_this_run"] = round(time.time() - t_start, 1)
     results.figures = draw_figures(results, out, log)
     write_json(out / "results.json", results.to_json())
-    render_report(results, out)
     return results
 
 
 class _ModelStages:
     """The registry's stages for one model: cached, in order, each given the results before it."""
 
-    def __init__(self, surface: ModelSurface, spec: str, key_spec: str, data: str, cfg: RunConfig,
+    def __init__(self, surface: ModelSurface, spec: str, key_spec: str, data: str, data_fp: str, cfg: RunConfig,
                  cache: StageCache, out: Path, quick: bool, progress: bool, timings: dict[str, float],
                  log: Callable[[str], None]):
         self.surface, self.spec, self.key_spec, self.data, self.cfg = surface, spec, key_spec, data, cfg
+        self.data_fp = data_fp
         self.cache, self.out, self.quick, self.progress, self.timings, self.log = (
             cache, out, quick, progress, timings, log)
         self.slug = model_slug(key_spec)
@@ -106,6 +125,7 @@ class _ModelStages:
 
     def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
         key = {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
+               **({"data_files": self.data_fp} if self.data_fp else {}),
                "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__}
         path = self.cache.path(self.slug, exp.name, key)
         hit = None if recompute else self.cache.get(path)
