@@ -110,3 +110,30 @@ def test_bad_config_names_the_key(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--config", str(bad), "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "rope_heads.axis" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_one_writer_per_output_folder(tmp_path):
+    from vitpos.io import exclusive_lock
+
+    with exclusive_lock(tmp_path / "out"):
+        with pytest.raises(VitposError, match="another `vitpos run` is writing"):
+            with exclusive_lock(tmp_path / "out"):
+                pass
+    with exclusive_lock(tmp_path / "out"):  # released on exit: the next run may write
+        pass
+
+
+def test_imagefolder_fingerprint_follows_the_files(tmp_path):
+    from PIL import Image
+
+    from vitpos.data.resolve import data_fingerprint
+
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / cls / f"{i}.png")
+    spec = f"imagefolder:{tmp_path}"
+    first = data_fingerprint(spec)
+    assert data_fingerprint(spec) == first and data_fingerprint("shapes") == ""
+    (tmp_path / "dog" / "1.png").unlink()
+    assert data_fingerprint(spec) != first  # a deleted image changes the cache key

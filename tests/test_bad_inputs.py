@@ -1,0 +1,149 @@
+"""Every bad input ends as exactly one `error:` line on stderr, exit code 2, no traceback, nothing on
+stdout — table-driven over the CLI (in process: `vitpos.cli.main(argv)`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitpos.cli import main
+from vitpos.io import write_json
+from vitpos.sae import SAE, SAEConfig
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    (root / "a_file").write_text("not a directory")
+    (root / "garbage.safetensors").write_bytes(b"\x00garbage" * 10)
+    (root / "evil.pt").write_bytes(b"not read")
+    (root / "missing_probe.yaml").write_text("probe:\n  images: -5\n")
+    (root / "unknown.yaml").write_text("probe:\n  imgs: 3\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    (root / "broken.yaml").write_text("probe: [unclosed\n")
+    (root / "k0.yaml").write_text("sae:\n  k: 0\n")
+    (root / "restore.yaml").write_text("rope_axis:\n  restore: []\n")
+    (root / "lr.toml").write_text("[sae]\nlr = -1.0\n")
+    (root / "empty_folder").mkdir()
+    sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
+    SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
+    write_json(sae_dir / "sae.json", {"model": "builtin:ape", "layer": 1, "site": "resid_post", "row_features": [0],
+                                      "col_features": [1], "mixed_features": [], "run": {"weights": "0" * 16}})
+    return root
+
+
+O = "{out}"  # replaced by a fresh output folder per case
+CASES = [
+    # train
+    "train --pe bogus --out {out}",
+    "train --pe ape",
+    "train --pe ape --out {out} --lr inf",
+    "train --pe ape --out {out} --lr -1",
+    "train --pe ape --out {out} --lr 0",
+    "train --pe ape --out {out} --lr nan",
+    "train --pe ape --out {out} --batch-size 0",
+    "train --pe ape --out {out} --epochs 0",
+    "train --pe ape --out {out} --epochs abc",
+    "train --pe ape --out {out} --data nope",
+    "train --pe ape --out {root}/a_file --quick",
+    # eval and model specs
+    "eval",
+    "eval -m builtin:nope",
+    "eval -m builtin:ape --limit 0",
+    "eval -m builtin:ape --split bogus",
+    "eval -m builtin:ape --checkpoint {root}/evil.pt",
+    "eval -m builtin:ape --pretrained",
+    "eval -m timm:vit_small_patch16_224?img_size=-32",
+    "eval -m timm:no_such_model_xyz",
+    "eval -m timm:vit_small_patch16_224?bogus=1",
+    "eval -m timm:vit_small_patch16_224?img_size=32 --checkpoint {root}/evil.pt",
+    "eval -m timm:vit_small_patch16_224?img_size=32 --checkpoint {root}/missing.safetensors",
+    "eval -m timm:vit_small_patch16_224?img_size=32 --checkpoint {root}/garbage.safetensors",
+    "eval -m {root}/no_such_dir",
+    "eval -m builtin:ape --data imagefolder:{root}/no_such_dir",
+    "eval -m builtin:ape --data imagefolder:",
+    "eval -m builtin:ape --data imagefolder:{root}/empty_folder",
+    "eval -m builtin:ape --data nope",
+    "eval -m builtin:fashion-ape --data shapes --limit 8",
+    "eval -m builtin:ape --bogus-flag",
+    "frobnicate",
+    # capture
+    "capture -m builtin:ape --out {out} --limit 0",
+    "capture -m builtin:ape --out {out} --batch-size 0",
+    "capture -m builtin:ape --out {out} --shard-images 0",
+    "capture -m builtin:ape --out {out} --dtype int8",
+    "capture -m builtin:ape --out {out} --sites bogus --limit 4",
+    "capture -m builtin:ape --out {out} --split nope",
+    "capture -m builtin:ape --out {out} --amp fp16 --limit 4",
+    # probe
+    "probe -m builtin:ape --out {out} --images 0",
+    "probe -m builtin:ape --out {out} --images 1",
+    "probe -m builtin:ape --out {out} --sites bogus --images 8",
+    "probe -m builtin:ape --out {out} --device cuda --images 8",
+    "probe -m builtin:ape --out {out} --amp bogus",
+    # sae
+    "sae -m builtin:ape --layer 1 --out {out} --k 0",
+    "sae -m builtin:ape --layer 1 --out {out} --expansion 0",
+    "sae -m builtin:ape --layer 1 --out {out} --arch gated",
+    "sae -m builtin:ape --layer 99 --out {out} --images 64",
+    "sae -m builtin:ape --layer -1 --out {out}",
+    "sae -m builtin:ape --layer 1 --out {out} --site q",
+    "sae -m builtin:ape --layer 1 --out {out} --images 20",
+    "sae -m builtin:ape --layer 1 --out {out} --lr 0",
+    "sae -m builtin:ape --layer 1 --out {out} --batch-tokens 0",
+    "sae -m builtin:ape --layer 1 --out {out} --buffer-tokens -1",
+    "sae -m builtin:ape --layer 1 --out {out} --store {root}/no_such_store",
+    "sae -m builtin:ape --layer 1 --out {out} --checkpoint-every -1",
+    "sae -m builtin:ape --layer 1 --out {out} --epochs 0",
+    # intervene ape-permute
+    "intervene ape-permute -m builtin:ape --sae {root}/no_such_sae --out {out}",
+    "intervene ape-permute -m builtin:rope-axial --sae {root}/sae_ape --out {out}",
+    "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --seeds 0",
+    "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 0",
+    "intervene ape-permute -m builtin:fashion-ape --sae {root}/sae_ape --out {out}",
+    "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8",
+    # intervene rope-axis / rope-heads
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore abc",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 99",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore -2",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore ,",
+    "intervene rope-axis -m builtin:ape --out {out} --images 8",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --images 1",
+    "intervene rope-heads -m builtin:rope-axial --out {out} --axis diag",
+    "intervene rope-heads -m builtin:rope-axial --out {out} --restore-from 9",
+    "intervene rope-heads -m builtin:rope-axial --out {out} --restore-from 0",
+    "intervene rope-heads -m builtin:none --out {out}",
+    "intervene bogus",
+    # run
+    "run --out {out} --models builtin:ape,builtin:nope",
+    "run --out {out} --data nope",
+    "run --out {out} --data digits",
+    "run --out {out} --config {root}/missing.yaml",
+    "run --out {out} --config {root}/missing_probe.yaml",
+    "run --out {out} --config {root}/unknown.yaml",
+    "run --out {out} --config {root}/list.yaml",
+    "run --out {out} --config {root}/broken.yaml",
+    "run --out {out} --config {root}/k0.yaml",
+    "run --out {out} --config {root}/restore.yaml",
+    "run --out {out} --config {root}/lr.toml",
+    "run --out {root}/a_file --quick",
+    "run --out {out} --seed -1",
+]
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 60 and len(set(CASES)) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_error_line(case, files, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = case.format(root=files, out=out).split()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    err_lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2, (case, captured.err[-800:])
+    assert len(err_lines) == 1 and err_lines[0].startswith("error: "), (case, captured.err[-800:])
+    assert "Traceback" not in captured.err and captured.out == ""
+    # nothing half-written: a refused command leaves no output folder (or an empty one) behind
+    assert not out.exists() or not any(out.iterdir()), (case, sorted(p.name for p in out.iterdir()))
