@@ -149,6 +149,39 @@ class ModelSurface:
             )
         return self.model(images)
 
+    # --- partial forwards: the model from a layer's residual stream ---------------------------
+    # forward_from(0, embed_tokens(x)) is surface(x), bit for bit: the same modules in the same
+    # order, with every hook on them (capture / edit / remove_rope) firing as in a full forward.
+    # An intervention that starts at layer l leaves resid_pre of l unchanged, so experiments run
+    # the clean prefix once and only blocks >= l per intervention.
+
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) input of block 0 (`blocks.0.resid_pre`): patch embedding, prefix tokens, APE."""
+        raise NotImplementedError
+
+    def run_blocks(self, tokens: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+        """Blocks start..stop-1 (stop None = the last) on `tokens`, the resid_pre of `start`; returns the
+        resid_pre of `stop` (the resid_post of stop - 1). start == stop returns `tokens` unchanged."""
+        raise NotImplementedError
+
+    def head_from(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits from the last block's output: final norm, pooling and classifier head."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def forward_from(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of the model run from `blocks.<layer>.resid_pre` = tokens (layer in 0..depth;
+        layer == depth: tokens are the last block's output, only the final norm and head run)."""
+        return self.head_from(self.run_blocks(tokens, layer))
+
+    def _check_tokens(self, tokens: torch.Tensor, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= self.depth:
+            raise VitposError(f"blocks {start}..{stop - 1} are outside layers 0..{self.depth - 1} of {self.spec}")
+        want = (self.num_prefix_tokens + self.num_patches, self.width)
+        if tokens.ndim != 3 or tuple(tokens.shape[1:]) != want:
+            raise VitposError(f"residual stream of shape {tuple(tokens.shape)} does not fit {self.spec}, whose blocks "
+                              f"take (B, {want[0]}, {want[1]})")
+
     def weights_digest(self) -> str:
         """sha256 (16 hex) of every parameter and buffer: the model's content identity, so results
         cached under a spec are never reused after the weights behind that spec change (a retrained

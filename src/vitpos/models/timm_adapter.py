@@ -67,6 +67,26 @@ class TimmViTSurface(ModelSurface):
     def block(self, layer: int) -> nn.Module:
         return self.model.blocks[layer]
 
+    # partial forwards with timm's own modules, in VisionTransformer.forward_features' order
+    @torch.no_grad()
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x = m._pos_embed(m.patch_embed(images))
+        return m.norm_pre(m.patch_drop(x))
+
+    @torch.no_grad()
+    def run_blocks(self, tokens: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+        stop = self.depth if stop is None else stop
+        self._check_tokens(tokens, start, stop)
+        x = tokens
+        for i in range(start, stop):
+            x = self.model.blocks[i](x)
+        return x
+
+    @torch.no_grad()
+    def head_from(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_head(self.model.norm(tokens))
+
     def attention(self, layer: int) -> nn.Module:
         return self.model.blocks[layer].attn
 
@@ -98,6 +118,36 @@ class TimmEvaSurface(TimmViTSurface):
         has_ape = getattr(model, "pos_embed", None) is not None
         self.scheme = ("rope+ape" if has_ape else "rope") if rope is not None else ("ape" if has_ape else "none")
         self._axis_map: RopeAxisMap | None = None
+
+    @torch.no_grad()
+    def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x, _ = m._pos_embed(m.patch_embed(images))
+        return m.norm_pre(x)
+
+    def _forward_rope(self) -> torch.Tensor | None:
+        """The rotary tensor Eva._pos_embed computes for the configured grid (a fixed input size)."""
+        rope = self.model.rope
+        if rope is None:
+            return None
+        if getattr(self.model, "dynamic_img_size", False):
+            return rope.get_embed(shape=list(self.grid))
+        if hasattr(rope, "feat_shape"):
+            return rope.get_embed()
+        return rope.get_embed(shape=self.model.patch_embed.grid_size)
+
+    @torch.no_grad()
+    def run_blocks(self, tokens: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+        """As Eva.forward_features: each block gets `rope=` (per-layer for mixed RoPE), so remove_rope's
+        pre-hooks and every other hook on the blocks act as in a full forward."""
+        stop = self.depth if stop is None else stop
+        self._check_tokens(tokens, start, stop)
+        rot = self._forward_rope() if start < stop else None
+        per_layer = bool(getattr(self.model, "rope_mixed", False)) and rot is not None
+        x = tokens
+        for i in range(start, stop):
+            x = self.model.blocks[i](x, rope=rot[i] if per_layer else rot, attn_mask=None, is_causal=False)
+        return x
 
     # the rotary tensor timm computes for this grid (what forward_features passes to blocks)
     def _base_rope(self) -> torch.Tensor:
