@@ -72,3 +72,101 @@ def test_partial_forwards_refuse_bad_inputs():
         s.run_blocks(t, 1, s.depth + 1)
     with pytest.raises(VitposError, match="does not fit"):
         s.forward_from(0, t[:, 1:])
+
+
+# --- the sweeps: shared prefix == the old path (every condition from the input) ---------------------
+
+DEEP = 4  # depth of the equivalence models: restore points and layers before them to share
+
+
+def _deep(which):
+    from vitpos.models.own import OwnViTConfig, build_own_vit
+    from vitpos.models.spec import OwnSurface, load_model
+
+    from conftest import TINY
+
+    kind, name = which
+    torch.manual_seed(0)
+    if kind == "own":
+        cfg = OwnViTConfig(pe=name, **{**TINY, "depth": DEEP})
+        return OwnSurface(build_own_vit(cfg).eval(), f"tiny:{name}", cfg)
+    return load_model(TIMM_TINY[name].replace("depth=2", f"depth={DEEP}"))
+
+
+def _planted(which, n: int = 300):
+    """A depth-4 RoPE model where rotations matter (sharp q/k, a strong attention output, a larger
+    CLS token) on near-constant images labelled by the model itself, so probe accuracies, recovery,
+    axis indices and top-1 drops all move under the interventions; n = 300: two batches of 256 + 44."""
+    from vitpos.data.base import DatasetInfo, TensorImageDataset
+
+    s = _deep(which)
+    with torch.no_grad():
+        s.model.cls_token.mul_(3)
+        for b in s.model.blocks:
+            b.attn.qkv.weight[: 2 * s.width] *= 8
+            b.attn.proj.weight.mul_(50)
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3,
+                       class_groups={"ab": (0, 1), "cd": (2, 3)})
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(3, 4, 4, generator=g).repeat(1, 4, 4) + 0.3 * torch.rand(n, 3, 16, 16, generator=g)).clamp(0, 1)
+    images = (x * 255).to(torch.uint8)
+    unlabelled = TensorImageDataset(images, torch.zeros(n, dtype=torch.long), info, "test")
+    labels = torch.cat([s(b).argmax(-1) for b, _ in unlabelled.batches(256)])
+    return s, TensorImageDataset(images, labels, info, "test")
+
+
+def differences(want, got, path: str = "", tol: float = 1e-5) -> list[str]:
+    if isinstance(want, dict) and isinstance(got, dict):
+        if list(want) != list(got):
+            return [f"{path}: keys {list(want)} != {list(got)}"]
+        return [d for k in want for d in differences(want[k], got[k], f"{path}/{k}", tol)]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{path}: length {len(want)} != {len(got)}"]
+        return [d for i, (a, b) in enumerate(zip(want, got, strict=True)) for d in differences(a, b, f"{path}[{i}]", tol)]
+    if isinstance(want, float) and isinstance(got, float):
+        same = (want != want and got != got) or abs(want - got) <= tol
+        return [] if same else [f"{path}: {want!r} != {got!r}"]
+    return [] if want == got and type(want) is type(got) else [f"{path}: {want!r} != {got!r}"]
+
+
+ROPE_MODELS = [pytest.param(("own", "rope-axial"), id="own-rope-axial"),
+               pytest.param(("own", "rope-mixed"), id="own-rope-mixed"),
+               pytest.param(("timm", "rope_axial"), id="timm-vit_small_patch16_rope_224"),
+               pytest.param(("timm", "rope_mixed"), id="timm-vit_small_patch16_rope_mixed_224")]
+
+
+@pytest.mark.parametrize("which", ROPE_MODELS)
+def test_rope_axis_shared_prefix_equals_the_old_path(which):
+    from vitpos.experiments.rope_axis import run_rope_axis
+
+    s, data = _planted(which)
+    for restore in (None, [2, 3]):
+        old = run_rope_axis(s, data, n_images=300, restore_points=restore, shared_prefix=False).to_json()
+        new = run_rope_axis(s, data, n_images=300, restore_points=restore).to_json()
+        diffs = differences(old, new)
+        assert not diffs, diffs[:10]
+        accs = [a for c in new["conditions"].values() for a in c["row_acc"] + c["col_acc"]]
+        assert max(accs) - min(accs) > 0.2  # the conditions differ: the comparison has teeth
+
+
+@pytest.mark.parametrize("which", ROPE_MODELS)
+def test_rope_heads_shared_prefix_equals_the_old_path(which):
+    from vitpos.experiments.rope_heads import run_rope_heads
+
+    s, data = _planted(which)
+    for axis, restore_from in (("both", 1), ("row", 2)):
+        kw = dict(axis=axis, restore_from=restore_from, n_probe_images=300, n_top1_images=300, n_attn_images=8)
+        old = run_rope_heads(s, data, shared_prefix=False, **kw).to_json()
+        new = run_rope_heads(s, data, **kw).to_json()
+        diffs = differences(old, new)
+        assert not diffs, diffs[:10]
+        scores = [v for row in new["rebuild_score"] for v in row if v is not None]
+        assert len({round(v, 6) for v in scores}) > 2 and len({round(v, 6) for r in new["axis_index"] for v in r}) > 2
+        if which == ("own", "rope-axial"):
+            assert max(max(r) for r in new["drop_points"]) > 1  # top-1 moves too
+
+
+def test_differences_sees_a_changed_number():
+    assert differences({"a": [1.0]}, {"a": [1.0 + 2e-5]}) == ["/a[0]: 1.0 != 1.00002"]
+    assert differences({"a": 1.0}, {"a": 1.0 + 1e-6}) == []

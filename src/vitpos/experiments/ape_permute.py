@@ -23,13 +23,14 @@ from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers, predict
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import require_ape, sae_edit
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.sae import SAE
 
+MASS_IMAGES = 256  # images whose codes give each latent's mean activation
 VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
 
 
@@ -116,7 +117,7 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 
 
 @torch.no_grad()
-def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = MASS_IMAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
     acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
@@ -234,6 +235,16 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}
+
+    def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
+        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {}))}
+
+    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        n = sizes.n("test", settings["images"])
+        # feature mass, the baseline, then every variant once per seed (fewer when a feature set is empty)
+        return (StagePlan.full(min(MASS_IMAGES, n), surface.depth)
+                + StagePlan.full(n, surface.depth, 1 + len(VARIANTS) * settings["seeds"])
+                + StagePlan(note="upper bound: every variant has features"))
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()

@@ -77,6 +77,70 @@ class StageInput:
     quick: bool
 
 
+def probe_train_tokens(n_images: int, num_patches: int, cap: int | None, test_frac: float = 0.25) -> int:
+    """Training tokens of one fit_position_probes call on n_images (its split and token cap)."""
+    n_test = max(1, round(test_frac * n_images))
+    n_train = max(0, n_images - n_test)
+    total = n_train * num_patches
+    if cap is None or cap >= total:
+        return total
+    return min(cap, n_train * max(1, cap // max(1, n_train)))
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """Images in each split of the stage's data (None: unknown); `n` is what dataset_for(limit=) yields."""
+
+    train: int | None = None
+    test: int | None = None
+
+    def n(self, split: str, limit: int | None) -> int:
+        size = getattr(self, split)
+        if limit is None:
+            if size is None:
+                raise ValueError(f"the {split} split's size is unknown and no image count was given")
+            return size
+        return limit if size is None else min(limit, size)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What one stage computes, counted from its settings without running it.
+
+    forwards: images through the patch embedding (a forward from the input);
+    blocks: image x block evaluations, full and partial forwards alike (a forward from a stored
+      residual stream at layer l costs depth - l blocks and no forward);
+    fits: probe fits (fit_position_probes calls, each a row and a column probe);
+    fit_work: training tokens x softmax heads fitted, summed over the fits (their cost; the L2 path
+      of a fit fits 2 heads per L2 value, the final refit 2, or 4 with control probes);
+    sae_tokens: SAE training tokens (x epochs); sae_work: those tokens x the SAE's latents (their cost)."""
+
+    forwards: int = 0
+    blocks: int = 0
+    fits: int = 0
+    fit_work: int = 0
+    sae_tokens: int = 0
+    sae_work: int = 0
+    note: str = ""
+
+    def __add__(self, other: StagePlan) -> StagePlan:
+        note = "; ".join(n for n in (self.note, other.note) if n)
+        return StagePlan(self.forwards + other.forwards, self.blocks + other.blocks, self.fits + other.fits,
+                         self.fit_work + other.fit_work, self.sae_tokens + other.sae_tokens,
+                         self.sae_work + other.sae_work, note)
+
+    @staticmethod
+    def full(images: int, depth: int, passes: int = 1) -> StagePlan:
+        """`passes` full forwards of `images` images."""
+        return StagePlan(forwards=images * passes, blocks=images * depth * passes)
+
+    @staticmethod
+    def probe_fits(count: int, n_images: int, num_patches: int, cap: int | None, l2_values: int,
+                   control: bool = False) -> StagePlan:
+        heads = 2 * l2_values + (4 if control else 2)
+        return StagePlan(fits=count, fit_work=count * heads * probe_train_tokens(n_images, num_patches, cap))
+
+
 class Experiment(ABC, Generic[R]):
     """One measurement of the study. Subclasses set the class attributes and implement the hooks."""
 
@@ -97,6 +161,17 @@ class Experiment(ABC, Generic[R]):
     @abstractmethod
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> R:
         """Run the measurement for the study (no figures: the study draws them once)."""
+
+    def plan_settings(self, config: Any, surface: ModelSurface, planned: Mapping[str, Mapping[str, Any]],
+                      quick: bool) -> dict:
+        """The stage's settings before earlier stages ran (`planned`: their planned settings by
+        name); stages whose settings read earlier results override this with a best guess."""
+        return self.stage_settings(config, surface, {}, quick)
+
+    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        """Forwards, block evaluations and probe fits `run_stage` will do with these settings (pure:
+        counted from the settings and the model's shape; `sizes` caps the image counts)."""
+        return StagePlan(note="not counted")
 
     def artifacts_ready(self, result: R) -> bool:
         """False when files a cached result points to (e.g. SAE weights) are gone: the stage reruns."""

@@ -3,19 +3,23 @@ recovery, SAE edits. Experiments import this module and the layers below, never 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from vitpos.analysis.forward import accuracy_report, capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
-from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.errors import VitposError
-from vitpos.hooks import remove_rope
+from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import ModelSurface, Site
 
 MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
+BATCH = 256  # images per forward in the sweeps (capture_layers' and predict's default)
+ContextFactory = Callable[[], AbstractContextManager]
 
 
 def require_rope(surface: ModelSurface) -> None:
@@ -60,18 +64,103 @@ def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int 
     return make
 
 
+@dataclass(frozen=True)
+class Start:
+    """Every image's residual stream at the input of block `layer` under one condition, (n, T, D)
+    in dataset order (with its labels): a forward from here runs only blocks >= layer, and gives
+    the very floats a full forward under that condition would (same batches, same modules)."""
+
+    layer: int
+    tokens: torch.Tensor
+    labels: torch.Tensor
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(tokens, labels) in the batches `dataset.batches(batch_size)` yields images in."""
+        for i in range(0, len(self.labels), batch_size):
+            yield self.tokens[i:i + batch_size], self.labels[i:i + batch_size]
+
+
+def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFactory | None = None,
+            batch_size: int = BATCH) -> Start:
+    """`start` moved on to the input of block `layer` under a hook context (the blocks in between
+    run as in a full forward under that context)."""
+    if layer < start.layer:
+        raise VitposError(f"cannot move a residual stream at layer {start.layer} back to layer {layer}")
+    dev = next(surface.model.parameters()).device
+    out = []
+    with context() if context else nullcontext():
+        for t, _ in start.batches(batch_size):
+            out.append(surface.run_blocks(t.to(dev), start.layer, layer).cpu())
+    return Start(layer, torch.cat(out), start.labels)
+
+
+def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | None, sites: list[Site], *,
+                      start: Start | None = None, keep_pre: int | None = None, batch_size: int = BATCH
+                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, Start | None]:
+    """capture_layers (patch tokens per site, labels, logits) under a hook context, optionally run
+    from a stored residual stream (`start`: only blocks >= start.layer run) and optionally keeping
+    every token of `blocks.<keep_pre>.resid_pre` as a Start for later partial forwards."""
+    if start is None and keep_pre is None:
+        acts, labels, logits = capture_layers(surface, dataset, sites, batch_size=batch_size, context=context)
+        return acts, labels, logits, None
+    if start is not None and any(s.layer is None or s.layer < start.layer for s in sites):
+        raise VitposError(f"a forward from layer {start.layer} cannot capture {', '.join(map(str, sites))}")
+    npt = surface.num_prefix_tokens
+    dev = next(surface.model.parameters()).device
+    keep = [Site(keep_pre, "resid_pre")] if keep_pre is not None else []
+    labels, logits = [], []
+    with ExitStack() as es:
+        if context is not None:
+            es.enter_context(context())
+        cache = es.enter_context(capture(surface, sites, tokens=slice(npt, None)))
+        pre = es.enter_context(capture(surface, keep))
+        if start is None:
+            for _, y, out in forward_batches(surface, dataset, batch_size):
+                labels.append(y)
+                logits.append(out)
+        else:
+            for t, y in start.batches(batch_size):
+                labels.append(y)
+                logits.append(surface.forward_from(start.layer, t.to(dev)))
+        acts = {str(s): cache[str(s)] for s in sites}
+        labels_t = torch.cat(labels)
+        kept = Start(keep_pre, pre[str(keep[0])], labels_t) if keep_pre is not None else None
+    return acts, labels_t, torch.cat(logits), kept
+
+
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
-                    layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS) -> dict:
+                    layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
+                    start: Start | None = None, reuse: Mapping[str, Any] | None = None,
+                    keep_pre: int | None = None) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
 
     With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
-    chosen L2 strengths instead of searching the grid again: same probe family, far cheaper."""
+    chosen L2 strengths instead of searching the grid again: same probe family, far cheaper.
+
+    Shared prefix: with `start` the forward runs from a stored residual stream of an earlier
+    condition that agrees with this one before start.layer; layers below it hold that condition's
+    activations exactly, so their entries (fits on identical features) are copied from `reuse`,
+    that condition's probe_condition result over the same `layers`. `keep_pre` adds
+    result["start"], the Start of this condition at that layer."""
     layers = list(range(surface.depth)) if layers is None else layers
-    sites = [Site(layer, "resid_post") for layer in layers]
-    acts, labels, logits = capture_layers(surface, dataset, sites, context=context)
-    doc: dict = {"row_acc": [], "col_acc": [], "row_acc_orig_probe": [], "col_acc_orig_probe": []}
+    first = 0 if start is None else start.layer
+    fitted = [layer for layer in layers if layer >= first]
+    copied = [layer for layer in layers if layer < first]
+    if copied and (reuse is None or list(reuse["layers"]) != layers):
+        raise VitposError(f"layers {copied} lie before the start layer {first}: pass the result they are shared with "
+                          "(reuse=, over the same layers)")
+    sites = [Site(layer, "resid_post") for layer in fitted]
+    acts, labels, logits, kept = capture_condition(surface, dataset, context, sites, start=start, keep_pre=keep_pre)
+    keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")
+    doc: dict = {k: [] for k in keys}
     probes = {}
-    for layer in layers:
+    for i, layer in enumerate(layers):
+        if layer < first:
+            assert reuse is not None
+            for k in keys:
+                doc[k].append(reuse["doc"][k][i])
+            probes[layer] = reuse["probes"][layer]
+            continue
         feats = acts[str(Site(layer, "resid_post"))]
         kw = {}
         if base_probes is not None and layer in base_probes:
@@ -91,7 +180,10 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
     doc["top1"] = rep["top1"]
     doc["per_group"] = rep["per_group"]
-    return {"doc": doc, "probes": probes}
+    out = {"doc": doc, "probes": probes, "layers": list(layers)}
+    if kept is not None:
+        out["start"] = kept
+    return out
 
 
 def recovery(clean: list[float], off: list[float], restored: list[float], R: int, layers: list[int]) -> dict:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from vitpos.analysis.forward import evaluate
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Done, Experiment, Result, StageInput
+from vitpos.experiments.base import Done, Experiment, Result, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface
 
 
@@ -24,6 +24,9 @@ class EvalExperiment(Experiment[EvalResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         return {"images": config.eval_images}
+
+    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        return StagePlan.full(sizes.n("test", settings["images"]), surface.depth)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> EvalResult:
         dataset = dataset_for(surface, stage.data, "test", limit=stage.settings["images"])

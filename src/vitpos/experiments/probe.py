@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from vitpos import plots
 from vitpos.analysis.forward import capture_layers
-from vitpos.analysis.probes import fit_position_probes, probe_layers
+from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
+from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
@@ -80,11 +80,16 @@ def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> t
     return feats
 
 
+def layer_chunk(surface: ModelSurface, n_images: int) -> int:
+    """Layers captured per forward pass of the data by layer_features (bounded memory)."""
+    per_layer = n_images * surface.num_patches * surface.width * 4
+    return max(1, int(MAX_IN_MEMORY_BYTES // max(1, per_layer)))
+
+
 def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int], batch_size: int = 256,
                    context=None, progress: bool = False) -> dict[int, torch.Tensor]:
     """{layer: (n, N, D)} for one site name at each layer, in as few forward passes as memory allows."""
-    per_layer = len(dataset) * surface.num_patches * surface.width * 4
-    chunk = max(1, int(MAX_IN_MEMORY_BYTES // max(1, per_layer)))
+    chunk = layer_chunk(surface, len(dataset))
     out: dict[int, torch.Tensor] = {}
     for start in range(0, len(layers), chunk):
         group = layers[start:start + chunk]
@@ -148,6 +153,13 @@ class ProbeExperiment(Experiment[ProbeResults]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         return config.probe.model_dump()
+
+    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        n, L = sizes.n("test", settings["images"]), surface.depth
+        passes = -(-L // layer_chunk(surface, n))
+        # the content baseline's capture at the embedding runs the whole model, then resid_post per chunk
+        return (StagePlan.full(n, L, 1 + passes)
+                + StagePlan.probe_fits(1 + L, n, surface.num_patches, PROBE_TRAIN_TOKENS, len(DEFAULT_L2_GRID), True))
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ProbeResults:
         return run_probe(surface, data=stage.data, n_images=stage.settings["images"], seed=stage.seed)

@@ -18,9 +18,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from vitpos.data.resolve import data_name, dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import (MIN_GAP, check_restore_points, condition_context, probe_condition, recovery,
-                                       require_rope)
+from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.common import (MIN_GAP, SWEEP_TRAIN_TOKENS, advance, check_restore_points, condition_context, probe_condition,
+                                       recovery, require_rope)
 from vitpos.models.surface import ModelSurface
 from vitpos.progress import progress_bar
 from vitpos import plots
@@ -62,7 +63,10 @@ class RopeAxisResult(Result):
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
-                  progress: bool = False) -> RopeAxisResult:
+                  progress: bool = False, shared_prefix: bool = True) -> RopeAxisResult:
+    """shared_prefix (default): restore_<axis>_R<k> agrees with no_<axis> before layer k, so it runs
+    only blocks >= k from no_<axis>'s residual stream at k and copies no_<axis>'s fits of layers < k
+    (the same numbers, fewer forwards and fits); False: every condition from the input."""
     require_rope(surface)
     dataset = dataset_for(surface, data, split, limit=n_images)
     layers = list(range(surface.depth))
@@ -72,18 +76,34 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     plan: list[tuple[str, tuple[str, ...], int | None]] = [
         ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None)]
     plan += [(f"restore_{a}_R{R}", (a,), R) for a in ("row", "col") for R in Rs]
-    conditions: dict[str, dict] = {}
+    if shared_prefix:  # each axis' restore conditions right after their no_<axis>: one stored stream at a time
+        plan = [p for a in ("row", "col") for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
+    done: dict[str, dict] = {}
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)
         base = probe_condition(surface, dataset, None, seed=seed)
         base_probes = base["probes"]
-        conditions["baseline"] = {**base["doc"], "axis": None, "restore_from": None}
+        done["baseline"] = {**base["doc"], "axis": None, "restore_from": None}
         bar.update(task, advance=1)
+        no_axis: dict[str, dict] = {}  # axis -> no_<axis>'s probe_condition result, with its stream at min(Rs)
         for name, axes, R in plan:
-            res = probe_condition(surface, dataset, condition_context(surface, axes, R), base_probes, seed=seed)
             axis = axes[0] if len(axes) == 1 else "both"
-            conditions[name] = {**res["doc"], "axis": axis, "restore_from": R}
+            if not shared_prefix or axis == "both":
+                res = probe_condition(surface, dataset, condition_context(surface, axes, R), base_probes, seed=seed)
+            elif R is None:
+                for earlier in no_axis.values():  # the other axis' restores are done: free its stream
+                    earlier.pop("start", None)
+                res = no_axis[axis] = probe_condition(surface, dataset, condition_context(surface, axes), base_probes,
+                                                  seed=seed, keep_pre=Rs[0] if Rs else None)
+            else:
+                start = no_axis[axis]["start"]
+                if R > start.layer:  # no_<axis>'s blocks start.layer..R-1, as its full forward ran them
+                    start = no_axis[axis]["start"] = advance(surface, start, R, condition_context(surface, axes))
+                res = probe_condition(surface, dataset, None, base_probes, seed=seed, start=start, reuse=no_axis[axis])
+            done[name] = {**res["doc"], "axis": axis, "restore_from": R}
             bar.update(task, advance=1, description=f"rope-axis {name}")
+    no_axis.clear()
+    conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
     rec: dict[str, dict] = {"row": {}, "col": {}}
     for a in ("row", "col"):
         clean = conditions["baseline"][f"{a}_acc"]
@@ -100,6 +120,29 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     return result
 
 
+def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+                   shared_prefix: bool = True) -> StagePlan:
+    """What run_rope_axis(n_images=settings['images'], restore_points=settings['restore']) computes.
+    Refits under a condition search at most 2 L2 values (the baseline's row and column choices)."""
+    n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
+    Rs = sorted(set(settings["restore"])) if settings.get("restore") else list(range(1, L))
+
+    def fits(count: int, l2_values: int = 2) -> StagePlan:
+        return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
+
+    plan = StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID)) + StagePlan.full(n, L, 3) + fits(3 * L)
+    if not shared_prefix or not Rs:
+        return plan + StagePlan.full(n, L, 2 * len(Rs)) + fits(2 * len(Rs) * L)
+    # per axis: no_<axis>'s stream moved from min(Rs) to each R, then blocks >= R; layers < R copied
+    tail = sum(L - R for R in Rs)
+    return plan + StagePlan(blocks=2 * n * ((Rs[-1] - Rs[0]) + tail)) + fits(2 * tail)
+
+
+def _order(Rs: list[int]):
+    names = ["baseline", "no_row", "no_col", "no_both"] + [f"restore_{a}_R{R}" for a in ("row", "col") for R in Rs]
+    return names.index
+
+
 class RopeAxisExperiment(Experiment[RopeAxisResult]):
     name = "rope_axis"
     title = "RoPE axis removal and restoring (C3, C4)"
@@ -114,6 +157,9 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
         if restore is None and quick:
             restore = [max(1, surface.depth // 2)]
         return {**config.rope_axis.model_dump(), "restore": restore}
+
+    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        return plan_rope_axis(settings, surface, sizes)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeAxisResult:
         s = stage.settings

@@ -13,8 +13,9 @@ primary_rebuilding_head = argmax rebuild_score; C5 holds when it also has the la
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,9 +23,10 @@ from vitpos import plots
 from vitpos.analysis.forward import predict
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import (check_restore_points, condition_context, probe_condition, recovery,
-                                       require_rope)
+from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.common import (BATCH, SWEEP_TRAIN_TOKENS, advance, check_restore_points, condition_context, probe_condition,
+                                       recovery, require_rope)
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -65,30 +67,89 @@ def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def axis_index(surface: ModelSurface, images: torch.Tensor) -> tuple[list[list[float]], dict]:
-    """Behavioural axis specialisation of every head from attention patterns."""
+def axis_index(surface: ModelSurface, images: torch.Tensor, shared_prefix: bool = True) -> tuple[list[list[float]], dict]:
+    """Behavioural axis specialisation of every head from attention patterns.
+
+    shared_prefix: a head's axis removed in layer l changes nothing before l, so its pattern needs
+    block l only, run from the clean resid_pre of l (computed once, block by block); False: a
+    full forward per (layer, head, axis)."""
     npt = surface.num_prefix_tokens
     L, Hh = surface.depth, surface.num_heads
     with capture(surface, "attn_pattern") as c:
         surface(images)
     clean = {l: c[str(Site(l, "attn_pattern"))] for l in range(L)}
     A = {a: torch.zeros(L, Hh) for a in ("row", "col")}
+    x = surface.embed_tokens(images) if shared_prefix else None
     for l in range(L):
         for h in range(Hh):
             for a in ("row", "col"):
                 with remove_rope(surface, {a: [h]}, layers=[l]), capture(surface, [Site(l, "attn_pattern")]) as c2:
-                    surface(images)
+                    if x is None:
+                        surface(images)
+                    else:
+                        surface.run_blocks(x, l, l + 1)
                 p = clean[l][:, h, npt:]  # patch queries
                 q = c2[str(Site(l, "attn_pattern"))][:, h, npt:]
                 A[a][l, h] = _kl_rows(p, q).mean()
+        if x is not None and l + 1 < L:
+            x = surface.run_blocks(x, l, l + 1)  # the clean stream, fused attention as in the full forwards
     S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
     return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist()}
+
+
+def _ablate(surface: ModelSurface, layer: int, head: int):
+    return remove_rope(surface, {"row": [head], "col": [head]}, layers=[layer])
+
+
+@torch.no_grad()
+def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch_size: int = BATCH,
+               on_head: Callable[[int, int], None] | None = None) -> tuple[float, list[list[float]]]:
+    """Baseline top-1 and 100 x (top-1 intact - top-1 with all of a head's rotations removed) per head.
+
+    shared_prefix: per batch, the clean stream is computed once, block by block, and each head of
+    layer l runs blocks >= l from it; False: a full forward of the data per head."""
+    L, Hh = surface.depth, surface.num_heads
+    if not shared_prefix:
+        preds, labels = predict(surface, dataset, batch_size)
+        base_top1 = float((preds == labels).float().mean())
+        drops = [[0.0] * Hh for _ in range(L)]
+        for l in range(L):
+            for h in range(Hh):
+                p, y = predict(surface, dataset, batch_size, context=lambda l=l, h=h: _ablate(surface, l, h))
+                drops[l][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
+                if on_head:
+                    on_head(l, h)
+        return base_top1, drops
+    dev = next(surface.model.parameters()).device
+    ablated: dict[tuple[int, int], list[torch.Tensor]] = {(l, h): [] for l in range(L) for h in range(Hh)}
+    clean, labels = [], []
+    for x, y in dataset.batches(batch_size):
+        t = surface.embed_tokens(x.to(dev, non_blocking=True))
+        for l in range(L):
+            for h in range(Hh):
+                with _ablate(surface, l, h):
+                    ablated[l, h].append(surface.forward_from(l, t).argmax(-1).cpu())
+            t = surface.run_blocks(t, l, l + 1)
+        clean.append(surface.head_from(t).argmax(-1).cpu())
+        labels.append(y)
+    y_all = torch.cat(labels)
+    base_top1 = float((torch.cat(clean) == y_all).float().mean())
+    drops = [[0.0] * Hh for _ in range(L)]
+    for (l, h), p in ablated.items():
+        drops[l][h] = 100.0 * (base_top1 - float((torch.cat(p) == y_all).float().mean()))
+        if on_head:
+            on_head(l, h)
+    return base_top1, drops
 
 
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
-                   progress: bool = False) -> RopeHeadsResult:
+                   progress: bool = False, shared_prefix: bool = True) -> RopeHeadsResult:
+    """shared_prefix (default): every per-head intervention in layer l runs only blocks >= l from
+    the stream it shares with a reference condition, and the rebuild probes of layers R..l-1 (fits
+    on activations identical to the plain restore condition's) are copied from it: the same
+    numbers as shared_prefix=False, which reruns every condition from the input."""
     require_rope(surface)
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
@@ -104,14 +165,15 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     steps = 2 + L * Hh + len(later) * Hh + 1
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-heads", total=steps)
-        S, kl = axis_index(surface, attn_images)
+        S, kl = axis_index(surface, attn_images, shared_prefix)
         bar.update(task, advance=1, description="rope-heads: baseline probes")
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
         clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
         clean, base_probes = clean_fit["doc"], clean_fit["probes"]
         off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed, layers=later)["doc"]
-        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
-                                   layers=later)["doc"]
+        restored_fit = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
+                                       layers=later, keep_pre=R if shared_prefix else None)
+        restored = restored_fit["doc"]
         bar.update(task, advance=1)
 
         def mean_rec(doc) -> float:
@@ -121,20 +183,23 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
 
         rec_restore = mean_rec(restored)
         rebuild = [[None] * Hh for _ in range(L)]
+        start = restored_fit.pop("start", None)
         for l in later:
+            if start is not None and l > start.layer:  # the restore condition has no hooks from R on
+                start = advance(surface, start, l)
             for h in range(Hh):
-                ctx = condition_context(surface, axes, R, extra={l: {a: [h] for a in axes}})
-                doc = probe_condition(surface, probe_set, ctx, base_probes, seed=seed, layers=later)["doc"]
+                extra = {l: {a: [h] for a in axes}}
+                if start is None:
+                    doc = probe_condition(surface, probe_set, condition_context(surface, axes, R, extra=extra),
+                                          base_probes, seed=seed, layers=later)["doc"]
+                else:
+                    doc = probe_condition(surface, probe_set, condition_context(surface, (), extra=extra), base_probes,
+                                          seed=seed, layers=later, start=start, reuse=restored_fit)["doc"]
                 rebuild[l][h] = rec_restore - mean_rec(doc)
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{l}H{h}")
-        preds, labels = predict(surface, top1_set)
-        base_top1 = float((preds == labels).float().mean())
-        drops = [[0.0] * Hh for _ in range(L)]
-        for l in range(L):
-            for h in range(Hh):
-                p, y = predict(surface, top1_set, context=lambda l=l, h=h: remove_rope(surface, {"row": [h], "col": [h]}, layers=[l]))
-                drops[l][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
-                bar.update(task, advance=1, description=f"rope-heads: ablate L{l}H{h}")
+        del start
+        base_top1, drops = head_drops(surface, top1_set, shared_prefix, on_head=lambda l, h: bar.update(
+            task, advance=1, description=f"rope-heads: ablate L{l}H{h}"))
     flat = [(rebuild[l][h], l, h) for l in later for h in range(Hh) if rebuild[l][h] == rebuild[l][h]]
     primary = max(flat)[1:] if flat else None
     order = sorted(((drops[l][h], l, h) for l in range(L) for h in range(Hh)), reverse=True)
@@ -158,6 +223,36 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     return result
 
 
+def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+                    shared_prefix: bool = True) -> StagePlan:
+    """What run_rope_heads computes with the study's settings (axis, restore_from, probe_images,
+    top1_images, attn_images). Refits under a condition search at most 2 L2 values."""
+    L, Hh, N = surface.depth, surface.num_heads, surface.num_patches
+    R = settings["restore_from"] if settings.get("restore_from") is not None else max(1, L // 2)
+    n_a = sizes.n("test", settings["attn_images"])
+    n_p = sizes.n("test", settings["probe_images"])
+    n_t = sizes.n("test", settings["top1_images"])
+    later = range(R, L)
+
+    def fits(count: int, l2_values: int = 2) -> StagePlan:
+        return StagePlan.probe_fits(count, n_p, N, SWEEP_TRAIN_TOKENS, l2_values)
+
+    # clean / off / restored references
+    probes = StagePlan.full(n_p, L, 3) + fits(len(later), len(DEFAULT_L2_GRID)) + fits(2 * len(later))
+    if not shared_prefix:
+        return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
+                + StagePlan.full(n_p, L, len(later) * Hh) + fits(len(later) ** 2 * Hh)
+                + StagePlan.full(n_t, L, 1 + L * Hh))
+    # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
+    attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
+    # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
+    tails = sum(L - l for l in later)
+    rebuild = StagePlan(blocks=n_p * ((L - 1 - R) + Hh * tails)) + fits(Hh * tails)
+    # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
+    drops = StagePlan(forwards=n_t, blocks=n_t * (L + Hh * L * (L + 1) // 2))
+    return attn + probes + rebuild + drops
+
+
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
     title = "RoPE per-head roles and ablation (C4, C5)"
@@ -169,6 +264,9 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         return config.rope_heads.model_dump()
+
+    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        return plan_rope_heads(settings, surface, sizes)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeHeadsResult:
         s = stage.settings

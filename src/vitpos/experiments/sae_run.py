@@ -28,7 +28,8 @@ from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
@@ -294,6 +295,26 @@ class SAEExperiment(Experiment[SAEResult]):
         layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
         return {**config.sae.model_dump(), "layer": layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
+
+    def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
+        given = config.sae.layer is not None
+        return {**config.sae.model_dump(), "layer": config.sae.layer,
+                "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
+
+    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        L, N = surface.depth, surface.num_patches
+        layer, note = settings["layer"], "upper bound: both row and col features found"
+        if layer is None:
+            layer, note = L // 2, f"{note}; layer chosen from the probes, counted at {L // 2}"
+        n_train = sizes.n("train", settings["images"])
+        n_eval = sizes.n("test", settings.get("eval_images", 1000))
+        later = L - layer - 1
+        # train capture, held-out capture, spliced forward, the causal check's two ablations
+        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (2 if later else 0))
+        out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
+        tokens = n_train * N * settings["epochs"]
+        latents = settings["expansion"] * surface.width
+        return out + StagePlan(sae_tokens=tokens, sae_work=tokens * latents, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
