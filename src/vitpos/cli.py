@@ -362,6 +362,8 @@ def run(
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     progress: bool = ProgressOpt,
+    plan: bool = typer.Option(False, "--plan", help="print what the run would compute per model and stage (image "
+                              "forwards, block evaluations, probe fits, estimated time) and exit; writes nothing"),
 ):
     """Run the whole study (eval, probes, SAE, APE and RoPE tests) and write results.json + report.html."""
     from vitpos.report.html import render_report
@@ -371,6 +373,9 @@ def run(
     overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
                  "seed": seed, "pretrained": pretrained or None}
     cfg = load_config(config, overrides, quick)
+    if plan:
+        _print_plan(out, cfg, quick, force)
+        return
     cmd = "vitpos run " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "vitpos run"
     t0 = __import__("time").time()
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
@@ -381,6 +386,29 @@ def run(
         t.add_row(c.id, c.verdict, escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
+
+
+def _print_plan(out: Path, cfg, quick: bool, force: bool) -> None:
+    from vitpos.study.run import plan_study
+
+    study_plan = plan_study(out, cfg, quick=quick, force=force)
+    header = ("model", "stage", "image-forwards", "block evals", "probe fits", "SAE tokens", "est.", "note")
+    rows = []
+    for s in study_plan.stages:
+        p = s.plan
+        if p is None:
+            rows.append((s.model, s.stage, "", "", "", "", s.status, s.note))
+            continue
+        est = "" if s.seconds is None else f"{s.seconds:,.0f} s"
+        rows.append((s.model, s.stage, f"{p.forwards:,}", f"{p.blocks:,}", f"{p.fits:,}", f"{p.sae_tokens:,}", est,
+                     s.note))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for r in [header, *rows]:  # plain columns: the plan is meant to be pasted and diffed
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out_console.print("  ".join(cells + [r[-1]]).rstrip(), soft_wrap=True)
+    for model, problem in study_plan.data_problems.items():
+        out_console.print(f"warning: {model}: the stages would stop: {_one_line(problem)}", soft_wrap=True)
+    out_console.print(study_plan.summary(), soft_wrap=True)
 
 
 def _one_line(text: str) -> str:

@@ -24,12 +24,13 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.data import dataset_info
-from vitpos.data.resolve import data_fingerprint
+from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.io import exclusive_lock, write_json
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
+from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import (HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key,
                                   model_slug)
 
@@ -48,15 +49,13 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
     return pairs
 
 
-def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False, progress: bool = True,
-              reproduce: str | None = None, log: Callable[[str], None] = print) -> StudyResults:
+def _load_inputs(out: Path, cfg: RunConfig) -> tuple[dict[str, ModelSurface], dict[str, str]]:
+    """Every model and data set, checked before anything is written: a bad one late in the list
+    must not cost the stages of the ones before it."""
     from vitpos.models import load_model
 
-    out = Path(out)
     if out.exists() and not out.is_dir():
         raise VitposError(f"--out {out} is a file; pass a directory path")
-    # every input is checked before anything is written: a bad model or data set late in the list
-    # must not cost the stages of the ones before it
     surfaces = {}
     fingerprints = {}
     for spec, data in _models_for(cfg):
@@ -65,16 +64,63 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
         if data not in fingerprints:
             dataset_info(data)  # names the problem with an unknown or empty data set
             fingerprints[data] = data_fingerprint(data)
+    return surfaces, fingerprints
+
+
+def _runners(out: Path, cfg: RunConfig, surfaces: dict[str, ModelSurface], fingerprints: dict[str, str],
+             cache: StageCache, quick: bool, progress: bool, timings: dict[str, float],
+             log: Callable[[str], None]) -> list[_ModelStages]:
+    out_list = []
+    for spec, data in _models_for(cfg):
+        key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
+        out_list.append(_ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
+                                     progress, timings, log))
+    return out_list
+
+
+def plan_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False,
+               measure: Measure | None = measure_throughput) -> StudyPlan:
+    """What `run_study` with these arguments would compute, per model and stage; writes nothing.
+    measure: how to time a model (None: no time estimate)."""
+    out = Path(out)
+    surfaces, fingerprints = _load_inputs(out, cfg)
+    return _plan(_runners(out, cfg, surfaces, fingerprints, StageCache(out, force), quick, False, {}, print), measure)
+
+
+def _plan(runners: list[_ModelStages], measure: Measure | None) -> StudyPlan:
+    plan = StudyPlan()
+    measured: dict[str, Throughput] = {}
+    for runner in runners:
+        stages = runner.plan_all()
+        if measure is not None and any(s.status == "run" for s in stages):
+            if runner.spec not in measured:
+                measured[runner.spec] = measure(runner.surface)
+            plan.throughput[runner.key_spec] = tp = measured[runner.spec]
+            for s in stages:
+                if s.status == "run" and s.plan is not None:
+                    s.seconds = tp.seconds(s.plan)
+        problem = runner.data_problem()
+        if problem:
+            plan.data_problems[runner.key_spec] = problem
+        plan.stages.extend(stages)
+    return plan
+
+
+def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False, progress: bool = True,
+              reproduce: str | None = None, log: Callable[[str], None] = print,
+              measure: Measure | None = measure_throughput) -> StudyResults:
+    """measure: times each model for the plan line logged first (None: counts only, no estimate)."""
+    out = Path(out)
+    surfaces, fingerprints = _load_inputs(out, cfg)
     with exclusive_lock(out):
         cache = StageCache(out, force)
         t_start = time.time()
         timings: dict[str, float] = {}
         entries: dict[str, ModelEntry] = {}
-        for spec, data in _models_for(cfg):
-            key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
-            runner = _ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
-                                  progress, timings, log)
-            entries[key_spec] = runner.run_all()
+        runners = _runners(out, cfg, surfaces, fingerprints, cache, quick, progress, timings, log)
+        log(_plan(runners, measure).summary())
+        for runner in runners:
+            entries[runner.key_spec] = runner.run_all()
         return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
 
 
@@ -123,20 +169,70 @@ class _ModelStages:
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
                           not_applicable=not_applicable, results={k: d.result for k, d in done.items()})
 
-    def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
-        key = {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
-               **({"data_files": self.data_fp} if self.data_fp else {}),
-               "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__}
-        path = self.cache.path(self.slug, exp.name, key)
-        hit = None if recompute else self.cache.get(path)
-        if hit is not None:
+    def _key(self, exp: Experiment, settings: dict) -> dict:
+        return {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
+                **({"data_files": self.data_fp} if self.data_fp else {}),
+                "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__}
+
+    def _cached(self, exp: Experiment, key: dict) -> Result | None:
+        hit = self.cache.get(self.cache.path(self.slug, exp.name, key))
+        if hit is None:
+            return None
+        try:
+            result = exp.load(hit)
+        except ValueError:
+            return None  # a cache entry from an older result type: recomputed
+        return result if isinstance(result, Result) else None
+
+    def plan_all(self) -> list[PlannedStage]:
+        """run_all's stages counted, not run: cached ones found by their keys (a stage whose settings
+        read earlier results gets the real settings when those are cached, a guess otherwise)."""
+        done: dict[str, Done] = {}
+        planned: dict[str, dict] = {}
+        not_applicable: dict[str, str] = {}
+        sizes = split_sizes(self.data)
+        rows = []
+        for exp in EXPERIMENTS:
+            reason = exp.applies_to(self.surface)
+            if reason is None:
+                reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
+            if reason is not None:
+                not_applicable[exp.name] = reason
+                rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "n/a", reason))
+                continue
+            if all(r in done for r in exp.requires):
+                settings = exp.stage_settings(self.cfg, self.surface, done, self.quick)
+            else:
+                settings = exp.plan_settings(self.cfg, self.surface, planned, self.quick)
+            planned[exp.name] = settings
+            result = self._cached(exp, self._key(exp, settings))
+            if result is not None and exp.artifacts_ready(result):
+                done[exp.name] = Done(result, settings)
+                rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "cached"))
+                continue
             try:
-                result = exp.load(hit)
-            except ValueError:
-                result = None  # a cache entry from an older result type: recomputed
-            if isinstance(result, Result):
-                self.log(f"[{self.spec}] {exp.name}: cached")
-                return result
+                counted = exp.plan(settings, self.surface, sizes)
+            except ValueError as e:
+                rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "run", f"not counted: {e}"))
+                continue
+            rows.append(PlannedStage(self.key_spec, self.data, exp.name, counted, "run", counted.note))
+        return rows
+
+    def data_problem(self) -> str | None:
+        """Why the stages would refuse this model's data (e.g. images of another size), or None."""
+        try:
+            dataset_for(self.surface, self.data, "test", limit=1)
+        except VitposError as e:
+            return str(e)
+        return None
+
+    def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
+        key = self._key(exp, settings)
+        path = self.cache.path(self.slug, exp.name, key)
+        result = None if recompute else self._cached(exp, key)
+        if result is not None:
+            self.log(f"[{self.spec}] {exp.name}: cached")
+            return result
         self.log(f"[{self.spec}] {exp.name} ...")
         t0 = time.time()
         stage = StageInput(data=self.data, seed=self.cfg.seed, settings=settings, prior=done,

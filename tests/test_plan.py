@@ -1,0 +1,229 @@
+"""`vitpos run --plan`: each experiment's StagePlan equals what its stage really computes, counted
+with hooks (images through the patch embedding, image x block evaluations, probe fits)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from conftest import TIMM_TINY, tiny_own
+from vitpos.data.base import DatasetInfo, TensorImageDataset
+from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
+from vitpos.experiments.registry import BY_NAME
+from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
+from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
+from vitpos.study.config import RunConfig
+from vitpos.study.plan import StudyPlan, Throughput, measure_throughput
+
+INFO = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+
+
+def toy(n: int, seed: int = 0) -> TensorImageDataset:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8)
+    return TensorImageDataset(images, torch.randint(0, 4, (n,), generator=g), INFO, "test")
+
+
+@contextmanager
+def counting(surface, monkeypatch):
+    """Count what really runs: embedded images, image x block evaluations, probe fits and their work."""
+    import vitpos.analysis.probes as probes_mod
+    import vitpos.experiments.common as common
+    import vitpos.experiments.probe as probe_mod
+    import vitpos.experiments.sae_run as sae_mod
+
+    seen = StagePlan()
+    counts = {"forwards": 0, "blocks": 0, "fits": 0, "fit_work": 0}
+    real_fit = probes_mod.fit_position_probes
+
+    def fit(*args, **kw):
+        res = real_fit(*args, **kw)
+        heads = 2 * len(set(kw.get("l2_grid", probes_mod.DEFAULT_L2_GRID))) + (4 if kw.get("control", True) else 2)
+        counts["fits"] += 1
+        counts["fit_work"] += heads * res.n_train_tokens
+        return res
+
+    for mod in (probes_mod, common, probe_mod, sae_mod):
+        monkeypatch.setattr(mod, "fit_position_probes", fit)
+    handles = [surface.model.patch_embed.register_forward_hook(
+        lambda m, a, out: counts.__setitem__("forwards", counts["forwards"] + a[0].shape[0]))]
+    for blk in surface.model.blocks:
+        handles.append(blk.register_forward_pre_hook(
+            lambda m, a: counts.__setitem__("blocks", counts["blocks"] + a[0].shape[0])))
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+    del seen
+
+
+def assert_counts(plan: StagePlan, counts: dict, exact_work: bool = False):
+    assert (plan.forwards, plan.blocks, plan.fits) == (counts["forwards"], counts["blocks"], counts["fits"])
+    # refits search the baseline's row and column L2s: 2 values planned, 1 when they agree
+    assert counts["fit_work"] <= plan.fit_work if not exact_work else counts["fit_work"] == plan.fit_work
+    assert plan.fit_work <= 2 * counts["fit_work"]
+
+
+@pytest.fixture
+def rope4():
+    from conftest import TINY
+    from vitpos.models.own import OwnViTConfig, build_own_vit
+    from vitpos.models.spec import OwnSurface
+
+    torch.manual_seed(0)
+    cfg = OwnViTConfig(pe="rope-mixed", **{**TINY, "depth": 4})
+    return OwnSurface(build_own_vit(cfg).eval(), "tiny:rope-mixed4", cfg)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_rope_axis_plan_counts_what_runs(rope4, monkeypatch, shared):
+    data = toy(300)
+    for restore in (None, [2, 3]):
+        settings = {"images": 280, "restore": restore}
+        plan = plan_rope_axis(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
+        with counting(rope4, monkeypatch) as counts:
+            run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared)
+        assert_counts(plan, counts)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_rope_heads_plan_counts_what_runs(rope4, monkeypatch, shared):
+    data = toy(300)
+    for axis, restore_from in (("both", None), ("col", 1)):
+        settings = {"axis": axis, "restore_from": restore_from, "probe_images": 40, "top1_images": 290,
+                    "attn_images": 6}
+        plan = plan_rope_heads(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
+        with counting(rope4, monkeypatch) as counts:
+            run_rope_heads(rope4, data, axis=axis, restore_from=restore_from, n_probe_images=40, n_top1_images=290,
+                           n_attn_images=6, shared_prefix=shared)
+        assert_counts(plan, counts)
+
+
+def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
+    sizes = SplitSizes(test=4000)
+    heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
+    for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, {"images": 1000, "restore": None})):
+        new, old = fn(settings, rope4, sizes), fn(settings, rope4, sizes, shared_prefix=False)
+        assert new.blocks < old.blocks and new.fits < old.fits and new.forwards < old.forwards
+
+
+def _stage(exp_name, surface, data, cfg, prior, tmp_path):
+    exp = BY_NAME[exp_name]
+    settings = exp.stage_settings(cfg, surface, prior, False)
+    stage = StageInput(data=data, seed=0, settings=settings, prior=prior, out=tmp_path / exp_name, progress=False,
+                       quick=False)
+    return exp, settings, stage
+
+
+def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
+    """eval, probe, sae and ape_permute on an APE model; the two RoPE stages through the study's settings."""
+    cfg = RunConfig.model_validate({
+        "eval_images": 50, "probe": {"images": 40},
+        "sae": {"images": 300, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
+        "ape_permute": {"images": 20, "seeds": 1},
+        "rope_axis": {"images": 30, "restore": [1]},
+        "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4}})
+    data = toy(300)
+    sizes = SplitSizes(train=300, test=300)
+    ape = tiny_own("ape")
+    prior: dict[str, Done] = {}
+    for name in ("eval", "probe", "sae", "ape_permute"):
+        exp, settings, stage = _stage(name, ape, data, cfg, prior, tmp_path)
+        plan = exp.plan(settings, ape, sizes)
+        with counting(ape, monkeypatch) as counts:
+            result = exp.run_stage(ape, stage)
+        prior[name] = Done(result, settings)
+        if name == "ape_permute":  # variants without features are skipped: the plan is an upper bound
+            skipped = sum("skipped" in v for v in json.loads(result.model_dump_json()).values() if isinstance(v, dict))
+            assert counts["forwards"] == plan.forwards - skipped * 20
+            assert counts["blocks"] == plan.blocks - skipped * 20 * ape.depth
+            assert counts["fits"] == plan.fits == 0
+        elif name == "sae":
+            causal = result.causal
+            missing = 0 if causal is None else sum(e is None for e in (causal.effect("row"), causal.effect("col")))
+            assert counts["forwards"] == plan.forwards - missing * 300
+            assert counts["blocks"] == plan.blocks - missing * 300 * ape.depth
+            assert counts["fits"] == plan.fits
+            assert plan.sae_tokens == 300 * ape.num_patches
+        else:
+            assert_counts(plan, counts, exact_work=True)
+    rope = tiny_own("rope-axial")
+    for name in ("rope_axis", "rope_heads"):
+        exp, settings, stage = _stage(name, rope, data, cfg, {}, tmp_path)
+        plan = exp.plan(settings, rope, sizes)
+        with counting(rope, monkeypatch) as counts:
+            exp.run_stage(rope, stage)
+        assert_counts(plan, counts)
+
+
+def test_split_sizes_cap_the_counts():
+    sizes = SplitSizes(train=None, test=100)
+    assert sizes.n("test", 500) == 100 and sizes.n("test", None) == 100 and sizes.n("train", 7) == 7
+    with pytest.raises(ValueError):
+        sizes.n("train", None)
+    assert probe_train_tokens(100, 64, 8000) == 75 * 64  # under the cap: every token
+    assert probe_train_tokens(200, 64, 8000) == 150 * 53  # capped, position-balanced: whole tokens per image
+    assert probe_train_tokens(10, 64, None) == 8 * 64
+
+
+def test_plan_summary_and_time_estimate():
+    tp = Throughput("cpu", embed_s=1e-3, block_s=1e-3, fit_work_s=1e-6, sae_token_s_per_latent=1e-9)
+    plan = StagePlan(forwards=10, blocks=100, fits=2, fit_work=1000, sae_tokens=10, sae_work=1000)
+    assert tp.seconds(plan) == pytest.approx(0.01 + 0.1 + 0.001 + 1e-6)
+    assert (plan + plan).blocks == 200
+
+
+def test_measure_throughput_is_positive():
+    tp = measure_throughput(tiny_own("rope-mixed"), images=2, repeats=1)
+    assert tp.block_s > 0 and tp.embed_s > 0 and tp.fit_work_s > 0 and tp.sae_token_s_per_latent > 0
+
+
+def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
+    from vitpos.cli import main
+
+    out = tmp_path / "out"
+    spec = TIMM_TINY["rope_mixed"].replace("img_size=16", "img_size=32").replace("depth=2", "depth=3")
+    main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert not out.exists()
+    assert "rope_heads" in text and "image-forwards" in text and "plan: 1 model(s), 4 stage(s) to run" in text
+    assert "estimated" in text
+
+
+def test_plan_of_a_vit_b16_at_224_px(tmp_path):
+    """The ViT-B/16 plan, counted (timing a ViT-B/16 is the benchmark's job); shapes images are 32
+    px, so the plan also says that this model's stages would refuse them."""
+    from vitpos.study.run import plan_study
+
+    spec = "timm:vit_base_patch16_rope_mixed_224"
+    plan = plan_study(tmp_path / "out", RunConfig.model_validate({"models": [spec]}), measure=None)
+    assert not (tmp_path / "out").exists()
+    rows = {s.stage: s for s in plan.stages}
+    assert rows["sae"].status == rows["ape_permute"].status == "n/a"
+    heads = rows["rope_heads"].plan
+    assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
+    L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
+    assert heads.blocks == 64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + H * 21) + 2000 * (L + H * 78)
+    assert "(3, 224, 224)" in plan.data_problems[spec]
+    assert "time not estimated" in plan.summary()
+
+
+def test_study_plan_counts_cached_stages_as_cached(tmp_path):
+    from vitpos.study.run import plan_study, run_study
+
+    spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
+    cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
+                                    "rope_axis": {"images": 20, "restore": [1]},
+                                    "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2}})
+    before = plan_study(tmp_path, cfg, measure=None)
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 4
+    lines: list[str] = []
+    run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 4 stage(s) to run, 0 cached")
+    after = plan_study(tmp_path, cfg, measure=None)
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 4
+    assert after.total() == StagePlan() and isinstance(after, StudyPlan)
