@@ -319,7 +319,8 @@ class SAEExperiment(Experiment[SAEResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
         result, _ = run_sae(surface, s["layer"], site=s["site"], data=stage.data, arch=s["arch"], k=s["k"],
-                            expansion=s["expansion"], n_train_images=s["images"], epochs=s["epochs"], seed=stage.seed,
+                            expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
+                            epochs=s["epochs"], seed=stage.seed,
                             out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
         return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
 

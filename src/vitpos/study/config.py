@@ -30,6 +30,7 @@ class SAEStage(_Strict):
     k: int = Field(32, ge=1)
     expansion: int = Field(8, ge=1)
     images: int = Field(4000, ge=1)
+    eval_images: int = Field(1000, ge=2, description="held-out test images: metrics, feature scores, causal check")
     epochs: int = Field(4, ge=1)
     lr: float | None = Field(None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
 
