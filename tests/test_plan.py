@@ -123,7 +123,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
     """eval, probe, sae and ape_permute on an APE model; the two RoPE stages through the study's settings."""
     cfg = RunConfig.model_validate({
         "eval_images": 50, "probe": {"images": 40},
-        "sae": {"images": 300, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
+        "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
         "ape_permute": {"images": 20, "seeds": 1},
         "rope_axis": {"images": 30, "restore": [1]},
         "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4}})
@@ -145,8 +145,8 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         elif name == "sae":
             causal = result.causal
             missing = 0 if causal is None else sum(e is None for e in (causal.effect("row"), causal.effect("col")))
-            assert counts["forwards"] == plan.forwards - missing * 300
-            assert counts["blocks"] == plan.blocks - missing * 300 * ape.depth
+            assert counts["forwards"] == plan.forwards - missing * 30
+            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth
             assert counts["fits"] == plan.fits
             assert plan.sae_tokens == 300 * ape.num_patches
         else:

@@ -307,7 +307,7 @@ class SAEExperiment(Experiment[SAEResult]):
         if layer is None:
             layer, note = L // 2, f"{note}; layer chosen from the probes, counted at {L // 2}"
         n_train = sizes.n("train", settings["images"])
-        n_eval = sizes.n("test", settings.get("eval_images", 1000))
+        n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
         # train capture, held-out capture, spliced forward, the causal check's two ablations
         out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (2 if later else 0))
