@@ -227,3 +227,4 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     after = plan_study(tmp_path, cfg, measure=None)
     assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 4
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 4 stage(s) cached"

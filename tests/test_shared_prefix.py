@@ -80,10 +80,9 @@ DEEP = 4  # depth of the equivalence models: restore points and layers before th
 
 
 def _deep(which):
+    from conftest import TINY
     from vitpos.models.own import OwnViTConfig, build_own_vit
     from vitpos.models.spec import OwnSurface, load_model
-
-    from conftest import TINY
 
     kind, name = which
     torch.manual_seed(0)
@@ -123,7 +122,8 @@ def differences(want, got, path: str = "", tol: float = 1e-5) -> list[str]:
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{path}: length {len(want)} != {len(got)}"]
-        return [d for i, (a, b) in enumerate(zip(want, got, strict=True)) for d in differences(a, b, f"{path}[{i}]", tol)]
+        pairs = enumerate(zip(want, got, strict=True))
+        return [d for i, (a, b) in pairs for d in differences(a, b, f"{path}[{i}]", tol)]
     if isinstance(want, float) and isinstance(got, float):
         same = (want != want and got != got) or abs(want - got) <= tol
         return [] if same else [f"{path}: {want!r} != {got!r}"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -14,26 +14,29 @@ from vitpos.analysis.forward import accuracy_report, capture_layers, forward_bat
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 
 MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
 BATCH = 256  # images per forward in the sweeps (capture_layers' and predict's default)
 ContextFactory = Callable[[], AbstractContextManager]
+RemoveSpec = dict[Axis, list[int] | None]  # remove_rope's axis -> heads (None: all heads)
 
 
 def require_rope(surface: ModelSurface) -> None:
     if not surface.has_rope:
         raise VitposError(
             f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE tests need a RoPE model "
-            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE models"
+            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE "
+            "models"
         )
 
 
 def require_ape(surface: ModelSurface) -> None:
     if not surface.has_ape:
         raise VitposError(
-            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model "
+            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE "
+            "model "
             "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
         )
 
@@ -57,9 +60,9 @@ def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int 
         if axes:
             layers = range(surface.depth) if before is None else range(before)
             if len(layers):
-                es.enter_context(remove_rope(surface, dict.fromkeys(axes), layers=layers))
+                es.enter_context(remove_rope(surface, cast(RemoveSpec, dict.fromkeys(axes)), layers=layers))
         for layer, remove in (extra or {}).items():
-            es.enter_context(remove_rope(surface, remove, layers=[layer]))
+            es.enter_context(remove_rope(surface, cast(RemoveSpec, remove), layers=[layer]))
         return es
     return make
 

@@ -17,14 +17,22 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vitpos.data.resolve import data_name, dataset_for
+from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import (MIN_GAP, SWEEP_TRAIN_TOKENS, advance, check_restore_points, condition_context, probe_condition,
-                                       recovery, require_rope)
+from vitpos.experiments.common import (
+    MIN_GAP,
+    SWEEP_TRAIN_TOKENS,
+    advance,
+    check_restore_points,
+    condition_context,
+    probe_condition,
+    recovery,
+    require_rope,
+)
 from vitpos.models.surface import ModelSurface
 from vitpos.progress import progress_bar
-from vitpos import plots
 
 
 class Condition(BaseModel):

@@ -21,12 +21,20 @@ import torch
 
 from vitpos import plots
 from vitpos.analysis.forward import predict
+from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import (BATCH, SWEEP_TRAIN_TOKENS, advance, check_restore_points, condition_context, probe_condition,
-                                       recovery, require_rope)
+from vitpos.experiments.common import (
+    BATCH,
+    SWEEP_TRAIN_TOKENS,
+    advance,
+    check_restore_points,
+    condition_context,
+    probe_condition,
+    recovery,
+    require_rope,
+)
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -67,7 +75,8 @@ def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def axis_index(surface: ModelSurface, images: torch.Tensor, shared_prefix: bool = True) -> tuple[list[list[float]], dict]:
+def axis_index(surface: ModelSurface, images: torch.Tensor,
+               shared_prefix: bool = True) -> tuple[list[list[float]], dict]:
     """Behavioural axis specialisation of every head from attention patterns.
 
     shared_prefix: a head's axis removed in layer l changes nothing before l, so its pattern needs
@@ -77,22 +86,22 @@ def axis_index(surface: ModelSurface, images: torch.Tensor, shared_prefix: bool 
     L, Hh = surface.depth, surface.num_heads
     with capture(surface, "attn_pattern") as c:
         surface(images)
-    clean = {l: c[str(Site(l, "attn_pattern"))] for l in range(L)}
+    clean = {li: c[str(Site(li, "attn_pattern"))] for li in range(L)}
     A = {a: torch.zeros(L, Hh) for a in ("row", "col")}
     x = surface.embed_tokens(images) if shared_prefix else None
-    for l in range(L):
+    for li in range(L):
         for h in range(Hh):
             for a in ("row", "col"):
-                with remove_rope(surface, {a: [h]}, layers=[l]), capture(surface, [Site(l, "attn_pattern")]) as c2:
+                with remove_rope(surface, {a: [h]}, layers=[li]), capture(surface, [Site(li, "attn_pattern")]) as c2:
                     if x is None:
                         surface(images)
                     else:
-                        surface.run_blocks(x, l, l + 1)
-                p = clean[l][:, h, npt:]  # patch queries
-                q = c2[str(Site(l, "attn_pattern"))][:, h, npt:]
-                A[a][l, h] = _kl_rows(p, q).mean()
-        if x is not None and l + 1 < L:
-            x = surface.run_blocks(x, l, l + 1)  # the clean stream, fused attention as in the full forwards
+                        surface.run_blocks(x, li, li + 1)
+                p = clean[li][:, h, npt:]  # patch queries
+                q = c2[str(Site(li, "attn_pattern"))][:, h, npt:]
+                A[a][li, h] = _kl_rows(p, q).mean()
+        if x is not None and li + 1 < L:
+            x = surface.run_blocks(x, li, li + 1)  # the clean stream, fused attention as in the full forwards
     S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
     return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist()}
 
@@ -113,32 +122,32 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
         preds, labels = predict(surface, dataset, batch_size)
         base_top1 = float((preds == labels).float().mean())
         drops = [[0.0] * Hh for _ in range(L)]
-        for l in range(L):
+        for li in range(L):
             for h in range(Hh):
-                p, y = predict(surface, dataset, batch_size, context=lambda l=l, h=h: _ablate(surface, l, h))
-                drops[l][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
+                p, y = predict(surface, dataset, batch_size, context=lambda li=li, h=h: _ablate(surface, li, h))
+                drops[li][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
                 if on_head:
-                    on_head(l, h)
+                    on_head(li, h)
         return base_top1, drops
     dev = next(surface.model.parameters()).device
-    ablated: dict[tuple[int, int], list[torch.Tensor]] = {(l, h): [] for l in range(L) for h in range(Hh)}
+    ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
     for x, y in dataset.batches(batch_size):
         t = surface.embed_tokens(x.to(dev, non_blocking=True))
-        for l in range(L):
+        for li in range(L):
             for h in range(Hh):
-                with _ablate(surface, l, h):
-                    ablated[l, h].append(surface.forward_from(l, t).argmax(-1).cpu())
-            t = surface.run_blocks(t, l, l + 1)
+                with _ablate(surface, li, h):
+                    ablated[li, h].append(surface.forward_from(li, t).argmax(-1).cpu())
+            t = surface.run_blocks(t, li, li + 1)
         clean.append(surface.head_from(t).argmax(-1).cpu())
         labels.append(y)
     y_all = torch.cat(labels)
     base_top1 = float((torch.cat(clean) == y_all).float().mean())
     drops = [[0.0] * Hh for _ in range(L)]
-    for (l, h), p in ablated.items():
-        drops[l][h] = 100.0 * (base_top1 - float((torch.cat(p) == y_all).float().mean()))
+    for (li, h), p in ablated.items():
+        drops[li][h] = 100.0 * (base_top1 - float((torch.cat(p) == y_all).float().mean()))
         if on_head:
-            on_head(l, h)
+            on_head(li, h)
     return base_top1, drops
 
 
@@ -170,7 +179,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
         clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
         clean, base_probes = clean_fit["doc"], clean_fit["probes"]
-        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed, layers=later)["doc"]
+        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed,
+                              layers=later)["doc"]
         restored_fit = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
                                        layers=later, keep_pre=R if shared_prefix else None)
         restored = restored_fit["doc"]
@@ -182,27 +192,27 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             return sum(vals) / len(vals) if vals else float("nan")
 
         rec_restore = mean_rec(restored)
-        rebuild = [[None] * Hh for _ in range(L)]
+        rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         start = restored_fit.pop("start", None)
-        for l in later:
-            if start is not None and l > start.layer:  # the restore condition has no hooks from R on
-                start = advance(surface, start, l)
+        for li in later:
+            if start is not None and li > start.layer:  # the restore condition has no hooks from R on
+                start = advance(surface, start, li)
             for h in range(Hh):
-                extra = {l: {a: [h] for a in axes}}
+                extra = {li: {a: [h] for a in axes}}
                 if start is None:
                     doc = probe_condition(surface, probe_set, condition_context(surface, axes, R, extra=extra),
                                           base_probes, seed=seed, layers=later)["doc"]
                 else:
                     doc = probe_condition(surface, probe_set, condition_context(surface, (), extra=extra), base_probes,
                                           seed=seed, layers=later, start=start, reuse=restored_fit)["doc"]
-                rebuild[l][h] = rec_restore - mean_rec(doc)
-                bar.update(task, advance=1, description=f"rope-heads: rebuild L{l}H{h}")
+                rebuild[li][h] = rec_restore - mean_rec(doc)
+                bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
-        base_top1, drops = head_drops(surface, top1_set, shared_prefix, on_head=lambda l, h: bar.update(
-            task, advance=1, description=f"rope-heads: ablate L{l}H{h}"))
-    flat = [(rebuild[l][h], l, h) for l in later for h in range(Hh) if rebuild[l][h] == rebuild[l][h]]
+        base_top1, drops = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
+            task, advance=1, description=f"rope-heads: ablate L{li}H{h}"))
+    flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
     primary = max(flat)[1:] if flat else None
-    order = sorted(((drops[l][h], l, h) for l in range(L) for h in range(Hh)), reverse=True)
+    order = sorted(((drops[li][h], li, h) for li in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
     order_late = [o for o in order if o[1] >= R]  # heads that can rebuild (layers >= R) only
@@ -214,9 +224,10 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
-        "primary_head_drop_rank_after_R": rank_late, "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
+        "primary_head_drop_rank_after_R": rank_late,
+        "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
-        "specialised_heads": [[l, h] for l in range(L) for h in range(Hh) if abs(S[l][h]) >= 0.5],
+        "specialised_heads": [[li, h] for li in range(L) for h in range(Hh) if abs(S[li][h]) >= 0.5],
     })
     if out is not None:
         RopeHeadsExperiment().write(result, out)
@@ -246,7 +257,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
-    tails = sum(L - l for l in later)
+    tails = sum(L - li for li in later)
     rebuild = StagePlan(blocks=n_p * ((L - 1 - R) + Hh * tails)) + fits(Hh * tails)
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
     drops = StagePlan(forwards=n_t, blocks=n_t * (L + Hh * L * (L + 1) // 2))

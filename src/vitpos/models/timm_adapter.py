@@ -7,6 +7,8 @@ softmax pattern when attention is unfused), which is what the hook sites attach 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from timm.layers.pos_embed_sincos import (
     RotaryEmbeddingCat,
@@ -70,7 +72,7 @@ class TimmViTSurface(ModelSurface):
     # partial forwards with timm's own modules, in VisionTransformer.forward_features' order
     @torch.no_grad()
     def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        m = self.model
+        m: Any = self.model  # timm's modules (nn.Module attribute access is untyped)
         x = m._pos_embed(m.patch_embed(images))
         return m.norm_pre(m.patch_drop(x))
 
@@ -78,14 +80,16 @@ class TimmViTSurface(ModelSurface):
     def run_blocks(self, tokens: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
         stop = self.depth if stop is None else stop
         self._check_tokens(tokens, start, stop)
+        blocks: Any = self.model.blocks
         x = tokens
         for i in range(start, stop):
-            x = self.model.blocks[i](x)
+            x = blocks[i](x)
         return x
 
     @torch.no_grad()
     def head_from(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_head(self.model.norm(tokens))
+        m: Any = self.model
+        return m.forward_head(m.norm(tokens))
 
     def attention(self, layer: int) -> nn.Module:
         return self.model.blocks[layer].attn
@@ -121,20 +125,21 @@ class TimmEvaSurface(TimmViTSurface):
 
     @torch.no_grad()
     def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        m = self.model
+        m: Any = self.model  # timm's modules (nn.Module attribute access is untyped)
         x, _ = m._pos_embed(m.patch_embed(images))
         return m.norm_pre(x)
 
     def _forward_rope(self) -> torch.Tensor | None:
         """The rotary tensor Eva._pos_embed computes for the configured grid (a fixed input size)."""
-        rope = self.model.rope
+        m: Any = self.model
+        rope = m.rope
         if rope is None:
             return None
-        if getattr(self.model, "dynamic_img_size", False):
+        if getattr(m, "dynamic_img_size", False):
             return rope.get_embed(shape=list(self.grid))
         if hasattr(rope, "feat_shape"):
             return rope.get_embed()
-        return rope.get_embed(shape=self.model.patch_embed.grid_size)
+        return rope.get_embed(shape=m.patch_embed.grid_size)
 
     @torch.no_grad()
     def run_blocks(self, tokens: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
@@ -144,9 +149,11 @@ class TimmEvaSurface(TimmViTSurface):
         self._check_tokens(tokens, start, stop)
         rot = self._forward_rope() if start < stop else None
         per_layer = bool(getattr(self.model, "rope_mixed", False)) and rot is not None
+        blocks: Any = self.model.blocks
         x = tokens
         for i in range(start, stop):
-            x = self.model.blocks[i](x, rope=rot[i] if per_layer else rot, attn_mask=None, is_causal=False)
+            rope = rot[i] if per_layer and rot is not None else rot
+            x = blocks[i](x, rope=rope, attn_mask=None, is_causal=False)
         return x
 
     # the rotary tensor timm computes for this grid (what forward_features passes to blocks)

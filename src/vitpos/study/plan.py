@@ -148,9 +148,12 @@ class StudyPlan:
         t = self.total()
         models = len({s.model for s in self.stages})
         n_run, n_cached = len(self.to_run()), sum(s.status == "cached" for s in self.stages)
+        if n_run == 0 and n_cached and not self.data_problems:
+            return f"plan: {models} model(s), nothing to run: all {n_cached} stage(s) cached"
         secs = self.seconds()
         rates = "; ".join(_rates(list(self.throughput.values())))
-        est = "time not estimated" if secs is None else f"estimated {_duration(secs)}" + (f" ({rates})" if rates else "")
+        est = "time not estimated" if secs is None else f"estimated {_duration(secs)}"
+        est += f" ({rates})" if rates and secs is not None else ""
         line = (f"plan: {models} model(s), {n_run} stage(s) to run, {n_cached} cached: {t.forwards:,} image-forwards, "
                 f"{t.blocks:,} block evaluations, {t.fits:,} probe fits, {t.sae_tokens:,} SAE tokens; {est}")
         if self.data_problems:
