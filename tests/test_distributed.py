@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from vitpos.errors import VitposError
 from vitpos.runtime import device as rdevice
 from vitpos.runtime import dist as rdist
 from vitpos.runtime.options import RunOptions
-from vitpos.errors import VitposError
 from vitpos.sae import SAE, SAEConfig, train_sae
 
 WORLD = 2
@@ -324,8 +324,8 @@ def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
 
 def test_capture_retries_a_batch_that_runs_out_of_memory(tmp_path, single_store, monkeypatch):
     """A fake CUDA OOM on batches above 5 images: the batch is redone in halves, the store is unchanged."""
-    from vitpos.store.capture import capture_to_store
     from vitpos.models.surface import ModelSurface
+    from vitpos.store.capture import capture_to_store
 
     surface = _surface()
     call = ModelSurface.__call__
@@ -446,8 +446,8 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
 
     from safetensors.torch import save_file
 
-    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
+    from vitpos.store.capture import capture_to_store
 
     surface = _surface()
     weights = tmp_path / "w.safetensors"

@@ -532,8 +532,8 @@ RUN_KW = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=2, b
 
 
 def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
-    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
+    from vitpos.store.capture import capture_to_store
 
     ds = toy_set()
     res, sae = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
@@ -562,9 +562,8 @@ def test_run_sae_trains_streamed_from_a_store(tmp_path, tiny_ape):
 
 def test_run_sae_refuses_a_store_that_does_not_match(tmp_path, tiny_ape):
     from conftest import tiny_own
-
-    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
+    from vitpos.store.capture import capture_to_store
 
     ds = toy_set(24)
     capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "train", progress=False)
@@ -600,9 +599,8 @@ def test_cli_sae_store_mismatch_is_one_error_line(tmp_path, tiny_ape):
 def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
     """The same spec over retrained weights must neither reuse a finished SAE nor train on the old store."""
     from conftest import tiny_own
-
-    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
+    from vitpos.store.capture import capture_to_store
 
     retrained = tiny_own("ape", seed=1)  # spec 'tiny:ape' again, other weights
     assert retrained.spec == tiny_ape.spec and retrained.weights_digest() != tiny_ape.weights_digest()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -31,7 +29,7 @@ DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (cuda:N); u
 AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
-def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = None):
+def _surface(model: str, pretrained: bool = False, checkpoint: Path | None = None):
     from vitpos.models import load_model
 
     return load_model(model, pretrained=pretrained, checkpoint=checkpoint)
@@ -42,7 +40,7 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="default 3, or 2 with --quick"),
+    epochs: int | None = typer.Option(None, "--epochs", help="default 3, or 2 with --quick"),
     seed: int = typer.Option(0, "--seed"),
     batch_size: int = typer.Option(128, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),
@@ -75,10 +73,10 @@ def eval_cmd(
     model: str = ModelOpt,
     data: str = DataOpt,
     split: str = typer.Option("test", "--split"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o"),
+    out: Path | None = typer.Option(None, "--out", "-o"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", help="evaluate on the first N images"),
+    checkpoint: Path | None = CheckpointOpt,
+    limit: int | None = typer.Option(None, "--limit", help="evaluate on the first N images"),
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
@@ -119,13 +117,13 @@ def capture(
     data: str = DataOpt,
     split: str = typer.Option("train", "--split"),
     out: Path = OutOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", help="first N images only"),
+    limit: int | None = typer.Option(None, "--limit", help="first N images only"),
     batch_size: int = typer.Option(128, "--batch-size"),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 | bfloat16 storage"),
     shard_images: int = typer.Option(256, "--shard-images"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -159,7 +157,7 @@ def probe(
     images: int = typer.Option(1000, "--images", help="number of test-split images (split by image into probe train/test)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -193,14 +191,14 @@ def sae(
     images: int = typer.Option(4000, "--images", help="training images (their patch tokens); unused with --store"),
     epochs: int = typer.Option(4, "--epochs"),
     seed: int = typer.Option(0, "--seed"),
-    store: Optional[Path] = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
+    store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Adam learning rate (default: 2e-3, ∝ 1/√F above 768 latents)"),
+    lr: float | None = typer.Option(None, "--lr", help="Adam learning rate (default: 2e-3, ∝ 1/√F above 768 latents)"),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="tokens per training step"),
     buffer_tokens: int = typer.Option(65536, "--buffer-tokens", help="shuffle buffer (tokens held in memory while streaming)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -254,7 +252,7 @@ def ape_permute(
     images: int = typer.Option(2000, "--images"),
     seeds: int = typer.Option(3, "--seeds", help="number of random seeds"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
@@ -285,10 +283,10 @@ def rope_axis(
     data: str = DataOpt,
     out: Path = OutOpt,
     images: int = typer.Option(1000, "--images"),
-    restore: Optional[str] = typer.Option(None, "--restore", help="comma list of R (default: every layer 1..L-1)"),
+    restore: str | None = typer.Option(None, "--restore", help="comma list of R (default: every layer 1..L-1)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
 ):
     """Row/col decodability per layer with RoPE axes removed and restored; OUT/rope_axis.json."""
@@ -311,10 +309,10 @@ def rope_heads(
     data: str = DataOpt,
     out: Path = OutOpt,
     axis: str = typer.Option("both", "--axis", help="row | col | both"),
-    restore_from: Optional[int] = typer.Option(None, "--restore-from", help="R of the restore setting (default depth//2)"),
+    restore_from: int | None = typer.Option(None, "--restore-from", help="R of the restore setting (default depth//2)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
 ):
     """Axis specialisation, rebuilding score and ablation drop of every head; OUT/rope_heads.json."""
@@ -332,13 +330,13 @@ def rope_heads(
 @app.command()
 def run(
     out: Path = typer.Option(Path("vitpos-out"), "--out", "-o", help="output directory (results.json, report.html)"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
-    models: Optional[str] = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
+    models: str | None = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
+    data: str | None = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
     quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    seed: int | None = typer.Option(None, "--seed"),
     progress: bool = ProgressOpt,
 ):
     """Run the whole study (eval, probes, SAE, APE and RoPE tests) and write results.json + report.html."""

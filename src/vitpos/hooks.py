@@ -11,8 +11,8 @@ body raises; contexts nest and compose (edits apply in the order they were enter
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn

@@ -371,7 +371,7 @@ def lbfgs_heads(
 
 
 def fit_softmax_heads(
-    xs: "torch.Tensor | Design",
+    xs: torch.Tensor | Design,
     targets: list[torch.Tensor],
     num_classes: list[int],
     l2s: list[float],

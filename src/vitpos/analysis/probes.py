@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from vitpos.analysis.lbfgs import Design, all_finite, fit_softmax_heads, standardise_stats, standardised_design
 from vitpos.analysis.probe_results import LayerProbeResults, ProbeResult
-from vitpos.runtime.device import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
 from vitpos.errors import VitposError
-
+from vitpos.runtime.device import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
 
 DEFAULT_L2_GRID: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 # Training tokens are capped: L-BFGS cost is linear in tokens, and ~50k tokens already give
@@ -246,7 +246,7 @@ class LinearProbe:
 
     # -- API -------------------------------------------------------------------------------------
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor | None = None, *, device=None) -> "LinearProbe":
+    def fit(self, features: torch.Tensor, labels: torch.Tensor | None = None, *, device=None) -> LinearProbe:
         """Fit on (..., D) features with (...) labels (or position-derived labels, see class doc)."""
         x, y = self._tokens_and_labels(features, labels)
         if y.numel() == 0:
@@ -309,7 +309,7 @@ class LinearProbe:
         return sd
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "LinearProbe":
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> LinearProbe:
         missing = {"weight", "bias", "mean", "std", "l2", "num_classes"} - set(sd)
         if missing:
             raise VitposError(f"probe state dict lacks {sorted(missing)}; save it with LinearProbe.state_dict()")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -172,7 +172,7 @@ class LazyImageDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return self._image(i), int(self.labels[i])
 
-    def subset(self, n: int | None) -> "LazyImageDataset":
+    def subset(self, n: int | None) -> LazyImageDataset:
         """The first n samples (the split order is already random), or self when n is None."""
         if n is None or n >= len(self):
             return self

@@ -8,8 +8,8 @@ from contextlib import AbstractContextManager, ExitStack
 
 import torch
 
-from vitpos.analysis.probes import fit_position_probes
 from vitpos.analysis.forward import accuracy_report, capture_layers
+from vitpos.analysis.probes import fit_position_probes
 from vitpos.errors import VitposError
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import ModelSurface, Site

@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vitpos import plots
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.experiments.common import MIN_GAP, condition_context, probe_condition, recovery, require_rope
 from vitpos.models.surface import ModelSurface
 from vitpos.progress import progress_bar
-from vitpos import plots
 
 
 class Condition(BaseModel):

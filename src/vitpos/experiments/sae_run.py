@@ -28,7 +28,7 @@ from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.experiments.base import Done, Experiment, Result, Skipped, StageInput
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 from timm.layers import build_sincos2d_pos_embed
 from timm.models.eva import Eva

@@ -49,7 +49,7 @@ class Site:
         return self.name if self.layer is None else f"blocks.{self.layer}.{self.name}"
 
     @staticmethod
-    def parse(text: str, depth: int | None = None) -> "Site":
+    def parse(text: str, depth: int | None = None) -> Site:
         text = text.strip()
         if text in GLOBAL_SITES:
             return Site(None, text)

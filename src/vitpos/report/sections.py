@@ -14,9 +14,23 @@ from vitpos.errors import VitposError
 from vitpos.experiments.ape_permute import VARIANTS as APE_VARIANTS
 from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.report.format import (
+    describe,
+    doc_of,
+    e,
+    fmt_value,
+    fnum,
+    kv_table,
+    last,
+    na,
+    num,
+    pct,
+    probe_sites,
+    pts,
+    reason,
+    table,
+)
 from vitpos.study.results import ModelEntry, figure_key, model_slug
-from vitpos.report.format import (describe, doc_of, e, fmt_value, fnum, kv_table, last, na, num, pct, probe_sites,
-                                  pts, reason, table)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -54,7 +54,7 @@ class SAEConfig(BaseModel):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "SAEConfig":
+    def _check(self) -> SAEConfig:
         if self.arch != "relu" and self.k > self.d_sae:
             raise ValueError(f"k={self.k} exceeds the dictionary size {self.d_sae}")
         return self
@@ -68,7 +68,7 @@ class SAEConfig(BaseModel):
         return self.aux_k if self.aux_k is not None else max(1, self.d_in // 2)
 
     @classmethod
-    def parse(cls, d: dict[str, Any]) -> "SAEConfig":
+    def parse(cls, d: dict[str, Any]) -> SAEConfig:
         """Validate a dict (e.g. from sae.json or a CLI) into a config, as a one-line VitposError."""
         try:
             return cls.model_validate(d)
@@ -151,7 +151,7 @@ class _Sparse:
         self._col_offsets: Tensor | None = None
 
     @classmethod
-    def from_topk(cls, idx: Tensor, n_cols: int) -> "_Sparse":
+    def from_topk(cls, idx: Tensor, n_cols: int) -> _Sparse:
         n, k = idx.shape
         ar = torch.arange(n, device=idx.device)
         cols = idx.reshape(-1)
@@ -159,7 +159,7 @@ class _Sparse:
         return cls(rows, cols, ar * k, n, n_cols, flat=(ar.unsqueeze(1) * n_cols + idx).reshape(-1))
 
     @classmethod
-    def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> "_Sparse":
+    def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> _Sparse:
         flat_idx, _ = flat_idx.sort()
         rows, cols = flat_idx // n_cols, flat_idx % n_cols
         counts = torch.bincount(rows, minlength=n_rows)
@@ -430,7 +430,7 @@ class SAE(nn.Module):
         return file
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device | None = None) -> "SAE":
+    def load(cls, path: str | Path, device: str | torch.device | None = None) -> SAE:
         """Load a saved SAE from its folder or its .safetensors file."""
         path = Path(path)
         file = path / WEIGHTS_FILE if path.is_dir() else path

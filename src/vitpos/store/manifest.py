@@ -144,7 +144,7 @@ class Manifest:
 
     @classmethod
     def new(cls, *, sites: list[str], grid: tuple[int, int], num_prefix_tokens: int, keep_prefix: bool, dtype: str,
-            shard_images: int, meta: dict[str, Any]) -> "Manifest":
+            shard_images: int, meta: dict[str, Any]) -> Manifest:
         """The manifest of an empty store (no shards, not complete)."""
         rows, cols = patch_rows_cols(grid)
         return cls(sites=list(sites), grid=(int(grid[0]), int(grid[1])), num_patches=int(grid[0]) * int(grid[1]),
@@ -154,7 +154,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, m: Any, path: str | Path, *, foreign: str = "point at a capture output folder",
-                  version: str = f"this vitpos reads {FORMAT_VERSION}; recapture with this version") -> "Manifest":
+                  version: str = f"this vitpos reads {FORMAT_VERSION}; recapture with this version") -> Manifest:
         """Validate a parsed manifest.json (from ``path``, named in errors) into a Manifest.
 
         ``foreign`` / ``version`` end the error for a file that is not an activation manifest / of

@@ -7,8 +7,9 @@ guarantees).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -282,7 +283,7 @@ class ActivationStore:
             return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         return torch.cat(labels), torch.cat(ids)
 
-    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None) -> "TokenDataset":
+    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None) -> TokenDataset:
         """An IterableDataset over the patch tokens of `site` (see :class:`TokenDataset`)."""
         self._key(site, False)
         return TokenDataset(self.dir, site, batch_tokens=batch_tokens, shuffle=shuffle, seed=seed, buffer_tokens=buffer_tokens, allow_incomplete=not self.complete)

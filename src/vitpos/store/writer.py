@@ -6,8 +6,9 @@ The writer rewrites the manifest after every shard, so a killed capture leaves a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -222,7 +223,7 @@ class ActivationWriter:
         self._buf.clear()
         self._fill = 0
 
-    def __enter__(self) -> "ActivationWriter":
+    def __enter__(self) -> ActivationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

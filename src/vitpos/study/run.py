@@ -28,8 +28,7 @@ from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
-from vitpos.study.results import (HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key,
-                                  model_slug)
+from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -64,7 +63,7 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
 
     results = StudyResults(
         vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=timm.__version__,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise({k: e.to_json() for k, e in entries.items()}))
     results.timings["total_this_run"] = round(time.time() - t_start, 1)
