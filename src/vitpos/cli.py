@@ -13,19 +13,22 @@ from rich.table import Table
 from vitpos.errors import VitposError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE and RoPE ViTs.")
+                  help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
+                       "and RoPE ViTs.")
 intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads.")
 app.add_typer(intervene_app, name="intervene")
 console = Console(stderr=True)
 out_console = Console(markup=False, highlight=False)
 
-ModelOpt = typer.Option(..., "--model", "-m", help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
+ModelOpt = typer.Option(..., "--model", "-m",
+                        help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
 CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
 DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | imagefolder:PATH")
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
-DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
+DeviceOpt = typer.Option("auto", "--device",
+                         help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
 AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
@@ -154,7 +157,8 @@ def probe(
     sites: str = typer.Option("resid_post", "--sites"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", help="number of test-split images (split by image into probe train/test)"),
+    images: int = typer.Option(1000, "--images",
+                               help="number of test-split images (split by image into probe train/test)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -174,8 +178,9 @@ def probe(
         t.add_row(str(layer), f"{res['row_acc'][i]:.3f}", f"{res['col_acc'][i]:.3f}",
                   f"{res['row_selectivity'][i]:.3f}", f"{res['col_selectivity'][i]:.3f}")
     out_console.print(t)
-    out_console.print(f"chance row {res['chance_row']:.3f}, col {res['chance_col']:.3f}; content baseline "
-                      f"row {res['content_baseline']['row_acc']:.3f}, col {res['content_baseline']['col_acc']:.3f} -> {out}")
+    out_console.print(f"chance row {res['chance_row']:.3f}, col {res['chance_col']:.3f}; content baseline row "
+                      f"{res['content_baseline']['row_acc']:.3f}, col {res['content_baseline']['col_acc']:.3f} -> "
+                      f"{out}")
 
 
 @app.command()
@@ -195,7 +200,8 @@ def sae(
                                          "model and site) instead of capturing into OUT/acts/"),
     lr: float | None = typer.Option(None, "--lr", help="Adam learning rate (default: 2e-3, ∝ 1/√F above 768 latents)"),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="tokens per training step"),
-    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", help="shuffle buffer (tokens held in memory while streaming)"),
+    buffer_tokens: int = typer.Option(65536, "--buffer-tokens",
+                                      help="shuffle buffer (tokens held in memory while streaming)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -205,7 +211,8 @@ def sae(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
 ):
-    """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json, features.png."""
+    """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
+    features.png."""
     from vitpos.experiments.sae_run import run_sae
 
     if lr is not None and not lr > 0:
@@ -233,7 +240,8 @@ def sae(
         options = RunOptions(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
                              checkpoint_key=key, restart_on_mismatch=True)
         surface = _surface(model, pretrained, checkpoint)
-        doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
+        doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
+                         n_train_images=images,
                          epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
                          lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
     if not env.is_main:
@@ -262,7 +270,8 @@ def ape_permute(
 
     surface = _surface(model, pretrained, checkpoint)
     if not surface.has_ape:
-        raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model")
+        raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs "
+                          "an APE model")
     sae_doc = read_json(Path(sae_dir) / "sae.json")
     doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
                           out=out, progress=progress).to_json()
@@ -273,7 +282,8 @@ def ape_permute(
         if "skipped" in r:
             t.add_row(v, "-", f"skipped: {r['skipped']}", "")
         else:
-            t.add_row(v, f"{r['top1']:.3f}", f"{r['drop_points']:.1f} ± {r['drop_std']:.1f}", str(r["n_features"] or ""))
+            t.add_row(v, f"{r['top1']:.3f}", f"{r['drop_points']:.1f} ± {r['drop_std']:.1f}",
+                      str(r["n_features"] or ""))
     out_console.print(t)
 
 
@@ -298,7 +308,8 @@ def rope_axis(
                         progress=progress).to_json()
     t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
     for name, c in doc["conditions"].items():
-        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]), " ".join(f"{v:.2f}" for v in c["col_acc"]))
+        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
+                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
     out_console.print(t)
     out_console.print(f"chance row {doc['chance_row']:.3f}, col {doc['chance_col']:.3f} -> {out}")
 

@@ -55,7 +55,8 @@ def _as_sites(surface: ModelSurface, sites: Iterable[str | Site] | str) -> list[
     return out
 
 
-def _attach(surface: ModelSurface, reg: _Registry, site: Site, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+def _attach(surface: ModelSurface, reg: _Registry, site: Site,
+            fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
     """Attach fn to a site: fn sees the site's tensor; a returned tensor replaces it."""
     name, layer = site.name, site.layer
     if name == "embed":
@@ -164,7 +165,8 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
             sites = [key] if isinstance(key, Site) else _as_sites(surface, key)
             for site in sites:
                 if site.name in CAPTURE_ONLY:
-                    raise VitposError(f"site {site} can be captured but not edited; edit resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
+                    raise VitposError(f"site {site} can be captured but not edited; edit "
+                                      "resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
                 _attach(surface, reg, site, fn)
         yield
     finally:
@@ -172,13 +174,15 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
 
 
 @contextmanager
-def remove_rope(surface: ModelSurface, remove: dict[Axis, list[int] | None], layers: Iterable[int] | None = None) -> Iterator[None]:
+def remove_rope(surface: ModelSurface, remove: dict[Axis, list[int] | None],
+                layers: Iterable[int] | None = None) -> Iterator[None]:
     """Remove RoPE axes: remove = {'row': heads or None (all heads), 'col': ...}, in `layers` (None = all).
 
     The rotary tensor passed to each chosen block is rebuilt with that axis coordinate set to 0
     (identity for axial channels, the axis term dropped for mixed RoPE), in q and k alike."""
     if not surface.has_rope:
-        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE model")
+        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE "
+                          "model")
     for axis in remove:
         if axis not in AXES:
             raise VitposError(f"unknown axis {axis!r}; use row or col")

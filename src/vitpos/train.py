@@ -26,7 +26,8 @@ DEFAULT_EPOCHS, QUICK_EPOCHS = 3, 2
 CHECKPOINT = "checkpoint"  # OUT/checkpoint/: model.safetensors, optim.safetensors, state.json
 
 
-def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str, quick: bool) -> dict:
+def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str,
+             quick: bool) -> dict:
     return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 warmup_epochs=warmup_epochs, seed=seed, data=data, quick=quick)
 
@@ -203,16 +204,20 @@ def train(
                 opt.step()
                 loss_sum += float(loss.detach()) * len(y)
                 n_seen += len(y)
-                bar.update(task, advance=1, description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
+                bar.update(task, advance=1,
+                           description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
             val = accuracy(model, val_set)
             seconds += time.time() - t0
             history.append({"epoch": epoch + 1, "train_loss": loss_sum / n_seen, "val_top1": val})
-            _save_checkpoint(out, model, opt, {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
+            _save_checkpoint(out, model, opt,
+                             {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
     test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
     metrics = {
-        "pe": pe, "data": data, "test_top1": accuracy(model, test_set), "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
-        "epochs": epochs, "seconds": round(seconds, 1), "seed": seed, "n_train": len(train_set), "n_test": len(test_set),
+        "pe": pe, "data": data, "test_top1": accuracy(model, test_set),
+        "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
+        "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
+        "n_train": len(train_set), "n_test": len(test_set),
         "history": history,
     }
     save_own_model(out, model, cfg, extra={"train": hp})

@@ -430,7 +430,7 @@ def fit_position_probes(
             xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
         )
         accs = _head_accuracies(features, split.val, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
-        for t, acc, head in zip(("row", "col"), accs, heads):
+        for t, acc, head in zip(("row", "col"), accs, heads, strict=True):
             val_by_l2[t][l2] = acc
             # Strict '>' keeps the larger (safer) l2 on ties.
             if t not in best or acc > best[t][0]:
@@ -450,10 +450,10 @@ def fit_position_probes(
         xs_train, [y.to(dev)[patch_dev] for y in labels], sizes, l2s, init, max_iter=max_iter, tol=tol
     )
     del xs_train
-    test_acc = dict(zip(names, _head_accuracies(features, split.test, final, labels, mean, std, dev)))
+    test_acc = dict(zip(names, _head_accuracies(features, split.test, final, labels, mean, std, dev), strict=True))
 
     probes = {}
-    for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s):
+    for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s, strict=True):
         probe = LinearProbe(k, l2, position_labels=y, max_iter=max_iter, tol=tol)
         probe._set(wt, bs, mean, std)
         probes[name] = probe
@@ -506,7 +506,7 @@ def probe_layers(
     if not isinstance(features_by_layer, dict) or not features_by_layer:
         raise VitposError("features_by_layer must be a non-empty dict {layer: (num_images, num_patches, D) tensor}")
     layers = sorted(features_by_layer)
-    shapes = {l: tuple(getattr(features_by_layer[l], "shape", ())) for l in layers}
+    shapes = {layer: tuple(getattr(features_by_layer[layer], "shape", ())) for layer in layers}
     n_imgs = {s[0] if s else None for s in shapes.values()}
     if len(n_imgs) != 1:
         raise VitposError(f"every layer must hold the same images, got shapes {shapes}")
@@ -516,4 +516,4 @@ def probe_layers(
             results.append(fit_position_probes(features_by_layer[layer], grid, **kw))
         except VitposError as e:
             raise VitposError(f"layer {layer}: {e}") from e
-    return LayerProbeResults(layers=[int(l) for l in layers], results=results)
+    return LayerProbeResults(layers=[int(layer) for layer in layers], results=results)

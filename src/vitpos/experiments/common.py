@@ -22,15 +22,16 @@ def require_rope(surface: ModelSurface) -> None:
     if not surface.has_rope:
         raise VitposError(
             f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE tests need a RoPE model "
-            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE models"
+            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for "
+            "APE models"
         )
 
 
 def require_ape(surface: ModelSurface) -> None:
     if not surface.has_ape:
         raise VitposError(
-            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model "
-            "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
+            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE "
+            "model — for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
         )
 
 

@@ -88,9 +88,9 @@ def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int],
     out: dict[int, torch.Tensor] = {}
     for start in range(0, len(layers), chunk):
         group = layers[start:start + chunk]
-        acts, _, _ = capture_layers(surface, dataset, [Site(l, site) for l in group], batch_size=batch_size,
+        acts, _, _ = capture_layers(surface, dataset, [Site(layer, site) for layer in group], batch_size=batch_size,
                                     context=context, progress=progress, desc=f"capture {site}")
-        out.update({l: acts[str(Site(l, site))] for l in group})
+        out.update({layer: acts[str(Site(layer, site))] for layer in group})
     return out
 
 
@@ -157,7 +157,8 @@ class ProbeExperiment(Experiment[ProbeResults]):
 
     def figures(self, result: ProbeResults) -> list[Figure]:
         sites = probe_sites(result)
-        return [Figure("probe" if len(sites) == 1 else f"probe_{name}", f"row / column probe accuracy per layer at {name}",
+        return [Figure("probe" if len(sites) == 1 else f"probe_{name}",
+                       f"row / column probe accuracy per layer at {name}",
                        lambda r, p, name=name: _plot_site(probe_sites(r)[name], p))
                 for name in sites]
 

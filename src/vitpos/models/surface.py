@@ -30,7 +30,8 @@ from torch import nn
 
 from vitpos.errors import VitposError
 
-LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "attn_pattern")
+LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
+               "attn_pattern")
 GLOBAL_SITES = ("embed", "pos_embed")
 CAPTURE_ONLY = ("resid_mid", "q_rot", "k_rot", "pos_embed")
 Scheme = Literal["ape", "rope", "rope+ape", "none"]
@@ -56,7 +57,8 @@ class Site:
         m = _SITE_RE.match(text)
         if not m or m.group(2) not in LAYER_SITES:
             raise VitposError(
-                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of {', '.join(GLOBAL_SITES)}"
+                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of "
+                f"{', '.join(GLOBAL_SITES)}"
             )
         layer = int(m.group(1))
         if depth is not None and layer >= depth:
@@ -144,8 +146,8 @@ class ModelSurface:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if tuple(images.shape[1:]) != tuple(self.input_size):
             raise VitposError(
-                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes {tuple(self.input_size)}; "
-                "use the dataset the model was trained on or pass img_size"
+                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes "
+                f"{tuple(self.input_size)}; use the dataset the model was trained on or pass img_size"
             )
         return self.model(images)
 

@@ -94,7 +94,8 @@ class TimmEvaSurface(TimmViTSurface):
         super().__init__(model, spec)
         rope = model.rope
         if rope is not None and not isinstance(rope, (RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3)):
-            raise VitposError(f"{spec}: rotary module {type(rope).__name__} is not supported (axial cat, mixed or dinov3 only)")
+            raise VitposError(f"{spec}: rotary module {type(rope).__name__} is not supported (axial cat, mixed or "
+                              "dinov3 only)")
         has_ape = getattr(model, "pos_embed", None) is not None
         self.scheme = ("rope+ape" if has_ape else "rope") if rope is not None else ("ape" if has_ape else "none")
         self._axis_map: RopeAxisMap | None = None
@@ -121,7 +122,8 @@ class TimmEvaSurface(TimmViTSurface):
                 self._axis_map = RopeAxisMap("mixed", self.head_dim, self.depth, self.num_heads, layout, freqs=freqs)
             else:
                 axes = axial_channel_axis(self._base_rope(), self.grid)
-                self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout, channel_axis=axes)
+                self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout,
+                                             channel_axis=axes)
         return self._axis_map
 
     def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:

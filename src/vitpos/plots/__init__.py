@@ -12,7 +12,8 @@ _EXPORTS = {
     "plot_ape_permute": "vitpos.plots.sweeps", "plot_rope_axis": "vitpos.plots.sweeps",
     "plot_recovery": "vitpos.plots.sweeps", "plot_rope_heads": "vitpos.plots.sweeps",
     "mathtext_safe": "vitpos.plots.sweeps",
-    "plot_probe_curves": "vitpos.plots.probe", "plot_headline": "vitpos.plots.headline", "plot_feature_maps": "vitpos.plots.features",
+    "plot_probe_curves": "vitpos.plots.probe", "plot_headline": "vitpos.plots.headline",
+    "plot_feature_maps": "vitpos.plots.features",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -186,8 +186,8 @@ def _reproduce(results: dict) -> str:
 def _versions(results: dict) -> str:
     return ("<p>" + "; ".join(f"{k} <code>{e(results.get(k, 'unknown'))}</code>"
                               for k in ("vitpos_version", "torch_version", "timm_version")) +
-            f"; seed <code>{e(results.get('seed', 'unknown'))}</code>; created <code>{e(results.get('created', 'unknown'))}"
-            "</code></p>")
+            f"; seed <code>{e(results.get('seed', 'unknown'))}</code>; created "
+            f"<code>{e(results.get('created', 'unknown'))}</code></p>")
 
 
 def _footer(results: dict) -> str:
@@ -250,7 +250,8 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
     body += [_reproduce(doc), _footer(doc)]
     page = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>vitpos report</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            f"<title>vitpos report</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
     path = out_dir / "report.html"
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")

@@ -142,7 +142,8 @@ def topk_flat(pre: Tensor, k: int) -> Tensor:
 class _Sparse:
     __slots__ = ("rows", "cols", "flat", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
 
-    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int, flat: Tensor | None = None):
+    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int,
+                 flat: Tensor | None = None):
         self.rows, self.cols, self.row_offsets = rows, cols, row_offsets
         self.n_rows, self.n_cols = n_rows, n_cols
         # Flat positions in the (N, F) code matrix: 1-D take/scatter beat 2-D advanced indexing.
@@ -175,11 +176,13 @@ class _Sparse:
     def col_sum(self, per_entry: Tensor, per_row: Tensor) -> Tensor:
         """out[f] = Σ_{entries i with col f} per_entry[i] · per_row[rows[i]]  -> (F, D)."""
         order, offs = self.by_col()
-        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum", per_sample_weights=per_entry[order].to(per_row.dtype))
+        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum",
+                                per_sample_weights=per_entry[order].to(per_row.dtype))
 
     def row_sum(self, per_entry: Tensor, per_col: Tensor) -> Tensor:
         """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
-        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry.to(per_col.dtype))  # autocast: codes may be bf16
+        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum",
+                                per_sample_weights=per_entry.to(per_col.dtype))  # autocast: codes may be bf16
 
     def take(self, dense: Tensor) -> Tensor:
         """The entries' values in a dense (N, F) matrix."""
@@ -443,7 +446,8 @@ class SAE(nn.Module):
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise VitposError(f"{file} is not a readable SAE file ({e}); re-train or re-copy it") from e
         if meta.get("format") != FORMAT or "config" not in meta:
-            raise VitposError(f"{file} is not a vitpos SAE (format {meta.get('format')!r}); point at an SAE saved by vitpos")
+            raise VitposError(f"{file} is not a vitpos SAE (format {meta.get('format')!r}); point at an SAE saved by "
+                              "vitpos")
         try:
             cfg_dict = json.loads(meta["config"])
         except json.JSONDecodeError as e:
@@ -454,7 +458,8 @@ class SAE(nn.Module):
             t = tensors.get(name)
             if t is None or t.shape != shape:
                 got = None if t is None else tuple(t.shape)
-                raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, re-train it")
+                raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, "
+                                  "re-train it")
         with torch.no_grad():
             for name in _TENSORS:
                 getattr(sae, name).copy_(tensors[name])

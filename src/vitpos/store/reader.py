@@ -34,7 +34,7 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += take
             i = take
             if n_pending == size:
-                yield tuple(torch.cat(parts) for parts in zip(*pending))
+                yield tuple(torch.cat(parts) for parts in zip(*pending, strict=True))
                 pending, n_pending = [], 0
         while n - i >= size:
             yield tuple(t[i : i + size] for t in chunk)
@@ -45,7 +45,7 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += n - i
         del chunk
     if n_pending:
-        yield tuple(torch.cat(parts) for parts in zip(*pending))
+        yield tuple(torch.cat(parts) for parts in zip(*pending, strict=True))
 
 
 class ActivationStore:
@@ -70,7 +70,8 @@ class ActivationStore:
             )
         for sh in m.shards:
             if not (self.dir / sh.file).is_file():
-                raise VitposError(f"shard {self.dir / sh.file} listed in {path} is missing; re-create the store by rerunning the capture with --force")
+                raise VitposError(f"shard {self.dir / sh.file} listed in {path} is missing; re-create the store by "
+                                  "rerunning the capture with --force")
         self.manifest = m
         self.sites: list[str] = list(m.sites)
         self.grid: tuple[int, int] = (int(m.grid[0]), int(m.grid[1]))
@@ -126,7 +127,8 @@ class ActivationStore:
         self._live += delta
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._live)
 
-    def _shard_chunks(self, key: str, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _shard_chunks(self, key: str,
+                      order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         for i in order:
             acts, labels, ids = self._read(i, key)
             nbytes = acts.nbytes
@@ -148,7 +150,8 @@ class ActivationStore:
 
     # -- public iteration
 
-    def iter_images(self, site: str, batch_images: int = 64, *, prefix: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def iter_images(self, site: str, batch_images: int = 64, *,
+                    prefix: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yield ``(acts (b, N, D) float32, labels (b,), image_ids (b,))`` in stored order.
 
         With ``prefix=True`` the acts are the prefix tokens ``(b, num_prefix_tokens, D)``.
@@ -196,7 +199,8 @@ class ActivationStore:
         n_p = self.num_patches
         for acts, _labels, ids in self._shard_chunks(key, order):
             n = acts.shape[0]
-            yield (acts.reshape(n * n_p, acts.shape[2]), self.rows.repeat(n), self.cols.repeat(n), ids.repeat_interleave(n_p))
+            yield (acts.reshape(n * n_p, acts.shape[2]), self.rows.repeat(n), self.cols.repeat(n),
+                   ids.repeat_interleave(n_p))
             del acts
 
     def _shuffled_tokens(self, key: str, order: list[int], batch: int, g: torch.Generator, buffer_tokens: int | None):
@@ -245,7 +249,8 @@ class ActivationStore:
             yield emit(perm[j : j + batch])
         self._track(-buf.nbytes)
 
-    def load_site(self, site: str, max_images: int | None = None, *, prefix: bool = False, max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
+    def load_site(self, site: str, max_images: int | None = None, *, prefix: bool = False,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
         """All (or the first ``max_images``) images of one site as one float32 ``(n, N, D)`` tensor."""
         key = self._key(site, prefix)
         n = self.num_images if max_images is None else min(int(max_images), self.num_images)
@@ -273,7 +278,8 @@ class ActivationStore:
         """(labels, image_ids) of every image, int64 (num_images,), in stored order."""
         labels, ids = [], []
         for sh in self.manifest.shards:
-            f = open_shard(self.dir, sh, self.manifest, fix="the store is corrupt; re-create it by rerunning the capture with --force", key=None)
+            f = open_shard(self.dir, sh, self.manifest,
+                           fix="the store is corrupt; re-create it by rerunning the capture with --force", key=None)
             try:
                 labels.append(f.get_tensor("labels").clone())
                 ids.append(f.get_tensor("image_ids").clone())
@@ -283,10 +289,12 @@ class ActivationStore:
             return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         return torch.cat(labels), torch.cat(ids)
 
-    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None) -> TokenDataset:
+    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0,
+                      buffer_tokens: int | None = None) -> TokenDataset:
         """An IterableDataset over the patch tokens of `site` (see :class:`TokenDataset`)."""
         self._key(site, False)
-        return TokenDataset(self.dir, site, batch_tokens=batch_tokens, shuffle=shuffle, seed=seed, buffer_tokens=buffer_tokens, allow_incomplete=not self.complete)
+        return TokenDataset(self.dir, site, batch_tokens=batch_tokens, shuffle=shuffle, seed=seed,
+                            buffer_tokens=buffer_tokens, allow_incomplete=not self.complete)
 
 
 class TokenDataset(IterableDataset):
@@ -298,7 +306,8 @@ class TokenDataset(IterableDataset):
     them, so every token is seen once per epoch; call ``set_epoch`` to reshuffle each epoch.
     """
 
-    def __init__(self, store_dir: str | Path, site: str, *, batch_tokens: int | None = 4096, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None, allow_incomplete: bool = False) -> None:
+    def __init__(self, store_dir: str | Path, site: str, *, batch_tokens: int | None = 4096, shuffle: bool = False,
+                 seed: int = 0, buffer_tokens: int | None = None, allow_incomplete: bool = False) -> None:
         super().__init__()
         self.store_dir = Path(store_dir)
         self.site = site
@@ -331,7 +340,7 @@ class TokenDataset(IterableDataset):
             yield from it
         else:
             for acts, rows, cols, ids in it:
-                yield from zip(acts, rows, cols, ids)
+                yield from zip(acts, rows, cols, ids, strict=True)
 
 
 __all__ = ["ActivationStore", "DEFAULT_MAX_BYTES", "TokenDataset", "rebatch"]

@@ -112,4 +112,5 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid keys)") from e
+        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid "
+                          "keys)") from e
