@@ -147,8 +147,10 @@ def train(
     patch = 4
     if info.image_size[0] % patch:
         raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}")
-    cfg = OwnViTConfig(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
-                       num_classes=info.num_classes, **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})})
+    # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
+                                           num_classes=info.num_classes,
+                                           **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})}))
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
 

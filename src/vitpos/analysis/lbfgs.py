@@ -29,6 +29,7 @@ checks that each head lands on scikit-learn's optimum.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -212,10 +213,21 @@ class HeadLBFGS:
         self.design = design
         self.theta = theta
         self.f = math.inf
-        self.g: torch.Tensor | None = None
+        self._g: torch.Tensor | None = None
         self.history = history
         self.s = theta.new_zeros(0, theta.numel(), dtype=torch.float64)
         self.y = theta.new_zeros(0, theta.numel(), dtype=torch.float64)
+
+    @property
+    def g(self) -> torch.Tensor:
+        """The gradient at `theta`; set by the optimiser before any direction is asked for."""
+        if self._g is None:
+            raise RuntimeError("HeadLBFGS.g is read before a gradient was set")
+        return self._g
+
+    @g.setter
+    def g(self, value: torch.Tensor) -> None:
+        self._g = value
 
     def push(self, s: torch.Tensor, y: torch.Tensor) -> None:
         s, y = self.design.rotate(s).reshape(1, -1), self.design.rotate(y).reshape(1, -1)
@@ -377,7 +389,7 @@ def fit_softmax_heads(
     targets: list[torch.Tensor],
     num_classes: list[int],
     l2s: list[float],
-    init: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    init: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
     *,
     max_iter: int = 200,
     tol: float = 1e-4,

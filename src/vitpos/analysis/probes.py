@@ -238,11 +238,13 @@ class LinearProbe:
             )
         return features.reshape(-1, features.shape[-1]), labels.reshape(-1).long()
 
-    def _require_fitted(self, d: int) -> None:
-        if self.weight is None:
+    def _require_fitted(self, d: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weight, bias, mean, std) of a fitted probe; d, when given, must be the fitted width."""
+        if self.weight is None or self.bias is None or self.mean is None or self.std is None:
             raise VitposError("this probe is not fitted; call fit() or build it with LinearProbe.from_state_dict()")
-        if d != self.weight.shape[0]:
+        if d is not None and d != self.weight.shape[0]:
             raise VitposError(f"features have D={d} but the probe was fitted on D={self.weight.shape[0]}")
+        return self.weight, self.bias, self.mean, self.std
 
     # -- API -------------------------------------------------------------------------------------
 
@@ -273,8 +275,7 @@ class LinearProbe:
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """(..., K) logits for (..., D) features of any float dtype / device."""
         features = _check_features(features)
-        self._require_fitted(features.shape[-1])
-        w, b = _folded(self.weight, self.bias, self.mean, self.std)
+        w, b = _folded(*self._require_fitted(features.shape[-1]))
         w, b = w.to(features.device), b.to(features.device)
         x = features.reshape(-1, features.shape[-1])
         out = torch.cat(
@@ -295,12 +296,12 @@ class LinearProbe:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """All tensors (safetensors-friendly): weight, bias, mean, std, l2, num_classes[, position_labels]."""
-        self._require_fitted(self.weight.shape[0] if self.weight is not None else -1)
+        weight, bias, mean, std = self._require_fitted(None)
         sd = {
-            "weight": self.weight.clone(),
-            "bias": self.bias.clone(),
-            "mean": self.mean.clone(),
-            "std": self.std.clone(),
+            "weight": weight.clone(),
+            "bias": bias.clone(),
+            "mean": mean.clone(),
+            "std": std.clone(),
             "l2": torch.tensor(self.l2, dtype=torch.float64),
             "num_classes": torch.tensor(self.num_classes, dtype=torch.int64),
         }

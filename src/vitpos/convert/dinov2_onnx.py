@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import re
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -233,7 +234,7 @@ def extract_state_dict(model, source: str | Path = "the ONNX") -> dict[str, torc
 
 def resample_pos_embed(pos_embed: torch.Tensor, img_size: int) -> torch.Tensor:
     """37×37 table -> (img_size/14)² rows as Hugging Face Dinov2 does it: bicubic, no antialias."""
-    from timm.layers import resample_abs_pos_embed
+    from timm.layers.pos_embed import resample_abs_pos_embed
 
     grid = img_size // PATCH
     return resample_abs_pos_embed(pos_embed, new_size=[grid, grid], old_size=[NATIVE_GRID, NATIVE_GRID],
@@ -320,4 +321,5 @@ def run_onnx_backbone(onnx_path: str | Path, images: np.ndarray, threads: int = 
         opts.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: np.ascontiguousarray(images, dtype=np.float32)}
-    return session.run([name], feed)[0]
+    # One dense float output was asked for, so ort returns an ndarray (its stubs also allow sparse/sequence/map).
+    return cast(np.ndarray, session.run([name], feed)[0])

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache, partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,7 +143,7 @@ class LazyImageDataset(Dataset):
         self,
         keys: Sequence,
         labels: torch.Tensor,
-        load: Callable[[object], Image.Image],
+        load: Callable[[Any], Image.Image],  # called with one of `keys`
         transform: Transform,
         info: DatasetInfo,
         split: str,

@@ -12,7 +12,7 @@ from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.errors import VitposError
 from vitpos.hooks import remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 
 MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
@@ -35,8 +35,8 @@ def require_ape(surface: ModelSurface) -> None:
         )
 
 
-def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int | None = None,
-                      extra: dict[int, dict[str, list[int]]] | None = None
+def condition_context(surface: ModelSurface, axes: tuple[Axis, ...], before: int | None = None,
+                      extra: dict[int, dict[Axis, list[int]]] | None = None
                       ) -> Callable[[], AbstractContextManager]:
     """Factory for a hook context removing `axes` in layers < before (all layers if None),
     plus per-layer extra removals {layer: {axis: heads}}."""

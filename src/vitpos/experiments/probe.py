@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 from pydantic import BaseModel
@@ -126,7 +127,8 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
                 "note": "patch embeddings minus any APE: position predictable from content alone"}
     results = {}
     for name in site_names:
-        layers = sorted(s.layer for s in expand_sites(sites, surface.depth) if s.name == name)
+        # Probed sites are per-layer sites (a global site has layer None and is not probed per layer).
+        layers = sorted(cast(int, s.layer) for s in expand_sites(sites, surface.depth) if s.name == name)
         feats = layer_features(surface, dataset, name, layers, progress=progress)
         res = probe_layers(feats, surface.grid, seed=seed, max_train_tokens=PROBE_TRAIN_TOKENS,
                            device=fit_device).to_json(name)

@@ -25,7 +25,7 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
 from vitpos.experiments.common import condition_context, probe_condition, recovery, require_rope
 from vitpos.hooks import capture, remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 EPS = 1e-12
@@ -94,7 +94,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
     L, Hh = surface.depth, surface.num_heads
     R = restore_from if restore_from is not None else max(1, L // 2)
-    axes = ("row", "col") if axis == "both" else (axis,)
+    axes_of: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
+    axes = axes_of[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
@@ -119,7 +120,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             return sum(vals) / len(vals) if vals else float("nan")
 
         rec_restore = mean_rec(restored)
-        rebuild = [[None] * Hh for _ in range(L)]
+        rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         for layer in later:
             for h in range(Hh):
                 ctx = condition_context(surface, axes, R, extra={layer: {a: [h] for a in axes}})

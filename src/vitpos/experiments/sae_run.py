@@ -187,7 +187,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
-    cfg = SAEConfig(arch=arch, d_in=surface.width, expansion=expansion, k=k, seed=seed)
+    # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
+    cfg = SAEConfig.model_validate({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -179,7 +180,7 @@ class ModelSurface:
     def rope_axis_map(self) -> RopeAxisMap:
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
         """The rotary tensor for `layer` with axes removed for chosen heads.
 
         base: the tensor timm passes to the block (N, 2d) or (h, N, 2d). remove: axis -> heads

@@ -16,6 +16,7 @@ from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.report.format import (
     describe,
+    dict_at,
     doc_of,
     e,
     fmt_value,
@@ -139,7 +140,7 @@ def models_table(models: dict) -> str:
         d = describe(m)
         grid = d.get("grid")
         grid_s = "×".join(map(str, grid)) if isinstance(grid, (list, tuple)) else ""
-        ev = m.get("eval") if isinstance(m.get("eval"), dict) else {}
+        ev = dict_at(m, "eval")
         top1 = pct(eval_top1(m)) + (f" (n={ev['n']})" if ev.get("n") is not None else "")
         rows.append([f'<a href="#model-{e(model_slug(spec))}">{e(spec)}</a>', e(m.get("data")), e(d.get("scheme")),
                      e(grid_s), e(d.get("depth")), e(d.get("num_heads")), e(top1)])
@@ -169,10 +170,11 @@ def _sec_probe(doc: dict) -> str:
             return fmt(vals[i]) if isinstance(vals, list) and i < len(vals) else "n/a"
 
         def sel(v: Any) -> str:
-            return pts(None if num(v) is None else 100 * num(v), signed=True)
+            x = num(v)
+            return pts(None if x is None else 100 * x, signed=True)
         rows = [[str(layer), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
                  col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, layer in enumerate(layers)]
-        cb = res.get("content_baseline") if isinstance(res.get("content_baseline"), dict) else {}
+        cb = dict_at(res, "content_baseline")
         out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col "
                    f"{pct(res.get('chance_col'))}"
                    + (f"; content baseline (no positional input): row {pct(cb.get('row_acc'))}, "
@@ -211,7 +213,7 @@ def _sec_sae(doc: dict) -> str:
 
 
 def _sec_ape(doc: dict) -> str:
-    fc = doc.get("feature_counts") if isinstance(doc.get("feature_counts"), dict) else {}
+    fc = dict_at(doc, "feature_counts")
     head = (f"<p>{e(doc.get('model', ''))} layer {e(doc.get('layer', '?'))} {e(doc.get('site', ''))} on "
             f"{e(doc.get('data', ''))}: {e(doc.get('n_images', '?'))} images, seeds {e(fmt_value(doc.get('seeds')))}; "
             f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>; positional features: "
@@ -225,7 +227,7 @@ def _sec_ape(doc: dict) -> str:
         if "skipped" in x:
             rows.append([str(v), f"skipped: {x['skipped']}", "", "", ""])
             continue
-        pg = x.get("per_group") if isinstance(x.get("per_group"), dict) else {}
+        pg = dict_at(x, "per_group")
         groups = "; ".join(f"{g}: {pts((gv or {}).get('drop_points'))}" for g, gv in pg.items()) or "—"
         sd = num(x.get("top1_std"))
         t = num(x.get("top1"))
@@ -238,7 +240,7 @@ def _sec_ape(doc: dict) -> str:
 
 
 def _sec_axis(doc: dict) -> str:
-    conds = doc.get("conditions") if isinstance(doc.get("conditions"), dict) else {}
+    conds = dict_at(doc, "conditions")
     base_top1 = num((conds.get("baseline") or {}).get("top1"))
     rows = []
     for name, c in conds.items():

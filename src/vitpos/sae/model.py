@@ -44,12 +44,12 @@ class SAEConfig(BaseModel):
 
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
     d_in: int = Field(gt=0)
-    expansion: int = Field(8, gt=0)
-    k: int = Field(32, gt=0, description="active latents per token (topk) / mean per token (batchtopk)")
-    l1_coeff: float = Field(1e-3, ge=0, description="relu only: weight of Σ_f z_f‖d_f‖ (mean over tokens)")
-    aux_k: int | None = Field(None, gt=0, description="AuxK latents per token; None = d_in // 2")
-    aux_coeff: float = Field(1 / 32, ge=0)
-    dead_steps: int = Field(100_000, gt=0, description="tokens since a latent last fired before it counts dead")
+    expansion: int = Field(default=8, gt=0)
+    k: int = Field(default=32, gt=0, description="active latents per token (topk) / mean per token (batchtopk)")
+    l1_coeff: float = Field(default=1e-3, ge=0, description="relu only: weight of Σ_f z_f‖d_f‖ (mean over tokens)")
+    aux_k: int | None = Field(default=None, gt=0, description="AuxK latents per token; None = d_in // 2")
+    aux_coeff: float = Field(default=1 / 32, ge=0)
+    dead_steps: int = Field(default=100_000, gt=0, description="tokens since a latent last fired before it counts dead")
     normalize: bool = True
     seed: int = 0
 
@@ -239,6 +239,9 @@ class _SparseDecode(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 class SAE(nn.Module):
     """A sparse autoencoder ``x ≈ decode(encode(x))`` with unit-norm decoder directions."""
+
+    scale: Tensor  # buffers (register_buffer in __init__), declared for the type checker
+    threshold: Tensor
 
     def __init__(self, cfg: SAEConfig):
         super().__init__()

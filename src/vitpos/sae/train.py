@@ -333,7 +333,8 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
     sse = torch.zeros((), dtype=torch.float64, device=dev)
     nnz = torch.zeros((), dtype=torch.float64, device=dev)
     fired = torch.zeros(F, dtype=torch.bool, device=dev)
-    shift = sum_d = None
+    shift: Tensor | None = None
+    sum_d = torch.zeros(D, dtype=torch.float64, device=dev)
     sum_d2 = torch.zeros((), dtype=torch.float64, device=dev)
     try:
         for batch in factory():
@@ -350,7 +351,6 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
             if shift is None:
                 # Shifting by the first batch mean avoids cancellation in Σ‖x‖² − n‖x̄‖².
                 shift = xd.mean(0)
-                sum_d = torch.zeros(D, dtype=torch.float64, device=dev)
             d = xd - shift
             sum_d += d.sum(0)
             sum_d2 += d.pow(2).sum()
@@ -359,7 +359,7 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
         sae.train(was_training)
     if n == 0:
         raise VitposError("no held-out tokens to evaluate the SAE on")
-    total_var = float(sum_d2 - sum_d.pow(2).sum() / n)  # type: ignore[union-attr]
+    total_var = float(sum_d2 - sum_d.pow(2).sum() / n)
     sse_f = float(sse)
     fvu = sse_f / total_var if total_var > 0 else float("nan")
     return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -21,8 +21,13 @@ from vitpos.store.manifest import MANIFEST, PREFIX_SUFFIX, Manifest, open_shard
 DEFAULT_MAX_BYTES = 4 * 2**30
 
 
-def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Re-cut a stream of row-aligned tensor tuples into tuples of exactly `size` rows (last may be short)."""
+TensorTuple = TypeVar("TensorTuple", bound=tuple[torch.Tensor, ...])
+
+
+def rebatch(chunks: Iterable[TensorTuple], size: int) -> Iterator[TensorTuple]:
+    """Re-cut a stream of row-aligned tensor tuples into tuples of exactly `size` rows (last may be short).
+
+    Every tuple yielded has the arity of the input tuples (hence the casts: `tuple(...)` loses it)."""
     pending: list[tuple[torch.Tensor, ...]] = []
     n_pending = 0
     for chunk in chunks:
@@ -34,10 +39,10 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += take
             i = take
             if n_pending == size:
-                yield tuple(torch.cat(parts) for parts in zip(*pending, strict=True))
+                yield cast(TensorTuple, tuple(torch.cat(parts) for parts in zip(*pending, strict=True)))
                 pending, n_pending = [], 0
         while n - i >= size:
-            yield tuple(t[i : i + size] for t in chunk)
+            yield cast(TensorTuple, tuple(t[i : i + size] for t in chunk))
             i += size
         if i < n:
             # Copy the tail so the shard it came from can be freed before the next one loads.
@@ -45,7 +50,7 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += n - i
         del chunk
     if n_pending:
-        yield tuple(torch.cat(parts) for parts in zip(*pending, strict=True))
+        yield cast(TensorTuple, tuple(torch.cat(parts) for parts in zip(*pending, strict=True)))
 
 
 class ActivationStore:
@@ -195,7 +200,8 @@ class ActivationStore:
             return rebatch(self._token_chunks(key, order), batch_tokens)
         return self._shuffled_tokens(key, order, batch_tokens, g, buffer_tokens)
 
-    def _token_chunks(self, key: str, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _token_chunks(self, key: str,
+                      order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         n_p = self.num_patches
         for acts, _labels, ids in self._shard_chunks(key, order):
             n = acts.shape[0]

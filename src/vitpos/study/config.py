@@ -24,14 +24,14 @@ class ProbeStage(_Strict):
 
 
 class SAEStage(_Strict):
-    layer: int | None = Field(None, description="None = chosen from the probe results")
+    layer: int | None = Field(default=None, description="None = chosen from the probe results")
     site: str = "resid_post"
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
     k: int = 32
     expansion: int = 8
     images: int = 4000
     epochs: int = 4
-    lr: float | None = Field(None, description="None = vitpos.sae.train.default_lr")
+    lr: float | None = Field(default=None, description="None = vitpos.sae.train.default_lr")
 
 
 class ApePermuteStage(_Strict):
@@ -53,7 +53,7 @@ class RopeHeadsStage(_Strict):
 
 
 class RunConfig(_Strict):
-    models: list[str] | None = Field(None, description="None = the shipped models of each dataset")
+    models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
     data: list[str] = Field(default_factory=lambda: ["shapes"])
     seed: int = 0
     eval_images: int | None = None
