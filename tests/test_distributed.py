@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from vitpos.errors import VitposError
 from vitpos.runtime import device as rdevice
 from vitpos.runtime import dist as rdist
 from vitpos.runtime.options import RunOptions
-from vitpos.errors import VitposError
 from vitpos.sae import SAE, SAEConfig, train_sae
 
 WORLD = 2
@@ -95,7 +95,8 @@ def test_retry_on_oom_halves_the_batch():
         rdevice.retry_on_oom(lambda bs: step(1000), 8, min_batch=4)
     with pytest.raises(ValueError):  # other errors pass through untouched
         rdevice.retry_on_oom(lambda bs: (_ for _ in ()).throw(ValueError("no")), 8)
-    assert rdevice.is_oom(RuntimeError("CUDA error: out of memory")) and not rdevice.is_oom(RuntimeError("shape mismatch"))
+    assert rdevice.is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not rdevice.is_oom(RuntimeError("shape mismatch"))
 
 
 def test_dist_env_and_blocks():
@@ -160,7 +161,7 @@ def _compare(ref: SAE, ref_log, out: Path, atol: float) -> float:
         assert d <= atol, f"{name} differs by {d}"
     log = json.loads((out / "log.json").read_text())
     assert log["steps"] == ref_log.steps and log["tokens"] == ref_log.tokens
-    assert max(abs(a - b) for a, b in zip(log["fvu"], ref_log.fvu)) <= 1e-5
+    assert max(abs(a - b) for a, b in zip(log["fvu"], ref_log.fvu, strict=True)) <= 1e-5
     assert log["dead_frac"] == pytest.approx(ref_log.dead_frac, abs=1e-6)
     return worst
 
@@ -304,7 +305,8 @@ def test_distributed_capture_refuses_other_world_size(tmp_path, single_store):
         capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, tmp_path, distributed=True, **CAPTURE_ARGS)
     with pytest.raises(VitposError, match="single-process"):
         capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, single_store, distributed=True, **CAPTURE_ARGS)
-    capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, tmp_path, distributed=True, force=True, **CAPTURE_ARGS)
+    capture_to_store(_surface(), "shapes", "test", CAPTURE_SITES, tmp_path, distributed=True, force=True,
+                     **CAPTURE_ARGS)
     _assert_same_store(single_store, tmp_path)  # one "rank" now, still the same store
     merged = json.loads((tmp_path / "manifest.json").read_text())
     assert merged["ranks"] == 1 and not (tmp_path / "rank-00001").exists()
@@ -319,13 +321,14 @@ def test_capture_bf16_autocast_and_fp16_refusal(tmp_path):
                      **CAPTURE_ARGS)
     assert ActivationStore(tmp_path / "a").dtype == "bfloat16"
     with pytest.raises(VitposError, match="fp16 needs a CUDA"):
-        capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "b", amp="fp16", **CAPTURE_ARGS)
+        capture_to_store(_surface(), "shapes", "test", "blocks.1.resid_post", tmp_path / "b", amp="fp16",
+                         **CAPTURE_ARGS)
 
 
 def test_capture_retries_a_batch_that_runs_out_of_memory(tmp_path, single_store, monkeypatch):
     """A fake CUDA OOM on batches above 5 images: the batch is redone in halves, the store is unchanged."""
-    from vitpos.store.capture import capture_to_store
     from vitpos.models.surface import ModelSurface
+    from vitpos.store.capture import capture_to_store
 
     surface = _surface()
     call = ModelSurface.__call__
@@ -414,7 +417,7 @@ def test_probe_device_and_bf16_forwards():
     amp = run_probe(s, "shapes", "resid_post", n_images=40, device="cpu", amp="bf16").to_json()
     assert same["row_acc"] == ref["row_acc"] and same["col_acc"] == ref["col_acc"]
     for key in ("row_acc", "col_acc"):
-        assert max(abs(a - b) for a, b in zip(amp[key], ref[key])) <= 0.05
+        assert max(abs(a - b) for a, b in zip(amp[key], ref[key], strict=True)) <= 0.05
     assert next(s.model.parameters()).dtype is torch.float32
 
 
@@ -435,7 +438,7 @@ def test_sae_step_splits_a_batch_that_runs_out_of_memory(monkeypatch):
     assert any("out of memory at 128 tokens" in n for n in log.notes)  # 256 -> 128 -> 64 tokens per piece
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         assert float((getattr(ref, name) - getattr(sae, name)).detach().abs().max()) <= 1e-5, name
-    assert max(abs(a - b) for a, b in zip(log.fvu, ref_log.fvu)) <= 1e-5
+    assert max(abs(a - b) for a, b in zip(log.fvu, ref_log.fvu, strict=True)) <= 1e-5
     assert log.dead_frac == pytest.approx(ref_log.dead_frac, abs=1e-6) and max(ref_log.dead_frac) > 0
 
 
@@ -446,8 +449,8 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
 
     from safetensors.torch import save_file
 
-    from vitpos.store.capture import capture_to_store
     from vitpos.experiments.sae_run import run_sae
+    from vitpos.store.capture import capture_to_store
 
     surface = _surface()
     weights = tmp_path / "w.safetensors"
@@ -459,7 +462,8 @@ def test_torchrun_cli_sae_equals_single_process(tmp_path):
            "-m", "vitpos.cli", "sae", "--model", CAPTURE_SPEC, "--checkpoint", str(weights), "--layer", "0",
            "--store", str(tmp_path / "acts"), "--k", "4", "--epochs", "2", "--batch-tokens", "128", "--device", "cpu",
            "--no-progress", "--out", str(tmp_path / "sae")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("SAE L0 resid_post") == 1  # rank 0 reports
     got = SAE.load(tmp_path / "sae")

@@ -72,11 +72,11 @@ def rope_axis_doc() -> dict:
 
 
 def rope_heads_doc() -> dict:
-    drop = [[0.5 + l + 0.1 * h for h in range(H)] for l in range(L)]
+    drop = [[0.5 + layer + 0.1 * h for h in range(H)] for layer in range(L)]
     drop[2][1] = 9.5  # the primary rebuilding head has the largest drop
-    rebuild = [[None] * H if l < 2 else [0.05 * (h + 1) for h in range(H)] for l in range(L)]
+    rebuild = [[None] * H if layer < 2 else [0.05 * (h + 1) for h in range(H)] for layer in range(L)]
     rebuild[2][1] = 0.4
-    axis_index = [[(-1) ** h * 0.3 * (l % 3) for h in range(H)] for l in range(L)]
+    axis_index = [[(-1) ** h * 0.3 * (layer % 3) for h in range(H)] for layer in range(L)]
     return {"model": ROPE, "axis": "row", "layers": list(range(L)), "num_heads": H, "restore_from": 2,
             "baseline_top1": 0.93, "drop_points": drop, "mean_ablate_drop_points": [[x / 2 for x in r] for r in drop],
             "rebuild_score": rebuild, "axis_index": axis_index, "primary_rebuilding_head": [2, 1],
@@ -85,7 +85,8 @@ def rope_heads_doc() -> dict:
 
 def probe_doc() -> dict:
     layers = list(range(L))
-    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7], "col_acc": [0.91, 0.87, 0.8, 0.72],
+    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7],
+            "col_acc": [0.91, 0.87, 0.8, 0.72],
             "chance_row": 0.25, "chance_col": 0.25, "row_control_acc": [0.3] * L, "col_control_acc": [0.28] * L,
             "row_selectivity": [0.6, 0.58, 0.5, 0.4], "col_selectivity": [0.63, 0.59, 0.52, 0.44],
             "content_baseline": {"row_acc": 0.4, "col_acc": 0.38}}
@@ -94,7 +95,8 @@ def probe_doc() -> dict:
 def sae_doc() -> dict:
     return {"layer": 2, "site": "resid_post", "arch": "topk", "k": 32, "expansion": 8, "fvu": 0.0821, "l0": 32.0,
             "dead_frac": 0.031, "top1_spliced": 0.901, "top1_change_points": -1.1, "row_features": [3, 17, 40],
-            "col_features": [5, 9], "mixed_features": [11], "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
+            "col_features": [5, 9], "mixed_features": [11],
+            "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
 
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "run_quick_results.json").read_text())
@@ -121,7 +123,8 @@ def make_results(second_data: str = "shapes") -> dict:
             "summary": summary, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
 
 
-CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported", "C5": "not applicable"}
+CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported",
+                  "C5": "not applicable"}
 
 
 # ---------------------------------------------------------------- HTML checks
@@ -242,7 +245,8 @@ def test_report_is_well_formed_and_self_contained(rendered):
     c = check_html(page)
     assert page.startswith("<!DOCTYPE html>")
     assert c.counts["table"] >= 8 and c.counts["section"] >= 3 * 7
-    assert page.index('alt="APE vs RoPE at a glance') < page.index('<table id="headline">') < page.index("<img", page.index('<table id="headline">'))
+    headline = page.index('<table id="headline">')
+    assert page.index('alt="APE vs RoPE at a glance') < headline < page.index("<img", headline)
     assert len(c.imgs) == len(figs)
     for img in c.imgs:
         assert img["src"].startswith("data:image/png;base64,")
@@ -391,8 +395,8 @@ def test_report_in_headless_chromium(rendered, tmp_path):
     if browser is None:
         pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
     _, figs, _, out = rendered
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"]
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"]
     url = (out / "report.html").resolve().as_uri()
     shot = tmp_path / "shot.png"
     proc = subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)

@@ -165,7 +165,10 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, monkeypatch):
     _assert_same_tensors(_weights(cut), _weights(full))
     _assert_same_tensors(load_file(str(cut / "checkpoint" / "optim.safetensors")),
                          load_file(str(full / "checkpoint" / "optim.safetensors")))
-    drop = lambda m: {k: v for k, v in m.items() if k != "seconds"}  # noqa: E731
+
+    def drop(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k != "seconds"}
+
     assert drop(m_cut) == drop(m_full)
 
 

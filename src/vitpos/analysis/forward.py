@@ -8,8 +8,8 @@ hook context, is `evaluate` / `predict` + `accuracy_report`.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -33,7 +33,7 @@ def forward_batches(surface: ModelSurface, dataset, batch_size: int = 256, progr
 
 
 def capture_layers(surface: ModelSurface, dataset, sites: list[Site] | str, *, batch_size: int = 256,
-                   context: Callable[[], ContextManager] | None = None, progress: bool = False,
+                   context: Callable[[], AbstractContextManager] | None = None, progress: bool = False,
                    desc: str = "capture") -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Patch activations (n_images, N, D) per site, plus labels and logits, under an optional hook context."""
     site_list = expand_sites(sites, surface.depth) if isinstance(sites, str) else sites
@@ -73,7 +73,7 @@ def accuracy_report(preds: torch.Tensor, labels: torch.Tensor, info) -> dict:
 
 
 @torch.no_grad()
-def predict(surface, dataset, batch_size: int = 256, context: Callable[[], ContextManager] | None = None,
+def predict(surface, dataset, batch_size: int = 256, context: Callable[[], AbstractContextManager] | None = None,
             progress: bool = False, desc: str = "eval") -> tuple[torch.Tensor, torch.Tensor]:
     preds, labels = [], []
     with context() if context else nullcontext():

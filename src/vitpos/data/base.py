@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch.utils.data import Dataset
@@ -55,7 +55,7 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return to_float(self.images[i : i + 1])[0], int(self.labels[i])
 
-    def subset(self, n: int | None) -> "TensorImageDataset":
+    def subset(self, n: int | None) -> TensorImageDataset:
         """The first n samples (the split order is already random), or self when n is None."""
         if n is None or n >= len(self):
             return self

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from vitpos.data import load_split
 from vitpos.errors import VitposError
@@ -18,11 +19,14 @@ def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None 
     if not isinstance(data, str):
         return data.subset(limit)
     if data.startswith("imagefolder:"):
-        from timm.data import create_transform, resolve_data_config
+        from timm.data.config import resolve_data_config
+        from timm.data.transforms_factory import create_transform
 
         cfg = resolve_data_config({}, model=surface.model)
         cfg["input_size"] = surface.input_size
-        return load_split(data, split, seed=seed, limit=limit, transform=create_transform(**cfg))
+        # One eval transform (separate=False); the declared return type also covers separate=True's tuple.
+        transform = cast(Callable, create_transform(**cfg))
+        return load_split(data, split, seed=seed, limit=limit, transform=transform)
     ds = load_split(data, split, seed=seed, limit=limit)
     shape = (ds.info.in_chans, *ds.info.image_size)
     if shape != tuple(surface.input_size):

@@ -116,7 +116,8 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 
 
 @torch.no_grad()
-def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset,
+                 n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
     acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
@@ -159,7 +160,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
 
     def permuting(ids: list[int], kind: str, seed: int):
         g = torch.Generator().manual_seed(seed)
-        return sae_edit(surface, sae, lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
+        return sae_edit(surface, sae,
+                        lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
 
     per_variant: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     skipped: dict[str, str] = {}
@@ -174,7 +176,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
             }
             for v, (ids, kind) in plan.items():
                 if not ids:
-                    skipped[v] = "no features of this kind" if v != "random_features" else "not enough live non-positional latents"
+                    skipped[v] = ("no features of this kind" if v != "random_features"
+                                  else "not enough live non-positional latents")
                 else:
                     per_variant[v].append(run_edit({site: permuting(ids, kind, seed)}))
                 bar.update(task, advance=1)
@@ -199,7 +202,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
            "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
            "variants": list(VARIANTS), "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
-    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(row + col + mixed),
+    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col),
+               "all_positional": len(row + col + mixed),
                "random_features": len(row + col),
                "mean_ablate": len(row + col), "pos_embed_shuffle": None}
     for v in VARIANTS:
@@ -211,7 +215,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
         groups = {}
         for gname in base["per_group"]:
             gt = torch.tensor([r["per_group"][gname] for r in runs])
-            groups[gname] = {"top1": float(gt.mean()), "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
+            groups[gname] = {"top1": float(gt.mean()),
+                             "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
         doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,

@@ -8,11 +8,11 @@ from contextlib import AbstractContextManager, ExitStack
 
 import torch
 
-from vitpos.analysis.probes import fit_position_probes
 from vitpos.analysis.forward import accuracy_report, capture_layers
+from vitpos.analysis.probes import fit_position_probes
 from vitpos.errors import VitposError
 from vitpos.hooks import remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 
 MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
@@ -22,15 +22,16 @@ def require_rope(surface: ModelSurface) -> None:
     if not surface.has_rope:
         raise VitposError(
             f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE tests need a RoPE model "
-            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE models"
+            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for "
+            "APE models"
         )
 
 
 def require_ape(surface: ModelSurface) -> None:
     if not surface.has_ape:
         raise VitposError(
-            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model "
-            "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
+            f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE "
+            "model — for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
         )
 
 
@@ -42,8 +43,8 @@ def check_restore_points(surface: ModelSurface, points: list[int], flag: str = "
                           f"{surface.spec} (depth {surface.depth}; R is the first layer whose rotations come back)")
 
 
-def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int | None = None,
-                      extra: dict[int, dict[str, list[int]]] | None = None
+def condition_context(surface: ModelSurface, axes: tuple[Axis, ...], before: int | None = None,
+                      extra: dict[int, dict[Axis, list[int]]] | None = None
                       ) -> Callable[[], AbstractContextManager]:
     """Factory for a hook context removing `axes` in layers < before (all layers if None),
     plus per-layer extra removals {layer: {axis: heads}}."""

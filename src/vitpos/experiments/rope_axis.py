@@ -17,13 +17,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vitpos import plots
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import (MIN_GAP, check_restore_points, condition_context, probe_condition, recovery,
-                                       require_rope)
-from vitpos.models.surface import ModelSurface
+from vitpos.experiments.common import (
+    MIN_GAP,
+    check_restore_points,
+    condition_context,
+    probe_condition,
+    recovery,
+    require_rope,
+)
+from vitpos.models.surface import AXES, Axis, ModelSurface
 from vitpos.progress import progress_bar
-from vitpos import plots
 
 
 class Condition(BaseModel):
@@ -69,9 +75,9 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if restore_points is not None:
         check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
-    plan: list[tuple[str, tuple[str, ...], int | None]] = [
-        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None)]
-    plan += [(f"restore_{a}_R{R}", (a,), R) for a in ("row", "col") for R in Rs]
+    plan: list[tuple[str, tuple[Axis, ...], int | None]] = [
+        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None),
+        *((f"restore_{a}_R{R}", (a,), R) for a in AXES for R in Rs)]
     conditions: dict[str, dict] = {}
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)

@@ -23,10 +23,9 @@ from vitpos.analysis.forward import predict
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, StageInput
-from vitpos.experiments.common import (check_restore_points, condition_context, probe_condition, recovery,
-                                       require_rope)
+from vitpos.experiments.common import check_restore_points, condition_context, probe_condition, recovery, require_rope
 from vitpos.hooks import capture, remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 EPS = 1e-12
@@ -71,16 +70,17 @@ def axis_index(surface: ModelSurface, images: torch.Tensor) -> tuple[list[list[f
     L, Hh = surface.depth, surface.num_heads
     with capture(surface, "attn_pattern") as c:
         surface(images)
-    clean = {l: c[str(Site(l, "attn_pattern"))] for l in range(L)}
+    clean = {layer: c[str(Site(layer, "attn_pattern"))] for layer in range(L)}
     A = {a: torch.zeros(L, Hh) for a in ("row", "col")}
-    for l in range(L):
+    for layer in range(L):
         for h in range(Hh):
             for a in ("row", "col"):
-                with remove_rope(surface, {a: [h]}, layers=[l]), capture(surface, [Site(l, "attn_pattern")]) as c2:
+                site = Site(layer, "attn_pattern")
+                with remove_rope(surface, {a: [h]}, layers=[layer]), capture(surface, [site]) as c2:
                     surface(images)
-                p = clean[l][:, h, npt:]  # patch queries
-                q = c2[str(Site(l, "attn_pattern"))][:, h, npt:]
-                A[a][l, h] = _kl_rows(p, q).mean()
+                p = clean[layer][:, h, npt:]  # patch queries
+                q = c2[str(site)][:, h, npt:]
+                A[a][layer, h] = _kl_rows(p, q).mean()
     S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
     return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist()}
 
@@ -96,7 +96,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     if restore_from is not None:
         check_restore_points(surface, [restore_from], "--restore-from")
     R = restore_from if restore_from is not None else max(1, L // 2)
-    axes = ("row", "col") if axis == "both" else (axis,)
+    axes_of: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
+    axes = axes_of[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
@@ -109,7 +110,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
         clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
         clean, base_probes = clean_fit["doc"], clean_fit["probes"]
-        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed, layers=later)["doc"]
+        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed,
+                              layers=later)["doc"]
         restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
                                    layers=later)["doc"]
         bar.update(task, advance=1)
@@ -120,24 +122,26 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             return sum(vals) / len(vals) if vals else float("nan")
 
         rec_restore = mean_rec(restored)
-        rebuild = [[None] * Hh for _ in range(L)]
-        for l in later:
+        rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        for layer in later:
             for h in range(Hh):
-                ctx = condition_context(surface, axes, R, extra={l: {a: [h] for a in axes}})
+                ctx = condition_context(surface, axes, R, extra={layer: {a: [h] for a in axes}})
                 doc = probe_condition(surface, probe_set, ctx, base_probes, seed=seed, layers=later)["doc"]
-                rebuild[l][h] = rec_restore - mean_rec(doc)
-                bar.update(task, advance=1, description=f"rope-heads: rebuild L{l}H{h}")
+                rebuild[layer][h] = rec_restore - mean_rec(doc)
+                bar.update(task, advance=1, description=f"rope-heads: rebuild L{layer}H{h}")
         preds, labels = predict(surface, top1_set)
         base_top1 = float((preds == labels).float().mean())
         drops = [[0.0] * Hh for _ in range(L)]
-        for l in range(L):
+        for layer in range(L):
             for h in range(Hh):
-                p, y = predict(surface, top1_set, context=lambda l=l, h=h: remove_rope(surface, {"row": [h], "col": [h]}, layers=[l]))
-                drops[l][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
-                bar.update(task, advance=1, description=f"rope-heads: ablate L{l}H{h}")
-    flat = [(rebuild[l][h], l, h) for l in later for h in range(Hh) if rebuild[l][h] == rebuild[l][h]]
+                p, y = predict(surface, top1_set, context=lambda layer=layer, h=h: remove_rope(
+                    surface, {"row": [h], "col": [h]}, layers=[layer]))
+                drops[layer][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
+                bar.update(task, advance=1, description=f"rope-heads: ablate L{layer}H{h}")
+    flat = [(rebuild[layer][h], layer, h) for layer in later for h in range(Hh)
+            if rebuild[layer][h] == rebuild[layer][h]]
     primary = max(flat)[1:] if flat else None
-    order = sorted(((drops[l][h], l, h) for l in range(L) for h in range(Hh)), reverse=True)
+    order = sorted(((drops[layer][h], layer, h) for layer in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
     order_late = [o for o in order if o[1] >= R]  # heads that can rebuild (layers >= R) only
@@ -149,9 +153,10 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
-        "primary_head_drop_rank_after_R": rank_late, "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
+        "primary_head_drop_rank_after_R": rank_late,
+        "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
-        "specialised_heads": [[l, h] for l in range(L) for h in range(Hh) if abs(S[l][h]) >= 0.5],
+        "specialised_heads": [[layer, h] for layer in range(L) for h in range(Hh) if abs(S[layer][h]) >= 0.5],
     })
     if out is not None:
         RopeHeadsExperiment().write(result, out)

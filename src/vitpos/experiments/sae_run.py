@@ -28,7 +28,7 @@ from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, StageInput
+from vitpos.experiments.base import Done, Experiment, Result, Skipped, StageInput
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
@@ -113,9 +113,9 @@ class SAEResult(Result):
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     """The layer whose patch tokens hold the most of BOTH axes (max of min(row, col) accuracy),
     excluding the last layer so the causal check has downstream layers; earliest on ties."""
-    accs = [min(r, c) for r, c in zip(probe_doc["row_acc"], probe_doc["col_acc"])]
+    accs = [min(r, c) for r, c in zip(probe_doc["row_acc"], probe_doc["col_acc"], strict=True)]
     layers = probe_doc["layers"]
-    cands = [(accs[i], -l) for i, l in enumerate(layers) if l < depth - 1] or [(accs[0], -layers[0])]
+    cands = [(accs[i], -layer) for i, layer in enumerate(layers) if layer < depth - 1] or [(accs[0], -layers[0])]
     return -max(cands)[1]
 
 
@@ -125,7 +125,8 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
-    fix = f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} --split train`"
+    fix = (f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} "
+           "--split train`")
     meta = st.meta
     if meta.get("model") != surface.spec:
         raise VitposError(f"--store {st.dir} holds activations of model {meta.get('model')!r}, not {surface.spec!r}; "
@@ -134,13 +135,14 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
         raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
                           f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
     if str(site) not in st.sites:
-        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching --layer/--site or {fix}")
+        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
+                          f"--layer/--site or {fix}")
     if tuple(st.grid) != tuple(surface.grid) or st.d.get(str(site)) != surface.width:
-        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model {tuple(surface.grid)} x "
-                          f"D {surface.width}; {fix}")
+        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model "
+                          f"{tuple(surface.grid)} x D {surface.width}; {fix}")
     if isinstance(data, str) and meta.get("data") != data:
-        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its test "
-                          f"split is the held-out set); pass --data {meta.get('data')}")
+        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its "
+                          f"test split is the held-out set); pass --data {meta.get('data')}")
     if meta.get("split") == "test":
         raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
     if st.num_images == 0:
@@ -185,17 +187,19 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
-    cfg = SAEConfig(arch=arch, d_in=surface.width, expansion=expansion, k=k, seed=seed)
+    # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
+    cfg = SAEConfig.model_validate({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
     n_images = given.num_images if given is not None else n_train_images
     if n_images * surface.num_patches < batch_tokens:
         need = -(-batch_tokens // surface.num_patches)
-        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer than one "
-                          f"training batch (--batch-tokens {batch_tokens}); use at least {need} images or a smaller "
-                          "--batch-tokens")
-    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
+        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
+                          f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
+                          "smaller --batch-tokens")
+    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site,
+               "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture"}
@@ -220,7 +224,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
     later = list(range(layer + 1, surface.depth))
-    eval_sites = [s] + [Site(l, "resid_post") for l in later]
+    eval_sites = [s] + [Site(i, "resid_post") for i in later]
     eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites)
     acts = eval_acts[str(s)]
     metrics = sae_metrics(sae, [acts[i:i + 256].reshape(-1, acts.shape[-1]) for i in range(0, len(acts), 256)])
@@ -237,11 +241,13 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
 
     causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
     result = SAEResult.model_validate({
-        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch, "k": k,
-        "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1, "top1_spliced": top1_spliced,
-        "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
+        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch,
+        "k": k, "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1,
+        "top1_spliced": top1_spliced, "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens,
+        "train_seconds": round(seconds, 1),
         "training": streamed,
-        "row_features": scores.row_features, "col_features": scores.col_features, "mixed_features": scores.mixed_features,
+        "row_features": scores.row_features, "col_features": scores.col_features,
+        "mixed_features": scores.mixed_features,
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
@@ -257,21 +263,23 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
 
 def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers."""
-    probes = {l: fit_position_probes(clean_acts[str(Site(l, "resid_post"))], surface.grid, seed=seed, control=False,
-                                     max_train_tokens=SWEEP_TRAIN_TOKENS) for l in later}
-    out = {"layers": later, "clean_row_acc": [probes[l].row_acc for l in later],
-           "clean_col_acc": [probes[l].col_acc for l in later]}
+    probes = {layer: fit_position_probes(clean_acts[str(Site(layer, "resid_post"))], surface.grid, seed=seed,
+                                         control=False, max_train_tokens=SWEEP_TRAIN_TOKENS) for layer in later}
+    out = {"layers": later, "clean_row_acc": [probes[layer].row_acc for layer in later],
+           "clean_col_acc": [probes[layer].col_acc for layer in later]}
     for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
         if not ids:
             out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
             continue
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
-        acts, _, _ = capture_layers(surface, dataset, [Site(l, "resid_post") for l in later],
-                                    context=lambda: edit(surface, {site: fn}))
-        row = [probes[l].row_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
-        col = [probes[l].col_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
-        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row)) / len(later)
-        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col)) / len(later)
+        acts, _, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in later],
+                                    context=lambda fn=fn: edit(surface, {site: fn}))
+        test = {layer: acts[str(Site(layer, "resid_post"))][torch.as_tensor(probes[layer].test_image_ids)]
+                for layer in later}
+        row = [probes[layer].row_probe.accuracy(test[layer]) for layer in later]
+        col = [probes[layer].col_probe.accuracy(test[layer]) for layer in later]
+        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
+        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
         denom = abs(mine) + abs(other)
         out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,

@@ -85,11 +85,13 @@ def _load_checkpoint(model: torch.nn.Module, checkpoint: Path, name: str) -> tor
 
 def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path | None) -> torch.nn.Module:
     if name not in timm.list_models():
-        raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; print(timm.list_models('*vit*'))\"`")
+        raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; "
+                          "print(timm.list_models('*vit*'))\"`")
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         if checkpoint.suffix != ".safetensors":
-            raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert it first")
+            raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert "
+                              "it first")
         if not checkpoint.is_file():
             raise VitposError(f"checkpoint {checkpoint} does not exist")
         return _load_checkpoint(timm.create_model(name, pretrained=False, **kwargs), checkpoint, name)
@@ -101,8 +103,9 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
         if not pretrained:
             raise
         raise VitposError(
-            f"pretrained weights for timm:{name} are not available ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-            "this machine may be offline — pass --checkpoint FILE.safetensors with local weights"
+            f"pretrained weights for timm:{name} are not available ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:160]}); this machine may be offline — pass --checkpoint FILE.safetensors with "
+            "local weights"
         ) from e
 
 
@@ -116,7 +119,8 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if spec.startswith("builtin:"):
         name = spec[len("builtin:"):]
         if name not in available_builtins():
-            raise VitposError(f"no shipped model {spec!r}; available: {', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
+            raise VitposError(f"no shipped model {spec!r}; available: "
+                              f"{', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
         model, cfg = load_own_model(BUILTIN_DIR / name)
         return OwnSurface(model, spec, cfg)
     if spec.startswith("timm:"):

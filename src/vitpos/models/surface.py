@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +31,8 @@ from torch import nn
 
 from vitpos.errors import VitposError
 
-LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "attn_pattern")
+LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
+               "attn_pattern")
 GLOBAL_SITES = ("embed", "pos_embed")
 CAPTURE_ONLY = ("resid_mid", "q_rot", "k_rot", "pos_embed")
 Scheme = Literal["ape", "rope", "rope+ape", "none"]
@@ -49,14 +51,15 @@ class Site:
         return self.name if self.layer is None else f"blocks.{self.layer}.{self.name}"
 
     @staticmethod
-    def parse(text: str, depth: int | None = None) -> "Site":
+    def parse(text: str, depth: int | None = None) -> Site:
         text = text.strip()
         if text in GLOBAL_SITES:
             return Site(None, text)
         m = _SITE_RE.match(text)
         if not m or m.group(2) not in LAYER_SITES:
             raise VitposError(
-                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of {', '.join(GLOBAL_SITES)}"
+                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of "
+                f"{', '.join(GLOBAL_SITES)}"
             )
         layer = int(m.group(1))
         if depth is not None and layer >= depth:
@@ -144,8 +147,8 @@ class ModelSurface:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if tuple(images.shape[1:]) != tuple(self.input_size):
             raise VitposError(
-                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes {tuple(self.input_size)}; "
-                "use the dataset the model was trained on or pass img_size"
+                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes "
+                f"{tuple(self.input_size)}; use the dataset the model was trained on or pass img_size"
             )
         return self.model(images)
 
@@ -177,7 +180,7 @@ class ModelSurface:
     def rope_axis_map(self) -> RopeAxisMap:
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
         """The rotary tensor for `layer` with axes removed for chosen heads.
 
         base: the tensor timm passes to the block (N, 2d) or (h, N, 2d). remove: axis -> heads

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib as mpl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -168,7 +169,7 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         restore_from = rs[len(rs) // 2]
     fig = new_figure(11.5, 6.0)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, axis in zip(axes, ("row", "col")):
+    for ax, axis in zip(axes, ("row", "col"), strict=True):
         shown = ["baseline", "no_row", "no_col", "no_both"]
         if restore_from is not None:
             shown.append(f"restore_{axis}_R{restore_from}")
@@ -206,7 +207,8 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     axes[0].set_ylabel("probe test accuracy")
     sub = f", restored from R={restore_from}" if restore_from is not None else ""
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"), fontsize=10)
+    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"),
+                 fontsize=10)
     return save_figure(fig, path)
 
 
@@ -218,7 +220,7 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
         raise VitposError(f"rope_axis['recovery'] must map axis -> R -> curve, got {type(rec).__name__}")
     fig = new_figure(10.5, 4.2)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, axis in zip(axes, ("row", "col")):
+    for ax, axis in zip(axes, ("row", "col"), strict=True):
         per_r = rec.get(axis) or {}
         for i, (r, entry) in enumerate(sorted(per_r.items(), key=lambda kv: _num(kv[0]))):
             ys = _series((entry or {}).get("rec"))
@@ -270,19 +272,21 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
         panels.append(("axis index S (+1 row, −1 col)", _grid(doc["axis_index"], L, H, "axis_index"),
                        dict(cmap="PuOr_r", vmin=-1.0, vmax=1.0)))
     if doc.get("rebuild_score") is not None:
-        panels.append(("rebuilding score (fall in Rec; grey = not scored)", _grid(doc["rebuild_score"], L, H, "rebuild_score"),
+        panels.append(("rebuilding score (fall in Rec; grey = not scored)",
+                       _grid(doc["rebuild_score"], L, H, "rebuild_score"),
                        dict(cmap="viridis")))
     panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
                    dict(cmap="cividis")))
     fig = new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     marks = []
-    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"], "primary rebuilding head"),
+    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"],
+                                       "primary rebuilding head"),
                                       ("largest_drop_head", "s", OKABE_ITO["sky"], "largest-drop head")):
         lh = doc.get(key)
         if isinstance(lh, (list, tuple)) and len(lh) == 2 and (r := _row_of(layers, lh[0])) is not None:
             marks.append((r, int(lh[1]), marker, color, f"{label} (L{lh[0]} h{lh[1]})"))
-    for ax, (title, grid, kw) in zip(axes, panels):
+    for ax, (title, grid, kw) in zip(axes, panels, strict=True):
         cmap = kw.pop("cmap")
         cm = mpl.colormaps[cmap].with_extremes(bad="0.85")
         im = ax.imshow(grid, cmap=cm, aspect="auto", interpolation="nearest", **kw)
@@ -293,7 +297,7 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("head")
         ax.set_xticks(range(H))
-        ax.set_yticks(range(L), [str(l) for l in layers])
+        ax.set_yticks(range(L), [str(layer) for layer in layers])
     axes[0].set_ylabel("layer")
     if marks:
         fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=len(marks))

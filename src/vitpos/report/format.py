@@ -109,6 +109,12 @@ def reason(m: dict, exp: str) -> str:
     return "no result in this run"
 
 
+def dict_at(d: dict, key: str) -> dict:
+    """d[key] when it is a dict, else {} (any key of a result document may be missing or null)."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
 def doc_of(m: dict, exp: str) -> dict | None:
     doc = m.get(exp)
     return doc if isinstance(doc, dict) and "skipped" not in doc else None

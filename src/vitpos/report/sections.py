@@ -14,9 +14,24 @@ from vitpos.errors import VitposError
 from vitpos.experiments.ape_permute import VARIANTS as APE_VARIANTS
 from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.report.format import (
+    describe,
+    dict_at,
+    doc_of,
+    e,
+    fmt_value,
+    fnum,
+    kv_table,
+    last,
+    na,
+    num,
+    pct,
+    probe_sites,
+    pts,
+    reason,
+    table,
+)
 from vitpos.study.results import ModelEntry, figure_key, model_slug
-from vitpos.report.format import (describe, doc_of, e, fmt_value, fnum, kv_table, last, na, num, pct, probe_sites,
-                                  pts, reason, table)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -72,8 +87,9 @@ def _summary_axis(doc: dict, claim: str) -> str:
     for c in ("no_row", "no_col"):
         x = conds.get(c)
         if isinstance(x, dict):
-            parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean {pct(last(base.get('row_acc')))}), "
-                         f"col {pct(last(x.get('col_acc')))} (clean {pct(last(base.get('col_acc')))})")
+            parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean "
+                         f"{pct(last(base.get('row_acc')))}), col {pct(last(x.get('col_acc')))} (clean "
+                         f"{pct(last(base.get('col_acc')))})")
     return "; ".join(parts) or "no conditions"
 
 
@@ -124,7 +140,7 @@ def models_table(models: dict) -> str:
         d = describe(m)
         grid = d.get("grid")
         grid_s = "×".join(map(str, grid)) if isinstance(grid, (list, tuple)) else ""
-        ev = m.get("eval") if isinstance(m.get("eval"), dict) else {}
+        ev = dict_at(m, "eval")
         top1 = pct(eval_top1(m)) + (f" (n={ev['n']})" if ev.get("n") is not None else "")
         rows.append([f'<a href="#model-{e(model_slug(spec))}">{e(spec)}</a>', e(m.get("data")), e(d.get("scheme")),
                      e(grid_s), e(d.get("depth")), e(d.get("num_heads")), e(top1)])
@@ -132,7 +148,8 @@ def models_table(models: dict) -> str:
 
 
 def _sec_eval(doc: dict) -> str:
-    html_ = f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b> on n = {e(doc.get('n', '?'))} images</p>"
+    html_ = (f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b> on n = {e(doc.get('n', '?'))} "
+             "images</p>")
     pg = doc.get("per_group")
     if isinstance(pg, dict) and pg:
         rows = []
@@ -148,15 +165,18 @@ def _sec_probe(doc: dict) -> str:
     for site, res in probe_sites(doc).items():
         layers = res.get("layers") or []
 
-        def col(key: str, i: int, fmt: Callable[[Any], str] = pct) -> str:
+        def col(key: str, i: int, fmt: Callable[[Any], str] = pct, res: dict = res) -> str:
             vals = res.get(key)
             return fmt(vals[i]) if isinstance(vals, list) and i < len(vals) else "n/a"
 
-        sel = lambda v: pts(None if num(v) is None else 100 * num(v), signed=True)  # noqa: E731
-        rows = [[str(l), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
-                 col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, l in enumerate(layers)]
-        cb = res.get("content_baseline") if isinstance(res.get("content_baseline"), dict) else {}
-        out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col {pct(res.get('chance_col'))}"
+        def sel(v: Any) -> str:
+            x = num(v)
+            return pts(None if x is None else 100 * x, signed=True)
+        rows = [[str(layer), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
+                 col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, layer in enumerate(layers)]
+        cb = dict_at(res, "content_baseline")
+        out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col "
+                   f"{pct(res.get('chance_col'))}"
                    + (f"; content baseline (no positional input): row {pct(cb.get('row_acc'))}, "
                       f"col {pct(cb.get('col_acc'))}" if cb and num(cb.get("row_acc")) is not None else "")
                    + "</p>")
@@ -171,7 +191,8 @@ def ids(v: Any, n: int = 12) -> str:
 
 
 def _sec_sae(doc: dict) -> str:
-    pairs = [("architecture", f"{doc.get('arch', '?')}, k = {doc.get('k', '?')}, expansion {doc.get('expansion', '?')}×"),
+    pairs = [("architecture",
+              f"{doc.get('arch', '?')}, k = {doc.get('k', '?')}, expansion {doc.get('expansion', '?')}×"),
              ("trained on", f"layer {doc.get('layer', '?')} {doc.get('site', '')}"),
              ("fraction of variance unexplained (FVU)", fnum(doc.get("fvu"))),
              ("L0 (active latents per token)", fnum(doc.get("l0"), 1)),
@@ -192,7 +213,7 @@ def _sec_sae(doc: dict) -> str:
 
 
 def _sec_ape(doc: dict) -> str:
-    fc = doc.get("feature_counts") if isinstance(doc.get("feature_counts"), dict) else {}
+    fc = dict_at(doc, "feature_counts")
     head = (f"<p>{e(doc.get('model', ''))} layer {e(doc.get('layer', '?'))} {e(doc.get('site', ''))} on "
             f"{e(doc.get('data', ''))}: {e(doc.get('n_images', '?'))} images, seeds {e(fmt_value(doc.get('seeds')))}; "
             f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>; positional features: "
@@ -206,19 +227,20 @@ def _sec_ape(doc: dict) -> str:
         if "skipped" in x:
             rows.append([str(v), f"skipped: {x['skipped']}", "", "", ""])
             continue
-        pg = x.get("per_group") if isinstance(x.get("per_group"), dict) else {}
+        pg = dict_at(x, "per_group")
         groups = "; ".join(f"{g}: {pts((gv or {}).get('drop_points'))}" for g, gv in pg.items()) or "—"
         sd = num(x.get("top1_std"))
         t = num(x.get("top1"))
         top1 = f"{100 * t:.1f} ± {100 * sd:.1f}%" if t is not None and sd is not None else pct(t)
         nf = x.get("n_features")
-        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), "—" if nf is None else str(nf), groups])
+        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), "—" if nf is None else str(nf),
+                     groups])
     return head + table(["variant", "top-1", "drop", "features permuted", "drop per class group"],
                          rows)
 
 
 def _sec_axis(doc: dict) -> str:
-    conds = doc.get("conditions") if isinstance(doc.get("conditions"), dict) else {}
+    conds = dict_at(doc, "conditions")
     base_top1 = num((conds.get("baseline") or {}).get("top1"))
     rows = []
     for name, c in conds.items():
@@ -226,12 +248,13 @@ def _sec_axis(doc: dict) -> str:
             continue
         t = num(c.get("top1"))
         d = "—" if t is None or base_top1 is None or name == "baseline" else pts(100 * (t - base_top1), signed=True)
-        rows.append([str(name), str(c.get("axis") or "—"), "—" if c.get("restore_from") is None else str(c["restore_from"]),
+        rows.append([str(name), str(c.get("axis") or "—"),
+                     "—" if c.get("restore_from") is None else str(c["restore_from"]),
                      pct(t), d, pct(last(c.get("row_acc"))), pct(last(c.get("row_acc_orig_probe"))),
                      pct(last(c.get("col_acc"))), pct(last(c.get("col_acc_orig_probe")))])
     out = (f"<p>{e(doc.get('model', ''))} on {e(doc.get('data', ''))}, probes at {e(doc.get('site', 'resid_post'))}; "
-           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Probe accuracies at the "
-           "final layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
+           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Probe accuracies at the final "
+           "layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
     out += table(["condition", "axis removed", "restore from", "top-1", "Δ top-1", "row (retrained)",
                    "row (orig. probe)", "col (retrained)", "col (orig. probe)"], rows)
     rec_rows = []

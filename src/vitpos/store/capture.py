@@ -186,7 +186,8 @@ def _index_range(dataset, start: int, end: int):
     if isinstance(dataset, LazyImageDataset):
         return LazyImageDataset(dataset.keys[start:end], dataset.labels[start:end], dataset.load, dataset.transform,
                                 dataset.info, dataset.split, False)
-    raise VitposError(f"distributed capture cannot split a {type(dataset).__name__}; use a built-in or imagefolder dataset")
+    raise VitposError(f"distributed capture cannot split a {type(dataset).__name__}; use a built-in or imagefolder "
+                      "dataset")
 
 
 # ------------------------------------------------------------------------ sharded bookkeeping

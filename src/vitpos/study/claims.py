@@ -54,11 +54,13 @@ def _mean(xs):
 def _c1(spec: str, sae: dict) -> dict:
     causal = sae.get("causal") or {}
     sel = {k: (causal.get(f"ablate_{k}") or {}).get("selectivity") for k in ("row", "col")}
-    ok = sae["n_row_features"] > 0 and sae["n_col_features"] > 0 and all(v is not None and v >= SELECTIVE for v in sel.values())
+    ok = (sae["n_row_features"] > 0 and sae["n_col_features"] > 0
+          and all(v is not None and v >= SELECTIVE for v in sel.values()))
     return {"ok": ok, "numbers": {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
                                   "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"]},
             "text": f"{spec}: L{sae['layer']} SAE (FVU {sae['fvu']:.3f}) has {sae['n_row_features']} row / "
-                    f"{sae['n_col_features']} col features; ablation selectivity row {_f(sel['row'])}, col {_f(sel['col'])}"}
+                    f"{sae['n_col_features']} col features; ablation selectivity row {_f(sel['row'])}, col "
+                    f"{_f(sel['col'])}"}
 
 
 def _f(v, d: int = 2) -> str:
@@ -81,7 +83,8 @@ def _c2(spec: str, ap: dict) -> dict:
 
 def _above_chance_ratio(base: list[float], cond: list[float], chance: float) -> float | None:
     """Mean over layers of (cond - chance) / (base - chance), where base is clearly above chance."""
-    return _mean([(c - chance) / (b - chance) for b, c in zip(base, cond) if b - chance >= MIN_ABOVE_CHANCE])
+    return _mean([(c - chance) / (b - chance) for b, c in zip(base, cond, strict=True)
+                  if b - chance >= MIN_ABOVE_CHANCE])
 
 
 def _c3(spec: str, ra: dict) -> dict:
@@ -99,14 +102,19 @@ def _c3(spec: str, ra: dict) -> dict:
         nums[f"no_{a}_top1"] = off.get("top1")
         ok &= removed is not None and removed >= MIN_REMOVED and kept_other is not None and kept_other >= MIN_KEPT
     return {"ok": ok, "numbers": nums,
-            "text": f"{spec}: no_row removes {_pc(nums['no_row_row_removed'])} of above-chance row decodability, col keeps "
-                    f"{_pc(nums['no_row_col_kept'])}; no_col removes {_pc(nums['no_col_col_removed'])} of col, row keeps "
-                    f"{_pc(nums['no_col_row_kept'])} (top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, "
-                    f"no_col {_f(nums['no_col_top1'])})"}
+            "text": f"{spec}: no_row removes {_pc(nums['no_row_row_removed'])} of above-chance row decodability, col "
+                    f"keeps {_pc(nums['no_row_col_kept'])}; no_col removes {_pc(nums['no_col_col_removed'])} of col, "
+                    f"row keeps {_pc(nums['no_col_row_kept'])} (top-1 {_f(base.get('top1'))} -> no_row "
+                    f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
 
 
 def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _head(lh) -> str:
+    """A [layer, head] pair as LxHy ("n/a" when there is none)."""
+    return f"L{lh[0]}H{lh[1]}" if lh else "n/a"
 
 
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
@@ -120,9 +128,10 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
     specialised = S is not None and abs(S) >= 0.5
     return {"ok": partial and specialised,
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
-                        "primary_axis_index": S, "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None},
+                        "primary_axis_index": S,
+                        "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None},
             "text": f"{spec}: median recovery row {_f(rec['row'])}, col {_f(rec['col'])}; primary rebuilding head "
-                    f"{'L%dH%d' % tuple(prim) if prim else 'n/a'} axis index {_f(S)}"}
+                    f"{_head(prim)} axis index {_f(S)}"}
 
 
 def _c5(spec: str, rh: dict) -> dict:
@@ -132,11 +141,14 @@ def _c5(spec: str, rh: dict) -> dict:
     return {"ok": bool(rh.get("primary_is_largest_drop")),
             "numbers": {"primary_head": prim, "primary_drop_points": drop, "drop_rank": rank, "largest_drop_head": big,
                         "drop_rank_among_layers_ge_R": rh.get("primary_head_drop_rank_after_R"),
-                        "largest_drop_points": rh["drop_points"][big[0]][big[1]], "n_heads": len(rh["layers"]) * rh["num_heads"]},
-            "text": f"{spec}: primary rebuilding head {'L%dH%d' % tuple(prim) if prim else 'n/a'} drops top-1 by "
-                    f"{_f(drop, 1)} pts, rank {rank} of {len(rh['layers']) * rh['num_heads']} (largest: L{big[0]}H{big[1]}, "
-                    f"{rh['drop_points'][big[0]][big[1]]:.1f} pts); rank {rh.get('primary_head_drop_rank_after_R')} among the "
-                    f"{(len(rh['layers']) - rh['restore_from']) * rh['num_heads']} heads of layers >= R={rh['restore_from']}"}
+                        "largest_drop_points": rh["drop_points"][big[0]][big[1]],
+                        "n_heads": len(rh["layers"]) * rh["num_heads"]},
+            "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by "
+                    f"{_f(drop, 1)} pts, rank {rank} of {len(rh['layers']) * rh['num_heads']} (largest: "
+                    f"L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts); rank "
+                    f"{rh.get('primary_head_drop_rank_after_R')} among the "
+                    f"{(len(rh['layers']) - rh['restore_from']) * rh['num_heads']} heads of layers >= "
+                    f"R={rh['restore_from']}"}
 
 
 def summarise(models: dict[str, dict]) -> Summary:

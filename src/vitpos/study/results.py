@@ -144,4 +144,5 @@ class StudyResults(BaseModel):
             raise VitposError(f"{where}: {e.title} field {loc!r}: {err['msg']} (is this a results.json written by "
                               f"vitpos {FORMAT_VERSION}? rerun `vitpos run` to rewrite it)") from None
         except (KeyError, TypeError, AttributeError) as e:
-            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite it") from None
+            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite "
+                              "it") from None

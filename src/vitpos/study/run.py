@@ -20,18 +20,17 @@ import timm
 import torch
 
 import vitpos
+from vitpos.data import dataset_info
+from vitpos.data.resolve import data_fingerprint
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
-from vitpos.data import dataset_info
-from vitpos.data.resolve import data_fingerprint
 from vitpos.io import exclusive_lock, write_json
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
-from vitpos.study.results import (HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key,
-                                  model_slug)
+from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -83,7 +82,7 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
 
     results = StudyResults(
         vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=timm.__version__,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise({k: e.to_json() for k, e in entries.items()}))
     results.timings["total_this_run"] = round(time.time() - t_start, 1)
