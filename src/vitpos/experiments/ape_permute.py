@@ -119,7 +119,7 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
-    acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
+    acts = capture_layers(surface, dataset.subset(n), [site], check_classifier=False)[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))
     return z.mean(0), (z != 0).float().mean(0)
 
