@@ -200,7 +200,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture"}
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")

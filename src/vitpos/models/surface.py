@@ -215,8 +215,8 @@ class ModelSurface:
             own = getattr(self, "trained_data", None)
             alt = f", or use the data it was trained on ({own})" if own else ""
             if n == k:
-                return (f"{self.spec}'s {n}-class classifier was trained on other classes ({own}) than {data}'s; "
-                        f"{fit}{alt}")
+                return (f"{self.spec}'s {n}-class classifier was trained on {own or 'other data'}, whose classes are "
+                        f"not those of {data}; {fit}{alt}")
             return f"{self.spec}'s classifier has {n} classes but {data} has {k}; {fit}{alt}"
         return None
 

@@ -53,6 +53,13 @@ class RopeHeadsStage(_Strict):
     attn_images: int = Field(64, ge=1)
 
 
+class HeadStage(_Strict):
+    """The classifier the study fits on a model's pooled features when the model's own does not fit
+    the data (headless backbones, another class count) and `heads` names none."""
+
+    images: int = Field(4000, ge=2, description="train-split images; val and test: images // 4 each")
+
+
 class RunConfig(_Strict):
     models: list[str] | None = Field(None, description="None = the shipped models of each dataset")
     data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
@@ -60,6 +67,8 @@ class RunConfig(_Strict):
     eval_images: int | None = Field(None, ge=1, description="None = the whole test split")
     pretrained: bool = False
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
+    heads: dict[str, str] = Field(default_factory=dict, description="model spec -> head dir from `vitpos head`")
+    head: HeadStage = HeadStage()
     probe: ProbeStage = ProbeStage()
     sae: SAEStage = SAEStage()
     ape_permute: ApePermuteStage = ApePermuteStage()
@@ -69,6 +78,7 @@ class RunConfig(_Strict):
 
 QUICK = {
     "eval_images": 500,
+    "head": {"images": 400},
     "probe": {"images": 200},
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
