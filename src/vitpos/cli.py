@@ -52,19 +52,21 @@ AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 
 
 
 def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = None, head: Optional[Path] = None,
-             data: str | None = None):
+             data: str | None = None, top1: bool = False):
     """The model; with --head, that head (checked against the model's weights and the data's classes)
-    as its classifier."""
-    from vitpos.models import load_model
-
-    surface = load_model(model, pretrained=pretrained, checkpoint=checkpoint)
-    if head is None:
-        return surface
+    as its classifier. top1: the command measures top-1, so a classifier that does not fit the data
+    is refused here, before any work."""
     from vitpos.data import dataset_info
+    from vitpos.models import load_model
     from vitpos.models.head import Head
 
-    info = dataset_info(data) if data is not None else None
-    return surface.with_head(Head.load(head), info, data)
+    surface = load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+    info = dataset_info(data) if data is not None and (head is not None or top1) else None
+    if head is not None:
+        surface = surface.with_head(Head.load(head), info, data)
+    if top1 and info is not None:
+        surface.check_classifier(info, data)
+    return surface
 
 
 @app.command()
@@ -119,7 +121,7 @@ def eval_cmd(
 
     if limit is not None and limit < 1:
         raise VitposError(f"--limit must be at least 1 (got {limit})")
-    surface = _surface(model, pretrained, checkpoint, head, data)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     ds = dataset_for(surface, data, split, limit=limit)
     rep = evaluate(surface, ds, progress=progress)
     doc = {"model": model, "data": data, "split": split, f"{split}_top1": rep["top1"], **rep}
@@ -253,6 +255,8 @@ def sae(
     expansion: int = typer.Option(8, "--expansion", min=1, help="latents = expansion x width (>= 1)"),
     images: int = typer.Option(4000, "--images", min=1, help="training images (their patch tokens); unused with --store (>= 1)"),
     epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
+    eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
+                                    "scores, splice and causal check (>= 2)"),
     seed: int = typer.Option(0, "--seed"),
     store: Optional[Path] = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
@@ -300,7 +304,7 @@ def sae(
                              checkpoint_key=key, restart_on_mismatch=True)
         surface = _surface(model, pretrained, checkpoint, head, data)
         doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
-                         epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
+                         n_eval_images=eval_images, epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
                          lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
     if not env.is_main:
         return
@@ -329,7 +333,7 @@ def ape_permute(
     from vitpos.io import read_json
     from vitpos.sae import SAE
 
-    surface = _surface(model, pretrained, checkpoint, head, data)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:
         raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model")
     sae_doc = read_json(Path(sae_dir) / "sae.json")
@@ -363,7 +367,7 @@ def rope_axis(
     """Row/col decodability per layer with RoPE axes removed and restored; OUT/rope_axis.json."""
     from vitpos.experiments.rope_axis import run_rope_axis
 
-    surface = _surface(model, pretrained, checkpoint, head, data)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     Rs = None if restore is None else _int_list(restore, "--restore")
     doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
                         progress=progress).to_json()
@@ -391,7 +395,7 @@ def rope_heads(
     """Axis specialisation, rebuilding score and ablation drop of every head; OUT/rope_heads.json."""
     from vitpos.experiments.rope_heads import run_rope_heads
 
-    surface = _surface(model, pretrained, checkpoint, head, data)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
                          progress=progress).to_json()
     p = doc["primary_rebuilding_head"]

@@ -147,6 +147,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
     mixed = list(sae_doc.get("mixed_features", []))
     dataset = dataset_for(surface, data, split, limit=n_images)
+    surface.check_classifier(dataset.info, data_name(data))  # before any work: every number here is a top-1
     mean_code, fire = feature_mass(surface, sae, site, dataset)
     info = dataset.info
     preds, labels = predict(surface, dataset)
