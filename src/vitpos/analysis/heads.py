@@ -66,13 +66,15 @@ def fit_head_on_features(train: tuple[torch.Tensor, torch.Tensor], val: tuple[to
     mean, std = standardise_stats(x)
     design = Design(standardised_design(x, mean, std))
     xv, yv = val[0].float(), val[1]
-    heads, memory = None, {}
+    heads: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    memory: dict = {}
     by_l2: dict[float, float] = {}
     best: tuple[float, float, torch.Tensor, torch.Tensor] | None = None
     for l2 in grid:  # strong to weak: each fit warm-starts the next
-        heads = fit_softmax_heads(design, [y.long()], [num_classes], [l2], heads, max_iter=max_iter, tol=tol,
-                                  memory=memory)
-        w_std, b_std = heads[0]
+        fitted = fit_softmax_heads(design, [y.long()], [num_classes], [l2], heads, max_iter=max_iter, tol=tol,
+                                   memory=memory)
+        heads = list(fitted)
+        w_std, b_std = fitted[0]
         w = w_std / std[:, None]  # fold the standardisation: ((x - m) / s) @ W + b == x @ (W / s) + (b - (m / s) @ W)
         b = b_std - mean @ w
         acc = _accuracy(w, b, xv, yv) if len(yv) else _accuracy(w, b, x, y)

@@ -175,7 +175,7 @@ class ModelSurface:
 
     def data_config(self) -> dict:
         """The model's input normalisation and interpolation (timm's resolve_data_config keys)."""
-        from timm.data import resolve_data_config
+        from timm.data.config import resolve_data_config
 
         return resolve_data_config({}, model=self.model)
 
