@@ -36,7 +36,8 @@ class BatchPreprocess:
         x = images.float().div_(255.0)
         c = x.shape[1]
         if c != self.in_chans:
-            x = x.expand(-1, self.in_chans, -1, -1) if c == 1 else x.mean(1, keepdim=True).expand(-1, self.in_chans, -1, -1)
+            grey = x if c == 1 else x.mean(1, keepdim=True)
+            x = grey.expand(-1, self.in_chans, -1, -1)
         if tuple(x.shape[-2:]) != tuple(self.size):
             mode = _MODES.get(self.interpolation, "bilinear")
             kw = {"antialias": True, "align_corners": False} if mode in ("bilinear", "bicubic") else {}

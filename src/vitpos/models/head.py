@@ -66,10 +66,11 @@ class Head:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, info: HeadInfo):
         if weight.ndim != 2 or bias.shape != (weight.shape[0],):
-            raise VitposError(f"a head needs weight (K, D) and bias (K,), got {tuple(weight.shape)} and {tuple(bias.shape)}")
+            raise VitposError(f"a head needs weight (K, D) and bias (K,), got {tuple(weight.shape)} and "
+                              f"{tuple(bias.shape)}")
         if weight.shape != (info.num_classes, info.width):
-            raise VitposError(f"head weight {tuple(weight.shape)} does not match its head.json ({info.num_classes} classes "
-                              f"x width {info.width}); refit it with `vitpos head`")
+            raise VitposError(f"head weight {tuple(weight.shape)} does not match its head.json ({info.num_classes} "
+                              f"classes x width {info.width}); refit it with `vitpos head`")
         self.weight = weight.detach().float().cpu()
         self.bias = bias.detach().float().cpu()
         self.info = info
@@ -112,14 +113,16 @@ class Head:
                               f"{err['msg']}); refit it with `vitpos head`") from None
         state = read_safetensors(path / HEAD_WEIGHTS)
         if set(state) != {"weight", "bias"}:
-            raise VitposError(f"{path / HEAD_WEIGHTS} holds {sorted(state)}, not weight and bias; refit it with `vitpos head`")
+            raise VitposError(f"{path / HEAD_WEIGHTS} holds {sorted(state)}, not weight and bias; refit it with "
+                              "`vitpos head`")
         return cls(state["weight"], state["bias"], info)
 
 
 def check_head(head: Head, surface: ModelSurface, info: DatasetInfo | None = None, data: str | None = None) -> None:
     """One-line VitposError unless `head` was fitted on this model's weights (and on `data`'s classes)."""
     hi = head.info
-    refit = f"fit one with `vitpos head --model {shlex.quote(surface.spec)} --data {shlex.quote(data or hi.data)} --out DIR`"
+    spec, on = shlex.quote(surface.spec), shlex.quote(data or hi.data)
+    refit = f"fit one with `vitpos head --model {spec} --data {on} --out DIR`"
     if hi.weights != surface.weights_digest():
         raise VitposError(f"the head was fitted on {hi.model} (weights digest {hi.weights}), not on {surface.spec} "
                           f"(weights digest {surface.weights_digest()}); {refit}")
