@@ -47,14 +47,28 @@ def _positive_finite(value: float | None) -> float | None:
     return value
 
 
+HeadOpt = typer.Option(None, "--head", help="a head fitted by `vitpos head` (DIR with head.json): the classifier "
+                       "every top-1 is measured with (for headless backbones)")
 SplitOpt = typer.Option("test", "--split")
 AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
-def _surface(model: str, pretrained: bool = False, checkpoint: Path | None = None):
+def _surface(model: str, pretrained: bool = False, checkpoint: Path | None = None, head: Path | None = None,
+             data: str | None = None, top1: bool = False):
+    """The model; with --head, that head (checked against the model's weights and the data's classes)
+    as its classifier. top1: the command measures top-1, so a classifier that does not fit the data
+    is refused here, before any work."""
+    from vitpos.data import dataset_info
     from vitpos.models import load_model
+    from vitpos.models.head import Head
 
-    return load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+    surface = load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+    info = dataset_info(data) if data is not None and (head is not None or top1) else None
+    if head is not None:
+        surface = surface.with_head(Head.load(head), info, data)
+    if top1 and info is not None:
+        surface.check_classifier(info, data)
+    return surface
 
 
 @app.command()
@@ -99,6 +113,7 @@ def eval_cmd(
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     limit: int | None = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
@@ -108,13 +123,42 @@ def eval_cmd(
 
     if limit is not None and limit < 1:
         raise VitposError(f"--limit must be at least 1 (got {limit})")
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     ds = dataset_for(surface, data, split, limit=limit)
     rep = evaluate(surface, ds, progress=progress)
     doc = {"model": model, "data": data, "split": split, f"{split}_top1": rep["top1"], **rep}
+    if head is not None:
+        doc["head"] = str(head)
     if out is not None:
         write_json(Path(out) / "eval.json", doc)
     out_console.print(f"{model} on {data}/{split}: top-1 {rep['top1']:.4f} (n={rep['n']})")
+
+
+@app.command("head")
+def head_cmd(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(4000, "--images", min=2, help="train-split images to fit on (>= 2); val and test "
+                               "splits: images // 4 each"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Fit a linear classifier on the model's pooled pre-logit features: OUT/head.safetensors + head.json.
+
+    For backbones without a classifier (DINOv2/v3, EVA-02, CLIP towers) or one for other data;
+    pass OUT as --head to eval, sae, intervene (and probe), or under `heads:` in a run config."""
+    from vitpos.analysis.heads import fit_head
+
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+    surface = _surface(model, pretrained, checkpoint)
+    h = fit_head(surface, data=data, n_images=images, seed=seed, out=out, progress=progress).info
+    out_console.print(f"head on {model} pooled features, {data}: val top-1 {h.val_top1:.4f}, test top-1 "
+                      f"{h.test_top1:.4f} (l2 {h.l2:g}, {h.n_train_images} train images, {h.num_classes} classes) "
+                      f"-> {out}")
 
 
 @app.command()
@@ -181,6 +225,8 @@ def probe(
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = typer.Option(None, "--head", help="accepted like the other commands' --head and checked "
+                                        "against the model and data; probes read patch tokens, so it changes nothing"),
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -188,7 +234,7 @@ def probe(
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
     from vitpos.experiments.probe import probe_sites, run_probe
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data)
     result = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
                        device=device, amp=amp)
     res = next(iter(probe_sites(result).values())).to_json()
@@ -215,6 +261,8 @@ def sae(
     images: int = typer.Option(4000, "--images", min=1,
                                help="training images (their patch tokens); unused with --store (>= 1)"),
     epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
+    eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
+                                    "scores, splice and causal check (>= 2)"),
     seed: int = typer.Option(0, "--seed"),
     store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
@@ -226,6 +274,7 @@ def sae(
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -260,15 +309,17 @@ def sae(
                "store": str(store), "images": images, "batch_tokens": batch_tokens, "buffer_tokens": buffer_tokens}
         options = RunOptions(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
                              checkpoint_key=key, restart_on_mismatch=True)
-        surface = _surface(model, pretrained, checkpoint)
+        surface = _surface(model, pretrained, checkpoint, head, data)
         doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
-                         n_train_images=images,
-                         epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
+                         n_train_images=images, n_eval_images=eval_images, epochs=epochs, seed=seed, out=out,
+                         progress=progress and env.is_main, force=force, store=store,
                          lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
     if not env.is_main:
         return
+    splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
+              if doc.top1_change_points is None else f"spliced top-1 change {doc.top1_change_points:+.1f} pts")
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
-                      f"spliced top-1 change {doc.top1_change_points:+.1f} pts; {doc.n_row_features} row, "
+                      f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
 
 
@@ -282,6 +333,7 @@ def ape_permute(
     seeds: int = typer.Option(3, "--seeds", min=1, help="number of random seeds (>= 1)"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
@@ -289,7 +341,7 @@ def ape_permute(
     from vitpos.io import read_json
     from vitpos.sae import SAE
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:
         raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs "
                           "an APE model")
@@ -320,12 +372,13 @@ def rope_axis(
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Row/col decodability per layer with RoPE axes removed and restored; OUT/rope_axis.json."""
     from vitpos.experiments.rope_axis import run_rope_axis
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     Rs = None if restore is None else _int_list(restore, "--restore")
     doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
                         progress=progress).to_json()
@@ -348,12 +401,13 @@ def rope_heads(
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Axis specialisation, rebuilding score and ablation drop of every head; OUT/rope_heads.json."""
     from vitpos.experiments.rope_heads import run_rope_heads
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
                          progress=progress).to_json()
     p = doc["primary_rebuilding_head"]

@@ -120,7 +120,7 @@ def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset,
                  n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
-    acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
+    acts = capture_layers(surface, dataset.subset(n), [site], check_classifier=False)[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))
     return z.mean(0), (z != 0).float().mean(0)
 
@@ -148,6 +148,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
     mixed = list(sae_doc.get("mixed_features", []))
     dataset = dataset_for(surface, data, split, limit=n_images)
+    surface.check_classifier(dataset.info, data_name(data))  # before any work: every number here is a top-1
     mean_code, fire = feature_mass(surface, sae, site, dataset)
     info = dataset.info
     preds, labels = predict(surface, dataset)

@@ -74,7 +74,7 @@ def probe_sites(result: ProbeResults) -> dict[str, ProbeSiteResult]:
 
 def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
     """(n, N, D) patch tokens at the embedding with the absolute embedding removed."""
-    acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size)
+    acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size, check_classifier=False)
     feats = acts["embed"]
     if surface.has_ape:
         feats = feats - surface.patch_pos_embed().unsqueeze(0).to(feats.device, feats.dtype)
@@ -90,7 +90,8 @@ def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int],
     for start in range(0, len(layers), chunk):
         group = layers[start:start + chunk]
         acts, _, _ = capture_layers(surface, dataset, [Site(layer, site) for layer in group], batch_size=batch_size,
-                                    context=context, progress=progress, desc=f"capture {site}")
+                                    context=context, progress=progress, desc=f"capture {site}",
+                                    check_classifier=False)
         out.update({layer: acts[str(Site(layer, site))] for layer in group})
     return out
 

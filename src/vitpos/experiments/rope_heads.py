@@ -100,6 +100,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     axes = axes_of[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
+    surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
     later = list(range(R, L))
     steps = 2 + L * Hh + len(later) * Hh + 1

@@ -91,10 +91,12 @@ class SAEResult(Result):
     l0: float
     dead_frac: float
     tokens: int
-    logit_kl: float
-    top1: float
-    top1_spliced: float
-    top1_change_points: float
+    # None when the model's outputs are not logits over the data's classes (a headless model
+    # without --head): the SAE is trained and scored, the splice's top-1 is not measured
+    logit_kl: float | None
+    top1: float | None
+    top1_spliced: float | None
+    top1_change_points: float | None
     train_tokens: int
     train_seconds: float
     training: SAETraining
@@ -202,7 +204,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture"}
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")
@@ -224,27 +227,32 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
     later = list(range(layer + 1, surface.depth))
-    eval_sites = [s] + [Site(i, "resid_post") for i in later]
-    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites)
+    eval_sites = [s] + [Site(layer, "resid_post") for layer in later]
+    # top-1 and the splice need class logits; a headless model without a head skips them
+    no_logits = surface.classifier_problem(eval_set.info, data_name(data))
+    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites, check_classifier=no_logits is None)
     acts = eval_acts[str(s)]
     metrics = sae_metrics(sae, [acts[i:i + 256].reshape(-1, acts.shape[-1]) for i in range(0, len(acts), 256)])
     scores = score_features(sae, (acts[i:i + 256] for i in range(0, len(acts), 256)), surface.grid)
 
-    # splice the reconstruction in (patch tokens only): how much does the model notice?
-    base_logp = logits.log_softmax(-1)
-    with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
-        spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
-    preds = spliced_logits.argmax(-1)
-    kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
-    top1 = float((logits.argmax(-1) == labels).float().mean())
-    top1_spliced = float((preds == labels).float().mean())
+    kl = top1 = top1_spliced = change = None
+    if no_logits is None:
+        # splice the reconstruction in (patch tokens only): how much does the model notice?
+        base_logp = logits.log_softmax(-1)
+        with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+            spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
+        preds = spliced_logits.argmax(-1)
+        kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
+        top1 = float((logits.argmax(-1) == labels).float().mean())
+        top1_spliced = float((preds == labels).float().mean())
+        change = 100 * (top1_spliced - top1)
 
     causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
     result = SAEResult.model_validate({
         "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch,
         "k": k, "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1,
-        "top1_spliced": top1_spliced, "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens,
-        "train_seconds": round(seconds, 1),
+        "top1_spliced": top1_spliced,
+        "top1_change_points": change, "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
         "training": streamed,
         "row_features": scores.row_features, "col_features": scores.col_features,
         "mixed_features": scores.mixed_features,
@@ -273,11 +281,10 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
             continue
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
         acts, _, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in later],
-                                    context=lambda fn=fn: edit(surface, {site: fn}))
-        test = {layer: acts[str(Site(layer, "resid_post"))][torch.as_tensor(probes[layer].test_image_ids)]
-                for layer in later}
-        row = [probes[layer].row_probe.accuracy(test[layer]) for layer in later]
-        col = [probes[layer].col_probe.accuracy(test[layer]) for layer in later]
+                                    context=lambda fn=fn: edit(surface, {site: fn}), check_classifier=False)
+        test = {layer: torch.as_tensor(probes[layer].test_image_ids) for layer in later}
+        row = [probes[layer].row_probe.accuracy(acts[str(Site(layer, "resid_post"))][test[layer]]) for layer in later]
+        col = [probes[layer].col_probe.accuracy(acts[str(Site(layer, "resid_post"))][test[layer]]) for layer in later]
         d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
         d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)

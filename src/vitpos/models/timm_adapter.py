@@ -79,6 +79,10 @@ class TimmViTSurface(ModelSurface):
         self.input_size = (int(model.patch_embed.proj.in_channels), int(img[0]), int(img[1]))
         self.scheme = "ape" if getattr(model, "pos_embed", None) is not None else "none"
 
+    def _pooled(self, images: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return m.forward_head(m.forward_features(images), pre_logits=True)
+
     def block(self, layer: int) -> nn.Module:
         return self.model.blocks[layer]
 

@@ -142,6 +142,9 @@ def models_table(models: dict) -> str:
         grid_s = "×".join(map(str, grid)) if isinstance(grid, (list, tuple)) else ""
         ev = dict_at(m, "eval")
         top1 = pct(eval_top1(m)) + (f" (n={ev['n']})" if ev.get("n") is not None else "")
+        hd = m.get("head")
+        if isinstance(hd, dict):  # measured through a head on the pooled features (results.json `head`)
+            top1 += f"; {e(hd.get('source', 'fitted'))} head on pooled features, l2 {e(hd.get('l2'))}"
         rows.append([f'<a href="#model-{e(model_slug(spec))}">{e(spec)}</a>', e(m.get("data")), e(d.get("scheme")),
                      e(grid_s), e(d.get("depth")), e(d.get("num_heads")), e(top1)])
     return table(["model", "data", "scheme", "grid", "depth", "heads", "test top-1"], rows, cls="data models", raw=True)

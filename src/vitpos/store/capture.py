@@ -180,7 +180,8 @@ def _index_range(dataset, start: int, end: int):
     from vitpos.data.base import TensorImageDataset
 
     if isinstance(dataset, TensorImageDataset):
-        return TensorImageDataset(dataset.images[start:end], dataset.labels[start:end], dataset.info, dataset.split)
+        return TensorImageDataset(dataset.images[start:end], dataset.labels[start:end], dataset.info, dataset.split,
+                                  dataset.transform)  # the model's preprocessing travels with the block
     from vitpos.data.imagefolder import LazyImageDataset
 
     if isinstance(dataset, LazyImageDataset):

@@ -54,6 +54,13 @@ class RopeHeadsStage(_Strict):
     attn_images: int = Field(default=64, ge=1)
 
 
+class HeadStage(_Strict):
+    """The classifier the study fits on a model's pooled features when the model's own does not fit
+    the data (headless backbones, another class count) and `heads` names none."""
+
+    images: int = Field(default=4000, ge=2, description="train-split images; val and test: images // 4 each")
+
+
 class RunConfig(_Strict):
     models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
     data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
@@ -61,6 +68,8 @@ class RunConfig(_Strict):
     eval_images: int | None = Field(default=None, ge=1, description="None = the whole test split")
     pretrained: bool = False
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
+    heads: dict[str, str] = Field(default_factory=dict, description="model spec -> head dir from `vitpos head`")
+    head: HeadStage = HeadStage()
     probe: ProbeStage = ProbeStage()
     sae: SAEStage = SAEStage()
     ape_permute: ApePermuteStage = ApePermuteStage()
@@ -70,6 +79,7 @@ class RunConfig(_Strict):
 
 QUICK = {
     "eval_images": 500,
+    "head": {"images": 400},
     "probe": {"images": 200},
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},

@@ -5,7 +5,10 @@ for APE models, rope_axis + rope_heads for RoPE models); an experiment that does
 model is recorded with its reason. Each stage's result lives in OUT/stages/<model>/<stage>-<key>.json
 (`vitpos.study.cache`): a rerun skips finished stages, an interrupted run resumes at the first
 unfinished one, --force recomputes. Figures are drawn once per run, from the results, into
-OUT/figures/. SAE layer (documented choice): the layer whose patch tokens hold the most of both
+OUT/figures/. Before them, a model whose classifier does not fit the data (a headless backbone, another
+class count) gets a head on its pooled features: the one `heads:` names for it, else one fitted as the
+cached stage `head` (vitpos.study.head_stage); every top-1 is then measured through it.
+SAE layer (documented choice): the layer whose patch tokens hold the most of both
 axes by the probes (max of min(row, col) accuracy), last layer excluded, earliest on ties.
 """
 
@@ -26,10 +29,12 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.io import exclusive_lock, write_json
+from vitpos.models.head import Head, check_head
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
+from vitpos.study.head_stage import HeadResult
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 
 
@@ -58,21 +63,30 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
     # must not cost the stages of the ones before it
     surfaces = {}
     fingerprints = {}
-    for spec, data in _models_for(cfg):
+    pairs = _models_for(cfg)
+    stray = sorted(set(cfg.heads) - {spec for spec, _ in pairs})
+    if stray:
+        raise VitposError(f"config key 'heads' names {', '.join(stray)}, which is not among the run's models "
+                          f"({', '.join(dict.fromkeys(s for s, _ in pairs))}); key each head dir by its model spec")
+    given: dict[str, Head] = {}
+    for spec, data in pairs:
         if spec not in surfaces:
             surfaces[spec] = load_model(spec, pretrained=cfg.pretrained, checkpoint=cfg.checkpoints.get(spec))
         if data not in fingerprints:
             dataset_info(data)  # names the problem with an unknown or empty data set
             fingerprints[data] = data_fingerprint(data)
+        if spec in cfg.heads:  # a given head must fit the model's weights and every data set it is run on
+            given.setdefault(spec, Head.load(cfg.heads[spec]))
+            check_head(given[spec], surfaces[spec], dataset_info(data), data)
     with exclusive_lock(out):
         cache = StageCache(out, force)
         t_start = time.time()
         timings: dict[str, float] = {}
         entries: dict[str, ModelEntry] = {}
-        for spec, data in _models_for(cfg):
+        for spec, data in pairs:
             key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
             runner = _ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
-                                  progress, timings, log)
+                                  progress, timings, log, given.get(spec))
             entries[key_spec] = runner.run_all()
         return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
 
@@ -96,15 +110,72 @@ class _ModelStages:
 
     def __init__(self, surface: ModelSurface, spec: str, key_spec: str, data: str, data_fp: str, cfg: RunConfig,
                  cache: StageCache, out: Path, quick: bool, progress: bool, timings: dict[str, float],
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], given_head: Head | None = None):
         self.surface, self.spec, self.key_spec, self.data, self.cfg = surface, spec, key_spec, data, cfg
+        self.given_head = given_head
         self.data_fp = data_fp
         self.cache, self.out, self.quick, self.progress, self.timings, self.log = (
             cache, out, quick, progress, timings, log)
         self.slug = model_slug(key_spec)
         self.fingerprint = model_fingerprint(spec, cfg)
 
+    def _attach_head(self) -> HeadResult | None:
+        """Put a head on the surface when its classifier does not fit the data (or `heads:` gives one)."""
+        info = dataset_info(self.data)
+        n, k = self.surface.num_classes, len(info.class_names)
+        if self.surface.classifier_problem(info, self.data) is None:
+            reason = None
+        elif n <= 0:
+            reason = "the model has no classifier (num_classes=0): its outputs are pooled features"
+        elif n != k:
+            reason = f"the model's classifier has {n} classes, {self.data} has {k}"
+        else:
+            trained = getattr(self.surface, "trained_data", None)
+            reason = f"the model's classifier was trained on {trained}, not {self.data}"
+        if self.given_head is not None:
+            self.surface = self.surface.with_head(self.given_head, info, self.data)
+            return HeadResult.of(self.given_head, self.cfg.heads[self.spec], "given",
+                                 reason or "given in the run config's heads")
+        if reason is None:
+            return None
+        result, head = self._head_stage(reason)
+        self.surface = self.surface.with_head(head, info, self.data)
+        return result
+
+    def _head_stage(self, reason: str) -> tuple[HeadResult, Head]:
+        from vitpos.analysis.heads import fit_head
+
+        settings = self.cfg.head.model_dump()
+        key = {"model": self.fingerprint, "weights": self.surface.weights_digest(), "spec": self.spec,
+               "data": self.data, "seed": self.cfg.seed, **({"data_files": self.data_fp} if self.data_fp else {}),
+               "stage": "head", "settings": settings, "vitpos": vitpos.__version__}
+        path = self.cache.path(self.slug, "head", key)
+        hit = self.cache.get(path)
+        if hit is not None:
+            try:
+                cached = HeadResult.from_json(hit)
+                head = Head.load(cached.head_dir)
+                if head.digest() == cached.digest:
+                    check_head(head, self.surface, dataset_info(self.data), self.data)
+                    self.log(f"[{self.spec}] head: cached")
+                    return cached, head
+            except (ValueError, VitposError):
+                pass  # an older entry, or its head files are gone or changed: refitted
+        self.log(f"[{self.spec}] head ({reason}) ...")
+        t0 = time.time()
+        head_dir = self.out / "artifacts" / self.slug / "head"
+        head = fit_head(self.surface, self.data, n_images=settings["images"], seed=self.cfg.seed, out=head_dir,
+                        progress=self.progress)
+        result = HeadResult.of(head, head_dir, "fitted", reason)
+        secs = time.time() - t0
+        self.timings[f"{self.key_spec}/head"] = round(secs, 1)
+        self.cache.put(path, key, result.to_json(), secs)
+        self.log(f"[{self.spec}] head: val top-1 {result.val_top1:.3f}, test top-1 {result.test_top1:.3f} "
+                 f"(l2 {result.l2:g}), done in {secs:.0f} s")
+        return result, head
+
     def run_all(self) -> ModelEntry:
+        head = self._attach_head()
         done: dict[str, Done] = {}
         not_applicable: dict[str, str] = {}
         for exp in EXPERIMENTS:
@@ -120,12 +191,13 @@ class _ModelStages:
                 result = self._stage(exp, settings, done, recompute=True)
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
-                          not_applicable=not_applicable, results={k: d.result for k, d in done.items()})
+                          not_applicable=not_applicable, results={k: d.result for k, d in done.items()}, head=head)
 
     def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
         key = {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
                **({"data_files": self.data_fp} if self.data_fp else {}),
-               "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__}
+               "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__,
+               **({"head": self.surface.head.digest()} if self.surface.head is not None else {})}
         path = self.cache.path(self.slug, exp.name, key)
         hit = None if recompute else self.cache.get(path)
         if hit is not None:
