@@ -82,3 +82,16 @@ def test_wilson_edges_and_errors():
     with pytest.raises(VitposError):
         paired_bootstrap_diff(torch.ones(3), torch.ones(4))
     assert percentile_interval(torch.tensor([float("nan")] * 3 + [1.0])) is None
+
+
+def test_sae_causal_intervals_from_per_image_accuracies():
+    from vitpos.experiments.sae_run import selectivity_intervals
+
+    g = torch.Generator().manual_seed(6)
+    clean = {a: 0.9 + 0.1 * torch.rand(3, 40, generator=g) for a in ("row", "col")}
+    same = selectivity_intervals(clean, clean, "row")
+    assert same["row_drop_ci95"] == same["col_drop_ci95"] == [0.0, 0.0] and same["selectivity_ci95"] is None
+    only_row = {"row": clean["row"] - 0.5, "col": clean["col"]}  # the row probe drops by 0.5 on every image
+    iv = selectivity_intervals(clean, only_row, "row")
+    assert iv["row_drop_ci95"] == pytest.approx([0.5, 0.5]) and iv["selectivity_ci95"] == pytest.approx([1.0, 1.0])
+    assert selectivity_intervals(clean, only_row, "col")["selectivity_ci95"] == pytest.approx([0.0, 0.0])
