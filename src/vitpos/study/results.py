@@ -87,9 +87,9 @@ class ClaimVerdict(BaseModel):
     id: str
     claim: str
     scheme: str
-    verdict: str  # supported | partly supported | not supported | not applicable
+    verdict: str  # supported | partly supported | not supported | inconclusive | not applicable
     evidence: str
-    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ holds)
+    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
 
 
@@ -144,4 +144,5 @@ class StudyResults(BaseModel):
             raise VitposError(f"{where}: {e.title} field {loc!r}: {err['msg']} (is this a results.json written by "
                               f"vitpos {FORMAT_VERSION}? rerun `vitpos run` to rewrite it)") from None
         except (KeyError, TypeError, AttributeError) as e:
-            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite it") from None
+            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite "
+                              "it") from None
