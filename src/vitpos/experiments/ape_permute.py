@@ -11,8 +11,8 @@ this set), random_features (as many live non-positional latents, matched in acti
 random pi), mean_ablate (F replaced by its mean over patches), pos_embed_shuffle (the input APE
 table itself permuted: SAE-free).
 
-Matched controls, one per permuted set (`CONTROLS`): all -> random_features, row_only ->
-random_row, col_only -> random_col, all_positional -> random_all_positional. Each control moves
+Matched controls, one per permuted set (`CONTROLS`): all_positional -> random_all_positional,
+all -> random_features, row_only -> random_row, col_only -> random_col. Each control moves
 as many live latents that are not positional (not row, col or mixed), each drawn among the
 `pool` candidates closest in mean activation to one permuted latent, with the same permutations
 as its set (same seed, same kind: whole rows, whole columns or any). Where fewer such latents exist
@@ -49,8 +49,8 @@ from vitpos.sae import SAE
 
 # `variants` of the result (kept as format 1 wrote it); the matched controls added since are listed in `controls`
 VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
-CONTROLS = {"all": "random_features", "row_only": "random_row", "col_only": "random_col",
-            "all_positional": "random_all_positional"}  # permuted set -> its matched random control
+CONTROLS = {"all_positional": "random_all_positional", "all": "random_features", "row_only": "random_row",
+            "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
 CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
 ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS
 _CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS)}  # + 10_000 + seed: own generators

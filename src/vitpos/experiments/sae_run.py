@@ -272,8 +272,8 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
 
     def per_image(acts_by_site: dict) -> dict[str, torch.Tensor]:
         """(layers, test images) token accuracy of the clean probes per image."""
-        return {a: torch.stack([_image_accuracy(getattr(probes[l], f"{a}_probe"),
-                                                acts_by_site[str(Site(l, "resid_post"))][test]) for l in later])
+        return {a: torch.stack([_image_accuracy(getattr(probes[layer], f"{a}_probe"),
+                                                acts_by_site[str(Site(layer, "resid_post"))][test]) for layer in later])
                 for a in ("row", "col")}
 
     clean_per_image = per_image(clean_acts)
