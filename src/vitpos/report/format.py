@@ -48,7 +48,7 @@ def ci(iv: Any, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
     lo, hi = num(iv[0]), num(iv[1])
     if lo is None or hi is None:
         return ""
-    return f"[{scale * lo:.{digits}f}, {scale * hi:.{digits}f}{unit}]"
+    return f"[{scale * lo:.{digits}f}{unit}, {scale * hi:.{digits}f}{unit}]"
 
 
 def fnum(v: Any, digits: int = 3) -> str:
