@@ -74,7 +74,7 @@ def test_c1_per_model_result(row_ci, col_ci, n_col, result):
 
 
 # ---------------------------------------------------------------- C2
-def variant(drop, ci=None, n=10, note=None) -> dict:
+def variant(drop, ci=None, n: int | None = 10, note=None) -> dict:
     return {"top1": 0.9 - drop / 100, "top1_std": 0.0, "drop_points": drop, "drop_std": 0.0, "per_seed_top1": [0.5],
             "n_features": n, "per_group": {}, "drop_ci95": list(ci) if ci else None, "activation_mass": 1.0,
             "note": note}
