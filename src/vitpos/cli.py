@@ -441,9 +441,11 @@ def run(
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
                         log=lambda msg: console.print(msg, highlight=False, markup=False))
     render_report(results, out)
-    t = Table("claim", "verdict", "evidence")
+    t = Table("claim", "verdict", "per model", "evidence (95% intervals in brackets)")
     for c in results.summary.claims:
-        t.add_row(c.id, c.verdict, escape(c.evidence))
+        per = "\n".join(f"{spec}: {n.get('result', 'holds' if n.get('holds') else 'fails')}"
+                         for spec, n in c.numbers.items())
+        t.add_row(c.id, c.verdict, escape(per), escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 

@@ -9,7 +9,9 @@ number of training images. Held-out metrics, feature scores and the causal check
 
 Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
 position downstream with the clean model's probes: row accuracy should drop while column holds;
-selectivity = d_row / (d_row + d_col) (col features mirrored).
+selectivity = d_row / (d_row + d_col) (col features mirrored). Uncertainty: the probes' test images
+are resampled (paired: clean and ablated on the same resample; each image's token accuracy, averaged
+over the later layers) for 95 % intervals of both drops and the selectivity (`selectivity_intervals`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 from vitpos import plots
 from vitpos.analysis.forward import capture_layers, forward_batches
 from vitpos.analysis.probes import fit_position_probes
+from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, Skipped, StageInput
@@ -49,6 +52,10 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
+    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
+    row_drop_ci95: list[float] | None = None
+    col_drop_ci95: list[float] | None = None
+    selectivity_ci95: list[float] | None = None
 
 
 class CausalCheck(BaseModel):
@@ -275,6 +282,15 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
                                          control=False, max_train_tokens=SWEEP_TRAIN_TOKENS) for layer in later}
     out = {"layers": later, "clean_row_acc": [probes[layer].row_acc for layer in later],
            "clean_col_acc": [probes[layer].col_acc for layer in later]}
+    test = torch.as_tensor(probes[later[0]].test_image_ids)  # one split for every layer (same ids, same seed)
+
+    def per_image(acts_by_site: dict) -> dict[str, torch.Tensor]:
+        """(layers, test images) token accuracy of the clean probes per image."""
+        return {a: torch.stack([_image_accuracy(getattr(probes[layer], f"{a}_probe"),
+                                                acts_by_site[str(Site(layer, "resid_post"))][test]) for layer in later])
+                for a in ("row", "col")}
+
+    clean_per_image = per_image(clean_acts)
     for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
         if not ids:
             out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
@@ -290,8 +306,31 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
         denom = abs(mine) + abs(other)
         out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
-                                 "selectivity": mine / denom if denom > 1e-9 else None}
+                                 "selectivity": mine / denom if denom > 1e-9 else None,
+                                 **selectivity_intervals(clean_per_image, per_image(acts), kind, seed)}
     return out
+
+
+def _image_accuracy(probe, feats: torch.Tensor) -> torch.Tensor:
+    """(images,) fraction of each image's patch tokens whose position the probe reads correctly."""
+    labels = probe.position_labels.to(feats.device)
+    return (probe.predict(feats) == labels).float().mean(1).cpu()
+
+
+def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[str, torch.Tensor], kind: str,
+                          seed: int = 0) -> dict[str, list[float] | None]:
+    """95 % paired-bootstrap intervals of the row / col probe drops and of the selectivity of
+    ablating the `kind` features. clean / ablated: {"row", "col"} -> (layers, images) per-image
+    token accuracies on the same images; an image's drop is its mean over layers of clean - ablated,
+    and a resample's selectivity is own / (|own| + |other|) of its mean drops (resamples with both
+    drops ~0 are undefined and left out)."""
+    d = torch.stack([(clean[a].double() - ablated[a].double()).mean(0) for a in ("row", "col")], 1)  # (images, 2)
+    m = bootstrap_means(d, seed=seed)
+    mine, other = (m[:, 0], m[:, 1]) if kind == "row" else (m[:, 1], m[:, 0])
+    denom = mine.abs() + other.abs()
+    sel = torch.where(denom > 1e-9, mine / denom.clamp_min(1e-300), torch.full_like(mine, float("nan")))
+    return {"row_drop_ci95": percentile_interval(m[:, 0]), "col_drop_ci95": percentile_interval(m[:, 1]),
+            "selectivity_ci95": percentile_interval(sel)}
 
 
 class SAEExperiment(Experiment[SAEResult]):

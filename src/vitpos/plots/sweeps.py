@@ -82,23 +82,57 @@ def _pct(v: Any) -> str:
 
 
 # ---------------------------------------------------------------- ape_permute
+def ape_bar_order(doc: dict) -> list[tuple[str, bool]]:
+    """(variant, is a control) in plotting order: each permuted set followed by its matched control
+    (`controls`), then the remaining variants in `variants` order."""
+    out: list[tuple[str, bool]] = []
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {}
+    for kept, ctrl in controls.items():
+        out.append((str(kept), False))
+        if ctrl in doc:
+            out.append((str(ctrl), True))
+    seen = {v for v, _ in out}
+    return out + [(str(v), False) for v in doc["variants"] if v not in seen]
+
+
+def drop_error(entry: dict) -> tuple[float, float, float]:
+    """(drop, down, up): the error bar is the 95 % interval where measured, else ± drop_std."""
+    d = _num(entry.get("drop_points"))
+    ci = entry.get("drop_ci95")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and not math.isnan(d):
+        return d, max(d - _num(ci[0]), 0.0), max(_num(ci[1]) - d, 0.0)
+    e = _num(entry.get("drop_std"))
+    e = 0.0 if math.isnan(e) else e
+    return d, e, e
+
+
 def plot_ape_permute(doc: dict, path: str | Path) -> Path:
-    """Bars of the top-1 drop (points, ± drop_std) per permutation variant; a second panel with
-    the per-group drops (vertical vs horizontal) for all / row_only / col_only when available."""
+    """Bars of the top-1 drop (points) per permutation variant, each permuted set beside its matched
+    random control (grey, hatched); error bars are the 95 % bootstrap interval (± drop_std for
+    results without one). A second panel with the per-group drops (vertical vs horizontal) for all /
+    row_only / col_only when available."""
     _need(doc, ("baseline_top1",), "ape_permute")
-    variants = list(_need(doc, ["variants"], "ape_permute")["variants"])
-    names, drops, errs, notes = [], [], [], []
-    for v in variants:
+    _need(doc, ["variants"], "ape_permute")
+    order = ape_bar_order(doc)
+    names, drops, lows, highs, notes, colors, hatches = [], [], [], [], [], [], []
+    pair = -1
+    for v, is_ctrl in order:
         entry = doc.get(v)
         names.append(v)
+        pair += 0 if is_ctrl else 1
+        colors.append("0.75" if is_ctrl else CYCLE[pair % len(CYCLE)])
+        hatches.append("//" if is_ctrl else "")
         if not isinstance(entry, dict) or "skipped" in entry or "drop_points" not in entry:
             drops.append(0.0)
-            errs.append(0.0)
+            lows.append(0.0)
+            highs.append(0.0)
             notes.append("skipped" if isinstance(entry, dict) and "skipped" in entry else "missing")
         else:
-            drops.append(_num(entry.get("drop_points")))
-            e = _num(entry.get("drop_std"))
-            errs.append(0.0 if math.isnan(e) else e)
+            d, lo, hi = drop_error(entry)
+            drops.append(d)
+            lows.append(lo)
+            highs.append(hi)
             notes.append(None)
     groups: list[str] = []
     for v in ("all", "row_only", "col_only"):
@@ -107,21 +141,20 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
             if g not in groups:
                 groups.append(g)
     two = bool(groups)
-    fig = new_figure(11.0 if two else 6.6, 4.4)
+    fig = new_figure(13.0 if two else 8.5, 4.6)
     axes = fig.subplots(1, 2 if two else 1, squeeze=False)[0]
     ax = axes[0]
     x = list(range(len(names)))
-    colors = [CYCLE[i % len(CYCLE)] for i in x]
-    ax.bar(x, drops, yerr=errs, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
+    ax.bar(x, drops, yerr=[lows, highs], capsize=4, color=colors, edgecolor="black", linewidth=0.6, hatch=hatches)
     for i, note in enumerate(notes):
         if note:
             ax.text(i, 0, note, ha="center", va="bottom", rotation=90, fontsize=8, color="0.35")
         elif not math.isnan(drops[i]):
-            ax.text(i, drops[i] + errs[i], f"{drops[i]:.1f}", ha="center", va="bottom", fontsize=8)
+            ax.text(i, drops[i] + highs[i], f"{drops[i]:.1f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, names, rotation=30, ha="right")
-    ax.set_ylabel("top-1 drop (points)")
-    ax.set_xlabel("intervention")
+    ax.set_ylabel("top-1 drop (points, 95% CI)")
+    ax.set_xlabel("intervention (grey, hatched: the matched random control of the bar before)")
     ax.grid(axis="y", alpha=0.3)
     model = mathtext_safe(doc.get("model", ""))
     where = mathtext_safe(f"layer {doc.get('layer', '?')} {doc.get('site', '')}".strip())

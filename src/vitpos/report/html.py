@@ -90,7 +90,7 @@ def _contrast_cell(claim: str, family: str, models: dict, data: str | None) -> s
 def _badge(verdict: Any, prefix: str = "") -> str:
     v = str(verdict or "not evaluated")
     cls = re.sub(r"[^a-z]+", "-", v.lower()).strip("-")
-    if cls not in ("supported", "not-supported", "not-applicable"):
+    if cls not in ("supported", "not-supported", "not-applicable", "inconclusive", "partly-supported"):
         cls = "other"
     return f'<span class="badge {cls}">{e(prefix)}{e(v)}</span>'
 
@@ -155,6 +155,7 @@ tr.group th{background:#dfe6ee;font-size:1.02em}
 margin:.1em 0}
 .badge.supported{background:#0072B2}.badge.not-supported{background:#D55E00}
 .badge.not-applicable{background:#7a7a7a}.badge.other{background:#a07400}
+.badge.partly-supported{background:#a07400}.badge.inconclusive{background:#fff;color:#5a5a5a;border:2px dashed #5a5a5a}
 .na{color:#666;font-style:italic}
 .small{color:#555;font-size:.85em}
 ul.nums,ul.contrast{margin:.2em 0;padding-left:1.2em;font-size:.88em}

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import VARIANTS as APE_VARIANTS
+from vitpos.experiments.ape_permute import CONTROLS as APE_CONTROLS
+from vitpos.experiments.ape_permute import variant_names
 from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.report.format import (
+    ci,
     describe,
     dict_at,
     doc_of,
@@ -56,19 +58,32 @@ def _summary_sae(doc: dict) -> str:
     if isinstance(c, dict):
         row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
         s += (f"; removing the row features: Δ row-probe acc {fnum(row.get('row_drop'))}, Δ col-probe acc "
-              f"{fnum(row.get('col_drop'))} (selectivity {fnum(row.get('selectivity'), 2)}); removing the col "
-              f"features: Δ col {fnum(col.get('col_drop'))}, Δ row {fnum(col.get('row_drop'))} (selectivity "
-              f"{fnum(col.get('selectivity'), 2)})")
+              f"{fnum(row.get('col_drop'))} (selectivity {fnum(row.get('selectivity'), 2)} "
+              f"{ci(row.get('selectivity_ci95'), digits=2)}); removing the col features: Δ col "
+              f"{fnum(col.get('col_drop'))}, Δ row {fnum(col.get('row_drop'))} (selectivity "
+              f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)})")
     return s
+
+
+APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",
+                  "col_only": "col only"}
+
+
+def _drop_text(x: Any) -> str:
+    if not isinstance(x, dict) or "drop_points" not in x:
+        return "n/a"
+    return f"{pts(x.get('drop_points'))} {ci(x.get('drop_ci95'))}".rstrip()
 
 
 def _summary_ape(doc: dict) -> str:
     parts = []
-    for v, label in (("all", "all positional features"), ("row_only", "row only"), ("col_only", "col only"),
-                     ("random_features", "random features")):
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {"all": "random_features"}
+    for v, label in APE_SET_LABELS.items():
         x = doc.get(v)
         if isinstance(x, dict) and "drop_points" in x:
-            parts.append(f"{label} {pts(x.get('drop_points'), x.get('drop_std'))}")
+            c = controls.get(v)
+            parts.append(f"{label} {_drop_text(x)}" + (f" (control {_drop_text(doc.get(c))})" if c else ""))
     return f"baseline top-1 {pct(doc.get('baseline_top1'))}; drop when permuting " + (", ".join(parts) or "n/a")
 
 
@@ -151,8 +166,9 @@ def models_table(models: dict) -> str:
 
 
 def _sec_eval(doc: dict) -> str:
-    html_ = (f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b> on n = {e(doc.get('n', '?'))} "
-             "images</p>")
+    iv = ci(doc.get("top1_ci95"), 100, 1, "%")
+    html_ = (f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b>"
+             f"{f' (95% Wilson interval {iv})' if iv else ''} on n = {e(doc.get('n', '?'))} images</p>")
     pg = doc.get("per_group")
     if isinstance(pg, dict) and pg:
         rows = []
@@ -208,27 +224,49 @@ def _sec_sae(doc: dict) -> str:
     c = doc.get("causal")
     if isinstance(c, dict):
         row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
-        pairs += [("causal: row-probe drop on removing row features", fnum(row.get("row_drop", row.get("skipped")))),
-                  ("causal: col-probe drop on removing col features", fnum(col.get("col_drop", col.get("skipped")))),
-                  ("causal selectivity of the row features Δrow / (|Δrow| + |Δcol|)", fnum(row.get("selectivity"), 2)),
-                  ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)", fnum(col.get("selectivity"), 2))]
+        pairs += [("causal: row-probe drop on removing row features",
+                   f"{fnum(row.get('row_drop', row.get('skipped')))} {ci(row.get('row_drop_ci95'), digits=4)}"),
+                  ("causal: col-probe drop on removing col features",
+                   f"{fnum(col.get('col_drop', col.get('skipped')))} {ci(col.get('col_drop_ci95'), digits=4)}"),
+                  ("causal selectivity of the row features Δrow / (|Δrow| + |Δcol|)",
+                   f"{fnum(row.get('selectivity'), 2)} {ci(row.get('selectivity_ci95'), digits=2)}"),
+                  ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)",
+                   f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)}")]
     return kv_table(pairs)
 
 
 def _sec_ape(doc: dict) -> str:
-    fc = dict_at(doc, "feature_counts")
+    counts = doc.get("feature_counts")
+    fc: dict = counts if isinstance(counts, dict) else {}
+    base_ci = ci(doc.get("baseline_top1_ci95"), 100, 1, "%")
     head = (f"<p>{e(doc.get('model', ''))} layer {e(doc.get('layer', '?'))} {e(doc.get('site', ''))} on "
             f"{e(doc.get('data', ''))}: {e(doc.get('n_images', '?'))} images, seeds {e(fmt_value(doc.get('seeds')))}; "
-            f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>; positional features: "
-            f"{e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col</p>")
+            f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>{e(' ' + base_ci if base_ci else '')}; positional "
+            f"features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, {e(fc.get('mixed', '?'))} mixed. "
+            "Drops in top-1 points with their 95% paired-bootstrap interval over images (seeds pooled); C2 reads the "
+            "all-positional set against its matched random control.</p>")
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {}
+    pairs = []
+    for kept, ctrl in (controls or APE_CONTROLS).items():
+        k, c = doc.get(kept), doc.get(ctrl)
+        if not isinstance(k, dict) and not isinstance(c, dict):
+            continue
+        pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), _drop_text(k) if _ran(k) else _why(k), str(ctrl),
+                      _nf(c), _drop_text(c) if _ran(c) else _why(c), str((c or {}).get("note") or "")])
+    out = head
+    if pairs:
+        out += "<h4>each permuted set beside its matched random control</h4>"
+        out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
+                      "note"], pairs)
     rows = []
-    for v in doc.get("variants") or APE_VARIANTS:
+    for v in variant_names(doc):
         x = doc.get(v)
         if not isinstance(x, dict):
-            rows.append([str(v), "not run", "", "", ""])
+            rows.append([str(v), "not run", "", "", "", ""])
             continue
         if "skipped" in x:
-            rows.append([str(v), f"skipped: {x['skipped']}", "", "", ""])
+            rows.append([str(v), f"skipped: {x['skipped']}", "", "", "", ""])
             continue
         pg = dict_at(x, "per_group")
         groups = "; ".join(f"{g}: {pts((gv or {}).get('drop_points'))}" for g, gv in pg.items()) or "—"
@@ -236,10 +274,23 @@ def _sec_ape(doc: dict) -> str:
         t = num(x.get("top1"))
         top1 = f"{100 * t:.1f} ± {100 * sd:.1f}%" if t is not None and sd is not None else pct(t)
         nf = x.get("n_features")
-        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), "—" if nf is None else str(nf),
-                     groups])
-    return head + table(["variant", "top-1", "drop", "features permuted", "drop per class group"],
-                         rows)
+        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), ci(x.get("drop_ci95")) or "—",
+                     "—" if nf is None else str(nf), groups])
+    return out + "<h4>every variant</h4>" + table(["variant", "top-1", "drop (± std over seeds)", "drop 95% CI",
+                                                    "features permuted", "drop per class group"], rows)
+
+
+def _ran(x: Any) -> bool:
+    return isinstance(x, dict) and "drop_points" in x
+
+
+def _nf(x: Any) -> str:
+    n = x.get("n_features") if isinstance(x, dict) else None
+    return "—" if n is None else str(n)
+
+
+def _why(x: Any) -> str:
+    return f"skipped: {x['skipped']}" if isinstance(x, dict) and "skipped" in x else "not run"
 
 
 def _sec_axis(doc: dict) -> str:

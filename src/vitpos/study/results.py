@@ -96,9 +96,9 @@ class ClaimVerdict(BaseModel):
     id: str
     claim: str
     scheme: str
-    verdict: str  # supported | partly supported | not supported | not applicable
+    verdict: str  # supported | partly supported | not supported | inconclusive | not applicable
     evidence: str
-    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ holds)
+    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
 
 
