@@ -298,9 +298,8 @@ def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
         acts, _, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in later],
                                     context=lambda fn=fn: edit(surface, {site: fn}), check_classifier=False)
-        test = {layer: torch.as_tensor(probes[layer].test_image_ids) for layer in later}
-        row = [probes[layer].row_probe.accuracy(acts[str(Site(layer, "resid_post"))][test[layer]]) for layer in later]
-        col = [probes[layer].col_probe.accuracy(acts[str(Site(layer, "resid_post"))][test[layer]]) for layer in later]
+        row = [probes[layer].row_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
+        col = [probes[layer].col_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
         d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
         d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
