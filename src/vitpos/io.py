@@ -77,7 +77,7 @@ def fault_point(name: str) -> None:
     VITPOS_FAULT=NAME ends the process with os._exit(137) (no cleanup, no atexit handlers, no
     buffer flushes: what SIGKILL would leave) the first time it reaches fault_point(NAME);
     VITPOS_FAULT=NAME@N the N-th time. Without VITPOS_FAULT (always, outside tests) it does
-    nothing. tests/test_train_atomic.py uses it to kill `vitpos train` between the writes of a
+    nothing. tests/integration/test_train_atomic.py uses it to kill `vitpos train` between the writes of a
     checkpoint and check that the rerun still ends with the uninterrupted run's model.
     """
     spec = os.environ.get("VITPOS_FAULT")

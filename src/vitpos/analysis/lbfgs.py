@@ -22,7 +22,7 @@ evaluation, the covariance preconditioner removes the anisotropy, the l2 path ca
 starts and curvature pairs, and logits live as (classes, tokens) so softmax reductions run over
 contiguous rows. That gives 5-30 evaluations per fit and 14-111x less CPU time at equal test
 accuracy (benchmarks/bench_probes.py: same features, split and l2 grid; numbers in
-benchmarks/README.md), and the fit runs in torch on the features' device. tests/test_lbfgs.py
+benchmarks/README.md), and the fit runs in torch on the features' device. tests/unit/test_lbfgs.py
 checks that each head lands on scikit-learn's optimum.
 """
 

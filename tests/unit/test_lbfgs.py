@@ -61,6 +61,7 @@ def test_standardise_stats_and_finiteness_check():
     assert not L.all_finite(y)
 
 
+@pytest.mark.slow
 def test_joint_heads_on_an_l2_path_reach_sklearns_optimum():
     # Several heads of different sizes and l2s share one design matrix (the (sum K, N) logits
     # layout, per-head slices) and are fitted along a strong-to-weak l2 path with warm starts and

@@ -18,6 +18,8 @@ import pytest
 
 from vitpos.io import read_json
 
+pytestmark = pytest.mark.slow  # `vitpos train` processes killed at each write
+
 CKPT_POINTS = ["ckpt-model", "ckpt-optim", "ckpt-state", "ckpt-aside", "ckpt-commit"]
 # every checkpoint write of both epochs, then the final artifacts (weights + config, before metrics.json)
 FAULTS = [f"{p}@{n}" for n in (1, 2) for p in CKPT_POINTS] + ["final-model@1"]

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from conftest import toy_set
 from vitpos.errors import VitposError
 from vitpos.sae import SAE, FeatureThresholds, SAEConfig, sae_metrics, score_codes, score_features, train_sae
 
@@ -528,15 +529,6 @@ def tiny_ape():
     return tiny_own("ape")
 
 
-def toy_set(n=96, seed=0):
-    from vitpos.data import DatasetInfo, TensorImageDataset
-
-    g = torch.Generator().manual_seed(seed)
-    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
-    return TensorImageDataset(torch.randint(0, 256, (n, 3, 16, 16), dtype=torch.uint8, generator=g),
-                              torch.randint(0, 4, (n,), generator=g), info, "train")
-
-
 RUN_KW = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=2, batch_tokens=256, buffer_tokens=512)
 
 
@@ -589,22 +581,6 @@ def test_run_sae_refuses_a_store_that_does_not_match(tmp_path, tiny_ape):
         with pytest.raises(VitposError, match=re.escape(needle)) as e:
             run_sae(kw.pop("surface"), kw.pop("layer"), out=tmp_path / "o", **kw, **RUN_KW)
         assert "\n" not in str(e.value)
-
-
-def test_cli_sae_store_mismatch_is_one_error_line(tmp_path, tiny_ape):
-    import subprocess
-    import sys
-
-    from vitpos.store.capture import capture_to_store
-
-    capture_to_store(tiny_ape, toy_set(8), "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
-    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "sae", "--model", "builtin:ape", "--layer", "0",
-                           "--store", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--no-progress"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "COLUMNS": "40"})
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "tiny:ape" in lines[0] and "builtin:ape" in lines[0]
 
 
 def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):

@@ -217,6 +217,7 @@ def test_rope_edit_refused_without_rope():
             pass
 
 
+@pytest.mark.slow
 def test_timm_loading_paths(tmp_path, monkeypatch):
     from conftest import TIMM_TINY
     from vitpos.io import write_safetensors

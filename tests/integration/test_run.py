@@ -14,6 +14,8 @@ from vitpos.study.config import RunConfig, load_config
 from vitpos.study.run import run_study
 from vitpos.train import train
 
+pytestmark = pytest.mark.slow  # end-to-end `vitpos run`s, in and out of process
+
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):

@@ -21,11 +21,11 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).parent / "golden" / "run_quick_results.json"
+from conftest import GOLDEN_PATH  # tests/golden/run_quick_results.json
+
 RULE_CHANGED = {"C1", "C2"}  # claims whose verdict rule changed deliberately since the golden file (issue 18)
 # provenance and paths, not measurements
 VOLATILE = {"sae_dir", "train_seconds", "train_store", "reader_peak_bytes"}
@@ -66,7 +66,7 @@ def test_quick_run_equals_the_golden_file(tmp_path):
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "results.json").read_text())
-    want = json.loads(GOLDEN.read_text())
+    want = json.loads(GOLDEN_PATH.read_text())
     diffs = differences(want["models"], got["models"], "models") + differences(
         unchanged_claims(want["summary"]), unchanged_claims(got["summary"]), "summary/claims")
     assert not diffs, f"{len(diffs)} differences from the golden file:\n" + "\n".join(diffs[:30])
