@@ -16,7 +16,8 @@ Default data: a generated imagefolder of random PNGs (the `imagefolder:PATH` pat
 model's own preprocessing); `--data shapes` etc. also work for models of matching input size.
 
     python benchmarks/bench_capture.py [--model SPEC] [--images 96] [--batch-size 32]
-                                       [--dtypes float32,float16] [--rounds 4] [--threads 1] [--clock cpu|wall] [--out FILE.json]
+                                       [--dtypes float32,float16] [--rounds 4] [--threads 1] [--clock cpu|wall]
+                                       [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
     for k, s in secs.items():
         dt = k.split("-", 1)[1] if k.startswith("store-") else None
         rows.append({"pass": k, "seconds": s, "images_per_s": n / s, "ratio_vs_bare": s / secs["bare"],
-                     "wall_seconds": wall[k], "wall_ratio_vs_bare": wall[k] / wall["bare"], "round_seconds": times[k], "bytes_per_value": disk[dt]["bytes_per_value"] if dt else None})
+                     "wall_seconds": wall[k], "wall_ratio_vs_bare": wall[k] / wall["bare"], "round_seconds": times[k],
+                     "bytes_per_value": disk[dt]["bytes_per_value"] if dt else None})
     store_ratios = [r["ratio_vs_bare"] for r in rows if r["pass"].startswith("store-")]
     ok = bool(store_ratios) and max(store_ratios) <= 1.10
 
@@ -140,7 +142,8 @@ def main(argv=None) -> int:
         print(f"{r['pass']:<16} {r['images_per_s']:>8.2f} {r['ratio_vs_bare']:>11.3f}x "
               f"{r['wall_ratio_vs_bare']:>11.3f}x {bpv:>12}")
     for dt, d in disk.items():
-        print(f"{dt}: {d['shard_bytes']:,} shard bytes for {d['values']:,} values ({d['bytes_per_image'] / 2**20:.2f} MiB/image)")
+        print(f"{dt}: {d['shard_bytes']:,} shard bytes for {d['values']:,} values ({d['bytes_per_image'] / 2**20:.2f} "
+              "MiB/image)")
     print(f"target store time <= 1.10x bare: {'MET' if ok else 'NOT MET'}")
 
     if args.out:

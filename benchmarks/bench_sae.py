@@ -68,11 +68,14 @@ def get_activations(args) -> tuple[torch.Tensor, str]:
         try:
             from vitpos.analysis.forward import capture_patch_tokens
 
-            probe = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train", n_images=1)
+            probe = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train",
+                                         n_images=1)
             n_images = math.ceil(need / probe.shape[1])
-            acts = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train", n_images=n_images)
+            acts = capture_patch_tokens(spec=args.spec, site="resid_post", layer=2, data="shapes", split="train",
+                                        n_images=n_images)
             x = acts.reshape(-1, acts.shape[-1]).float()[:need]
-            return x, f"vitpos.analysis.forward {args.spec} resid_post layer 2, shapes/train, {n_images} images x {acts.shape[1]} patches"
+            return x, (f"vitpos.analysis.forward {args.spec} resid_post layer 2, shapes/train, {n_images} images x "
+                       f"{acts.shape[1]} patches")
         except Exception as e:  # any failure: fall back, and say why
             if args.source == "model":
                 raise
@@ -80,7 +83,8 @@ def get_activations(args) -> tuple[torch.Tensor, str]:
     else:
         why = "--source synthetic"
     x = synthetic_tokens(need, args.d, n_dirs=2 * args.expansion * args.d, active=args.k // 2)
-    return x, f"synthetic planted-sparse ({2 * args.expansion * args.d} dirs, {args.k // 2} active/token; model capture unavailable: {why})"
+    return x, (f"synthetic planted-sparse ({2 * args.expansion * args.d} dirs, {args.k // 2} active/token; model "
+               f"capture unavailable: {why})")
 
 
 def batches_of(x: torch.Tensor, b: int) -> list[torch.Tensor]:
@@ -106,7 +110,8 @@ def run_vitpos(train, eval_x, args, lr) -> dict:
     m = sae_metrics(sae, batches_of(eval_x, 4096) or [eval_x])
     with torch.no_grad():
         check = fvu_of(eval_x, sae.decode(sae.encode(eval_x)))  # same scorer as the peers
-    return {"trainer": "vitpos", "lr": lr, "seconds": log.seconds, "cpu_seconds": cpu, "tokens": log.tokens, "fvu": check, "l0": m["l0"],
+    return {"trainer": "vitpos", "lr": lr, "seconds": log.seconds, "cpu_seconds": cpu, "tokens": log.tokens,
+            "fvu": check, "l0": m["l0"],
             "dead_frac": m["dead_frac"], "fvu_sae_metrics": m["fvu"]}
 
 
@@ -145,7 +150,8 @@ def run_torch_peer(train, eval_x, args, lr) -> dict:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     with torch.no_grad():
         x_hat, z = forward(eval_x)
-    return {"trainer": "torch (textbook TopK)", "lr": lr, "seconds": seconds, "cpu_seconds": cpu, "tokens": tokens, "fvu": fvu_of(eval_x, x_hat),
+    return {"trainer": "torch (textbook TopK)", "lr": lr, "seconds": seconds, "cpu_seconds": cpu, "tokens": tokens,
+            "fvu": fvu_of(eval_x, x_hat),
             "l0": float((z != 0).sum(1).float().mean()), "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
 
 
@@ -178,7 +184,8 @@ def saelens_worker(data_file: str, params_file: str, out_file: str) -> None:
         for _ in range(p["epochs"]):
             yield from batches
 
-    tcfg = SAETrainerConfig(total_training_samples=n_steps * p["batch"], train_batch_size_samples=p["batch"], lr=p["lr"], lr_end=p["lr"] / 10,
+    tcfg = SAETrainerConfig(total_training_samples=n_steps * p["batch"], train_batch_size_samples=p["batch"],
+                            lr=p["lr"], lr_end=p["lr"] / 10,
                             device="cpu", dead_feature_window=max(1, p["dead_tokens"] // p["batch"]),
                             feature_sampling_window=max(1, n_steps), logger=LoggingConfig(log_to_wandb=False))
     trainer = SAETrainer(tcfg, sae, provider())
@@ -189,8 +196,10 @@ def saelens_worker(data_file: str, params_file: str, out_file: str) -> None:
         z = sae.encode(eval_x)
         z = z.to_dense() if z.is_sparse else z
         x_hat = sae.decode(z)
-    res = {"trainer": f"saelens {sae_lens.__version__}" + (" (sparse acts)" if p["sparse"] else ""), "lr": p["lr"], "seconds": seconds,
-           "cpu_seconds": cpu, "tokens": n_steps * p["batch"], "fvu": fvu_of(eval_x, x_hat), "l0": float((z != 0).sum(1).float().mean()),
+    res = {"trainer": f"saelens {sae_lens.__version__}" + (" (sparse acts)" if p["sparse"] else ""), "lr": p["lr"],
+           "seconds": seconds,
+           "cpu_seconds": cpu, "tokens": n_steps * p["batch"], "fvu": fvu_of(eval_x, x_hat),
+           "l0": float((z != 0).sum(1).float().mean()),
            "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
     Path(out_file).write_text(json.dumps(res))
 
@@ -198,15 +207,18 @@ def saelens_worker(data_file: str, params_file: str, out_file: str) -> None:
 def run_saelens_peer(train, eval_x, args, lr, sparse: bool) -> dict:
     py = args.saelens_python
     if not Path(py).is_file():
-        return {"trainer": "saelens", "skipped": f"no SAELens interpreter at {py} (make one: python3 -m venv, a .pth to "
+        return {"trainer": "saelens",
+                "skipped": f"no SAELens interpreter at {py} (make one: python3 -m venv, a .pth to "
                                                  "the project site-packages for torch, pip install sae-lens)"}
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory() as tmp:
         data, params, out = (os.path.join(tmp, n) for n in ("data.safetensors", "params.json", "out.json"))
         save_file({"train": train.contiguous(), "eval": eval_x.contiguous()}, data)
-        Path(params).write_text(json.dumps({"expansion": args.expansion, "k": args.k, "batch": args.batch, "epochs": args.epochs,
-                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens, "sparse": sparse}))
+        Path(params).write_text(json.dumps({"expansion": args.expansion, "k": args.k, "batch": args.batch,
+                                            "epochs": args.epochs,
+                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens,
+                                            "sparse": sparse}))
         proc = subprocess.run([py, __file__, "--_saelens-worker", data, params, out], capture_output=True, text=True)
         if proc.returncode != 0 or not Path(out).is_file():
             lines = (proc.stderr or proc.stdout).strip().splitlines()
@@ -227,13 +239,16 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=None, help="default: vitpos' default_lr(F) (2e-3 at F <= 768), used for every trainer")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: vitpos' default_lr(F) (2e-3 at F <= 768), used for every trainer")
     ap.add_argument("--saelens-lr", type=float, default=None,
-                    help="SAELens' lr only (default: the same --lr); its own runner default is 3e-4: its decoder starts at "
-                         "norm 0.1 and is not kept unit-norm, so one lr is not one step size for it and the others")
+                    help="SAELens' lr only (default: the same --lr); its own runner default is 3e-4: its decoder "
+                         "starts at norm 0.1 and is not kept unit-norm, so one lr is not one step size for it and "
+                         "the others")
     ap.add_argument("--dead-tokens", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=1, help="runs per trainer, interleaved; best CPU / median wall time reported")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per trainer, interleaved; best CPU / median wall time reported")
     ap.add_argument("--source", choices=["auto", "model", "synthetic"], default="auto")
     ap.add_argument("--spec", default="builtin:ape")
     ap.add_argument("--peers", default="saelens,torch", help="comma list of: saelens, saelens-sparse, torch")
@@ -281,11 +296,11 @@ def main(argv=None) -> int:
                 continue
             r = run(name)
             runs[name].append(r)
-            print(f"  [{rep + 1}/{args.repeat}] {r['trainer']}: " + (f"{r['cpu_seconds']:.1f} CPU s, {r['seconds']:.1f} s wall, "
-                                                                   f"FVU {r['fvu']:.4f}" if "seconds" in r
-                                                                   else r["skipped"]), flush=True)
+            outcome = (f"{r['cpu_seconds']:.1f} CPU s, {r['seconds']:.1f} s wall, FVU {r['fvu']:.4f}" if "seconds" in r
+                       else r["skipped"])
+            print(f"  [{rep + 1}/{args.repeat}] {r['trainer']}: " + outcome, flush=True)
     results = []
-    for name, rs in runs.items():
+    for rs in runs.values():
         if "skipped" in rs[-1]:
             results.append(rs[-1])
             continue
@@ -297,8 +312,8 @@ def main(argv=None) -> int:
     # Speed is judged on CPU seconds (one thread each): on a shared machine wall time mostly
     # measures waiting for a core. Wall numbers are reported too.
     ours = results[0]
-    print(f"\n{'trainer':26s} {'lr':>7s} {'tok/CPU-s':>10s} {'tok/s wall':>10s} {'CPU s':>7s} {'wall s':>7s} {'FVU':>7s} {'L0':>5s} "
-          f"{'dead':>6s} {'vitpos speed-up':>15s}")
+    print(f"\n{'trainer':26s} {'lr':>7s} {'tok/CPU-s':>10s} {'tok/s wall':>10s} {'CPU s':>7s} {'wall s':>7s} "
+          f"{'FVU':>7s} {'L0':>5s} {'dead':>6s} {'vitpos speed-up':>15s}")
     for r in results:
         if "skipped" in r:
             print(f"{r['trainer']:26s} skipped: {r['skipped']}")
@@ -309,8 +324,9 @@ def main(argv=None) -> int:
             r["vitpos_speedup_cpu"] = r["cpu_seconds"] / ours["cpu_seconds"]  # >1: vitpos is faster
             r["vitpos_speedup_wall"] = r["seconds"] / ours["seconds"]
         speedup = f"{r['vitpos_speedup_cpu']:.2f}x ({r['vitpos_speedup_wall']:.2f}x wall)" if r is not ours else ""
-        print(f"{r['trainer']:26s} {r['lr']:7.1e} {r['tokens_per_cpu_s']:10.0f} {r['tokens_per_s']:10.0f} {r['cpu_seconds']:7.1f} "
-              f"{r['seconds']:7.1f} {r['fvu']:7.4f} {r['l0']:5.1f} {r['dead_frac']:6.1%} {speedup:>15s}")
+        print(f"{r['trainer']:26s} {r['lr']:7.1e} {r['tokens_per_cpu_s']:10.0f} {r['tokens_per_s']:10.0f} "
+              f"{r['cpu_seconds']:7.1f} {r['seconds']:7.1f} {r['fvu']:7.4f} {r['l0']:5.1f} {r['dead_frac']:6.1%} "
+              f"{speedup:>15s}")
     verdicts = []
     for r in results[1:]:
         if "skipped" in r:
@@ -320,8 +336,8 @@ def main(argv=None) -> int:
         faster = ours["cpu_seconds"] < r["cpu_seconds"]
         fvu_word = "equal within 0.01" if same else (f"better by {r['fvu'] - ours['fvu']:.3f}" if better
                                                      else f"WORSE by {ours['fvu'] - r['fvu']:.3f}")
-        verdicts.append(f"vs {r['trainer']}: {'faster' if faster else 'SLOWER'} ({r['vitpos_speedup_cpu']:.2f}x CPU time), "
-                        f"held-out FVU {fvu_word}")
+        verdicts.append(f"vs {r['trainer']}: {'faster' if faster else 'SLOWER'} ({r['vitpos_speedup_cpu']:.2f}x CPU "
+                        f"time), held-out FVU {fvu_word}")
     # Equal-FVU comparison: the same vitpos setup (same lr) trained for the fewest epochs whose
     # held-out FVU is at least as good as the peer's final one, against the peer's CPU time.
     for r in results[1:]:
@@ -330,7 +346,8 @@ def main(argv=None) -> int:
         first = 1 if r["fvu"] > ours["fvu"] else args.epochs + 1
         for e in range(first, 4 * args.epochs + 1):
             q = run_vitpos(train, eval_x, argparse.Namespace(**{**vars(args), "epochs": e}), lr)
-            print(f"  vitpos {e} epoch(s): {q['cpu_seconds']:.1f} CPU s, FVU {q['fvu']:.4f} (target {r['fvu']:.4f})", flush=True)
+            print(f"  vitpos {e} epoch(s): {q['cpu_seconds']:.1f} CPU s, FVU {q['fvu']:.4f} (target {r['fvu']:.4f})",
+                  flush=True)
             if q["fvu"] <= r["fvu"]:
                 r["vitpos_at_equal_fvu"] = {"epochs": e, "fvu": q["fvu"], "cpu_seconds": q["cpu_seconds"],
                                             "seconds": q["seconds"], "speedup_cpu": r["cpu_seconds"] / q["cpu_seconds"]}
@@ -339,12 +356,14 @@ def main(argv=None) -> int:
                                 f"{r['cpu_seconds'] / q['cpu_seconds']:.2f}x faster")
                 break
         else:
-            verdicts.append(f"vs {r['trainer']} at equal FVU: vitpos did not reach FVU {r['fvu']:.4f} within {4 * args.epochs} epochs")
+            verdicts.append(f"vs {r['trainer']} at equal FVU: vitpos did not reach FVU {r['fvu']:.4f} within "
+                            f"{4 * args.epochs} epochs")
     for v in verdicts:
         print(v)
     if args.out:
-        payload = {"source": source, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "_saelens_worker")},
-                   "lr": lr, "d_in": D, "d_sae": F, "torch": torch.__version__, "results": results, "verdicts": verdicts}
+        settings = {k: v for k, v in vars(args).items() if k not in ("out", "_saelens_worker")}
+        payload = {"source": source, "settings": settings, "lr": lr, "d_in": D, "d_sae": F, "torch": torch.__version__,
+                   "results": results, "verdicts": verdicts}
         payload["settings"]["saelens_python"] = str(args.saelens_python)
         from vitpos.io import write_json
 

@@ -22,9 +22,9 @@ large blocks go back to the OS and RSS follows live memory; with glibc's adaptiv
 Streaming means both columns stay flat from 1x to 16x; the script prints the ratio 16x / 1x per
 column (target <= 1.25 for memory; time per step within the machine's noise).
 
-    python benchmarks/bench_scaling.py [--model builtin:ape] [--data synthetic] [--site blocks.1.resid_post] [--malloc fixed|default]
-        [--images 1024] [--scales 1,4,16] [--batch-size 64] [--shard-images 128] [--batch-tokens 2048]
-        [--buffer-tokens 16384] [--threads 1] [--clock cpu|wall] [--workdir DIR] [--out FILE.json]
+    python benchmarks/bench_scaling.py [--model builtin:ape] [--data synthetic] [--site blocks.1.resid_post]
+        [--malloc fixed|default] [--images 1024] [--scales 1,4,16] [--batch-size 64] [--shard-images 128]
+        [--batch-tokens 2048] [--buffer-tokens 16384] [--threads 1] [--clock cpu|wall] [--workdir DIR] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ def worker(args) -> dict:
         capture_to_store(surface, ds.subset(args.batch_size), "train", args.site, Path(args.workdir) / "warm",
                          batch_size=args.batch_size, shard_images=args.shard_images, force=True, progress=False)
         steps = -(-args.n // args.batch_size)
-        run = lambda: capture_to_store(surface, ds, "train", args.site, store_dir, batch_size=args.batch_size,  # noqa: E731
-                                       shard_images=args.shard_images, force=True, progress=False)
+
+        def run():
+            capture_to_store(surface, ds, "train", args.site, store_dir, batch_size=args.batch_size,
+                             shard_images=args.shard_images, force=True, progress=False)
     else:
         store = ActivationStore(store_dir)
         site = store.sites[0]
@@ -123,7 +125,8 @@ def worker(args) -> dict:
                     yield acts
 
         train_sae([torch.randn(args.batch_tokens, d)] * 2, cfg, steps=2, progress=False)  # warm-up
-        run = lambda: train_sae(batches, cfg, epochs=1, progress=False)  # noqa: E731
+        def run():
+            train_sae(batches, cfg, epochs=1, progress=False)
     base = _rss_kib("VmRSS")
     exact = _reset_peak()
     c0, w0 = time.process_time(), time.perf_counter()
@@ -142,9 +145,11 @@ def main() -> None:
     p.add_argument("--data", default="synthetic", help="synthetic (random images made per batch) or a dataset name")
     p.add_argument("--malloc", choices=["fixed", "default"], default="fixed",
                    help="fixed: MALLOC_MMAP_THRESHOLD_=1 MiB in the workers (glibc returns freed large blocks at "
-                        "once, so RSS tracks live memory); default: glibc's adaptive threshold (RSS also holds freed heap)")
+                        "once, so RSS tracks live memory); default: glibc's adaptive threshold (RSS also holds freed "
+                        "heap)")
     p.add_argument("--site", default="blocks.1.resid_post")
-    p.add_argument("--images", type=int, default=1024, help="images at scale 1x (8 shards: the shuffle buffer reaches its steady state)")
+    p.add_argument("--images", type=int, default=1024,
+                   help="images at scale 1x (8 shards: the shuffle buffer reaches its steady state)")
     p.add_argument("--scales", default="1,4,16")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--shard-images", type=int, default=128)
@@ -191,7 +196,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{stage:8s} {s:>3d}x  {n:6d} images  {row['steps']:5d} steps  "
                       f"{row[args.clock + '_ms_per_step']:8.2f} ms/step ({args.clock})  "
-                      f"peak +{row['peak_over_baseline_mib']:7.1f} MiB over {row['baseline_rss_mib']:.0f} MiB", flush=True)
+                      f"peak +{row['peak_over_baseline_mib']:7.1f} MiB over {row['baseline_rss_mib']:.0f} MiB",
+                      flush=True)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -200,8 +206,8 @@ def main() -> None:
     print(f"| stage | scale | images | steps | {args.clock} ms/step | wall ms/step | peak RSS over baseline (MiB) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['stage']} | {r['scale']}x | {r['images']} | {r['steps']} | {r[key]:.2f} | {r['wall_ms_per_step']:.2f} | "
-              f"{r['peak_over_baseline_mib']:.1f} |")
+        print(f"| {r['stage']} | {r['scale']}x | {r['images']} | {r['steps']} | {r[key]:.2f} | "
+              f"{r['wall_ms_per_step']:.2f} | {r['peak_over_baseline_mib']:.1f} |")
     verdict = {}
     for stage in ("capture", "sae"):
         rs = [r for r in rows if r["stage"] == stage]
@@ -215,8 +221,11 @@ def main() -> None:
     if args.out:
         from vitpos.io import write_json
 
-        write_json(args.out, {"benchmark": "scaling", "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n", "stage")},
-                              "rows": rows, "verdict": verdict, "torch": torch.__version__, "python": platform.python_version(),
+        write_json(args.out,
+                   {"benchmark": "scaling",
+                    "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "n", "stage")},
+                              "rows": rows, "verdict": verdict, "torch": torch.__version__,
+                    "python": platform.python_version(),
                               "machine": platform.machine()})
 
 

@@ -7,9 +7,11 @@ as `vitpos train` (AdamW with decay/no-decay groups, cross-entropy, grad-norm cl
 shapes batches. Models are timed in interleaved rounds and the best round is kept (on a shared
 machine, interference only ever slows a round down). By default the clock is the process CPU time
 (`--clock cpu`; with one thread it equals wall time on an idle machine, and it does not count time
-spent descheduled by other jobs); `--clock wall` uses wall time. Both are recorded. ratio = own img/s / peer img/s (1.0 = as fast as bare timm).
+spent descheduled by other jobs); `--clock wall` uses wall time. Both are recorded. ratio = own
+img/s / peer img/s (1.0 = as fast as bare timm).
 
-    python benchmarks/bench_train.py [--steps 12] [--rounds 6] [--batch-size 128] [--threads 1] [--clock cpu|wall] [--out FILE.json]
+    python benchmarks/bench_train.py [--steps 12] [--rounds 6] [--batch-size 128] [--threads 1] [--clock cpu|wall]
+        [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -113,9 +115,11 @@ def main(argv=None) -> int:
 
     if args.out:
         write_json(args.out, {
-            "benchmark": "train", "peer": PEER, "config": cfg0.model_dump(exclude={"pe"}), "batch_size": args.batch_size,
+            "benchmark": "train", "peer": PEER, "config": cfg0.model_dump(exclude={"pe"}),
+            "batch_size": args.batch_size,
             "threads": args.threads, "rounds": args.rounds, "steps_per_round": per_round, "warmup": args.warmup,
-            "clock": args.clock, "rows": rows, "python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
+            "clock": args.clock, "rows": rows, "python": platform.python_version(), "torch": torch.__version__,
+            "timm": timm.__version__,
         })
     return 0
 

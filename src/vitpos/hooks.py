@@ -11,8 +11,8 @@ body raises; contexts nest and compose (edits apply in the order they were enter
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ class _Registry:
 def _unfuse(reg: _Registry, attn: nn.Module) -> None:
     """Attention patterns exist only on timm's unfused path; switch it for this context only."""
     if getattr(attn, "fused_attn", False):
-        attn.fused_attn = False
+        setattr(attn, "fused_attn", False)  # noqa: B010 - Module.__setattr__ is typed for Tensor/Module values
         reg.restores.append(lambda: setattr(attn, "fused_attn", True))
 
 
@@ -55,11 +55,20 @@ def _as_sites(surface: ModelSurface, sites: Iterable[str | Site] | str) -> list[
     return out
 
 
-def _attach(surface: ModelSurface, reg: _Registry, site: Site, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+def _on_output(fn: Callable[[torch.Tensor], torch.Tensor | None]):
+    """A forward hook handing the module's output to fn (a returned tensor replaces the output)."""
+
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        return fn(out)
+    return hook
+
+
+def _attach(surface: ModelSurface, reg: _Registry, site: Site,
+            fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
     """Attach fn to a site: fn sees the site's tensor; a returned tensor replaces it."""
     name, layer = site.name, site.layer
     if name == "embed":
-        reg.handles.append(surface.embed_module().register_forward_hook(lambda m, a, out: fn(out)))
+        reg.handles.append(surface.embed_module().register_forward_hook(_on_output(fn)))
         return
     if name == "pos_embed":
         raise AssertionError("pos_embed is handled without hooks")
@@ -72,32 +81,32 @@ def _attach(surface: ModelSurface, reg: _Registry, site: Site, fn: Callable[[tor
             return None if new is None else ((new, *args[1:]), kwargs)
         reg.handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True))
     elif name == "resid_post":
-        reg.handles.append(blk.register_forward_hook(lambda m, a, out: fn(out)))
+        reg.handles.append(blk.register_forward_hook(_on_output(fn)))
     elif name == "resid_mid":
-        reg.handles.append(blk.norm2.register_forward_pre_hook(lambda m, args: (fn(args[0]), None)[1]))
+        reg.handles.append(blk.get_submodule("norm2").register_forward_pre_hook(lambda m, args: (fn(args[0]), None)[1]))
     elif name == "attn_out":
-        reg.handles.append(attn.register_forward_hook(lambda m, a, out: fn(out)))
+        reg.handles.append(attn.register_forward_hook(_on_output(fn)))
     elif name == "mlp_out":
-        reg.handles.append(blk.mlp.register_forward_hook(lambda m, a, out: fn(out)))
+        reg.handles.append(blk.get_submodule("mlp").register_forward_hook(_on_output(fn)))
     elif name in ("q", "k"):
-        mod = attn.q_norm if name == "q" else attn.k_norm
-        reg.handles.append(mod.register_forward_hook(lambda m, a, out: fn(out)))
+        mod = attn.get_submodule("q_norm" if name == "q" else "k_norm")
+        reg.handles.append(mod.register_forward_hook(_on_output(fn)))
     elif name in ("q_rot", "k_rot"):
         # the rope tensor attention receives (after any rope edit on the block) is recorded first
         seen: dict[str, torch.Tensor | None] = {}
         reg.handles.append(attn.register_forward_pre_hook(
             lambda m, args, kwargs: seen.__setitem__("rope", kwargs.get("rope")), with_kwargs=True))
-        mod = attn.q_norm if name == "q_rot" else attn.k_norm
+        mod = attn.get_submodule("q_norm" if name == "q_rot" else "k_norm")
         reg.handles.append(mod.register_forward_hook(
             lambda m, a, out: (fn(surface.apply_rope(out, seen.get("rope"))), None)[1]))
     elif name == "attn_pattern":
         _unfuse(reg, attn)
-        reg.handles.append(attn.attn_drop.register_forward_hook(lambda m, a, out: fn(out)))
+        reg.handles.append(attn.get_submodule("attn_drop").register_forward_hook(_on_output(fn)))
     else:
         raise VitposError(f"unknown site {site}")
 
 
-class CaptureCache(dict):
+class CaptureCache(dict[str, torch.Tensor]):
     """Captured tensors by site name; batches from repeated forwards are concatenated on read."""
 
     def __init__(self, fixed: dict[str, torch.Tensor], parts: dict[str, list[torch.Tensor]]):
@@ -124,7 +133,7 @@ class CaptureCache(dict):
 
 @contextmanager
 def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu: bool = True,
-            tokens: slice | None = None) -> Iterator[dict[str, torch.Tensor]]:
+            tokens: slice | None = None) -> Iterator[CaptureCache]:
     """Record sites into a dict keyed by site name; repeated forwards append along the batch.
 
     tokens: optional slice over the token axis (e.g. patches only) to keep memory down."""
@@ -164,7 +173,8 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
             sites = [key] if isinstance(key, Site) else _as_sites(surface, key)
             for site in sites:
                 if site.name in CAPTURE_ONLY:
-                    raise VitposError(f"site {site} can be captured but not edited; edit resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
+                    raise VitposError(f"site {site} can be captured but not edited; edit "
+                                      "resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
                 _attach(surface, reg, site, fn)
         yield
     finally:
@@ -172,13 +182,15 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
 
 
 @contextmanager
-def remove_rope(surface: ModelSurface, remove: dict[Axis, list[int] | None], layers: Iterable[int] | None = None) -> Iterator[None]:
+def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
+                layers: Iterable[int] | None = None) -> Iterator[None]:
     """Remove RoPE axes: remove = {'row': heads or None (all heads), 'col': ...}, in `layers` (None = all).
 
     The rotary tensor passed to each chosen block is rebuilt with that axis coordinate set to 0
     (identity for axial channels, the axis term dropped for mixed RoPE), in q and k alike."""
     if not surface.has_rope:
-        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE model")
+        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE "
+                          "model")
     for axis in remove:
         if axis not in AXES:
             raise VitposError(f"unknown axis {axis!r}; use row or col")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -50,7 +51,8 @@ def read_json(path: str | Path) -> Any:
         raise VitposError(f"{path} is not valid JSON ({e}); delete it and rerun the step that writes it") from e
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor],
+                      metadata: dict[str, str] | None = None) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
@@ -75,7 +77,7 @@ def fault_point(name: str) -> None:
     VITPOS_FAULT=NAME ends the process with os._exit(137) (no cleanup, no atexit handlers, no
     buffer flushes: what SIGKILL would leave) the first time it reaches fault_point(NAME);
     VITPOS_FAULT=NAME@N the N-th time. Without VITPOS_FAULT (always, outside tests) it does
-    nothing. tests/test_train_atomic.py uses it to kill `vitpos train` between the writes of a
+    nothing. tests/integration/test_train_atomic.py uses it to kill `vitpos train` between the writes of a
     checkpoint and check that the rerun still ends with the uninterrupted run's model.
     """
     spec = os.environ.get("VITPOS_FAULT")

@@ -29,7 +29,7 @@ def axial_channel_axis(emb: torch.Tensor, grid: tuple[int, int], atol: float = 1
     varies_rows = (e - e[:1]).abs().amax(dim=(0, 1, 2)) > atol  # (d,)
     varies_cols = (e - e[:, :1]).abs().amax(dim=(0, 1, 2)) > atol
     axes = []
-    for r, c in zip(varies_rows.tolist(), varies_cols.tolist()):
+    for r, c in zip(varies_rows.tolist(), varies_cols.tolist(), strict=True):
         if r and c:
             raise VitposError("rotary tensor mixes both axes in one channel: this is not axial RoPE")
         axes.append("row" if r else "col" if c else "none")
@@ -61,6 +61,7 @@ def mixed_grid_axes(grid: tuple[int, int], grid_indexing: str) -> tuple[torch.Te
     raise VitposError(f"cannot tell the row coordinate of timm's mixed RoPE grid (indexing {grid_indexing!r})")
 
 
-def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool, drop_y: bool) -> torch.Tensor:
+def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool,
+                drop_y: bool) -> torch.Tensor:
     """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
     return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))

@@ -26,7 +26,8 @@ DEFAULT_EPOCHS, QUICK_EPOCHS = 3, 2
 CHECKPOINT = "checkpoint"  # OUT/checkpoint/: model.safetensors, optim.safetensors, state.json
 
 
-def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str, quick: bool) -> dict:
+def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, data: str,
+             quick: bool) -> dict:
     return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 warmup_epochs=warmup_epochs, seed=seed, data=data, quick=quick)
 
@@ -146,8 +147,10 @@ def train(
     patch = 4
     if info.image_size[0] % patch:
         raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}")
-    cfg = OwnViTConfig(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
-                       num_classes=info.num_classes, **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})})
+    # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
+                                           num_classes=info.num_classes,
+                                           **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})}))
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
 
@@ -203,16 +206,20 @@ def train(
                 opt.step()
                 loss_sum += float(loss.detach()) * len(y)
                 n_seen += len(y)
-                bar.update(task, advance=1, description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
+                bar.update(task, advance=1,
+                           description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
             val = accuracy(model, val_set)
             seconds += time.time() - t0
             history.append({"epoch": epoch + 1, "train_loss": loss_sum / n_seen, "val_top1": val})
-            _save_checkpoint(out, model, opt, {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
+            _save_checkpoint(out, model, opt,
+                             {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
     test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
     metrics = {
-        "pe": pe, "data": data, "test_top1": accuracy(model, test_set), "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
-        "epochs": epochs, "seconds": round(seconds, 1), "seed": seed, "n_train": len(train_set), "n_test": len(test_set),
+        "pe": pe, "data": data, "test_top1": accuracy(model, test_set),
+        "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
+        "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
+        "n_train": len(train_set), "n_test": len(test_set),
         "history": history,
     }
     save_own_model(out, model, cfg, extra={"train": hp})

@@ -22,13 +22,14 @@ evaluation, the covariance preconditioner removes the anisotropy, the l2 path ca
 starts and curvature pairs, and logits live as (classes, tokens) so softmax reductions run over
 contiguous rows. That gives 5-30 evaluations per fit and 14-111x less CPU time at equal test
 accuracy (benchmarks/bench_probes.py: same features, split and l2 grid; numbers in
-benchmarks/README.md), and the fit runs in torch on the features' device. tests/test_lbfgs.py
+benchmarks/README.md), and the fit runs in torch on the features' device. tests/unit/test_lbfgs.py
 checks that each head lands on scikit-learn's optimum.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -122,7 +123,8 @@ class SoftmaxHeads:
         self.targets = [y.to(xt.device) for y in targets]
         # Transposed one-hot targets, so d loss / d logits is a plain subtraction, and each
         # token's true-class logit as one gather from the flattened (K, N) logits.
-        self.onehots = [F.one_hot(y, k).T.to(xt.dtype).contiguous() for y, k in zip(self.targets, self.num_classes)]
+        self.onehots = [F.one_hot(y, k).T.to(xt.dtype).contiguous()
+                        for y, k in zip(self.targets, self.num_classes, strict=False)]
         tokens = torch.arange(self.n, device=xt.device)
         self.true_idx = [y * self.n + tokens for y in self.targets]
         self.curv = [0.5] * len(self.num_classes)  # softmax curvature per head, see head_values()
@@ -134,7 +136,7 @@ class SoftmaxHeads:
         logits = w.T @ self.xt  # (sum K, N)
         fs = []
         start = 0
-        for theta, h in zip(thetas, heads):
+        for theta, h in zip(thetas, heads, strict=True):
             k = self.num_classes[h]
             z = logits[start : start + k]  # (K, N), contiguous rows
             start += k
@@ -158,7 +160,7 @@ class SoftmaxHeads:
         """Gradient of each head in `heads`, from `head_values`' stacked residuals."""
         g = (self.xt @ resid.T).div_(self.n)
         out, start = [], 0
-        for theta, h in zip(thetas, heads):
+        for theta, h in zip(thetas, heads, strict=True):
             k = self.num_classes[h]
             gh = g[:, start : start + k].contiguous()
             start += k
@@ -211,10 +213,21 @@ class HeadLBFGS:
         self.design = design
         self.theta = theta
         self.f = math.inf
-        self.g: torch.Tensor | None = None
+        self._g: torch.Tensor | None = None
         self.history = history
         self.s = theta.new_zeros(0, theta.numel(), dtype=torch.float64)
         self.y = theta.new_zeros(0, theta.numel(), dtype=torch.float64)
+
+    @property
+    def g(self) -> torch.Tensor:
+        """The gradient at `theta`; set by the optimiser before any direction is asked for."""
+        if self._g is None:
+            raise RuntimeError("HeadLBFGS.g is read before a gradient was set")
+        return self._g
+
+    @g.setter
+    def g(self, value: torch.Tensor) -> None:
+        self._g = value
 
     def push(self, s: torch.Tensor, y: torch.Tensor) -> None:
         s, y = self.design.rotate(s).reshape(1, -1), self.design.rotate(y).reshape(1, -1)
@@ -252,7 +265,7 @@ class HeadLBFGS:
         shape = self.g.shape
         q = -self.design.rotate(self.g).reshape(-1)
         alphas = []
-        for s, y in zip(reversed(self.s), reversed(self.y)):
+        for s, y in zip(reversed(self.s), reversed(self.y), strict=True):
             a = float(s @ q) / float(s @ y)
             alphas.append(a)
             q -= a * y
@@ -262,7 +275,7 @@ class HeadLBFGS:
             s_new, y_new = self.s[-1], self.y[-1]
             my = y_new if m_diag is None else y_new * m_diag.double().expand_as(self.g).reshape(-1)
             q = q * (float(s_new @ y_new) / float(my @ y_new))
-        for (s, y), a in zip(zip(self.s, self.y), reversed(alphas)):
+        for (s, y), a in zip(zip(self.s, self.y, strict=True), reversed(alphas), strict=True):
             q += (a - float(y @ q) / float(s @ y)) * s
         return self._back(q, shape)
 
@@ -299,7 +312,7 @@ def lbfgs_heads(
     ]
     old = memory.get("heads") if memory else None
     if old is not None and [m["k"] for m in old] == obj.num_classes:
-        for st, m, l2 in zip(states, old, obj.l2s):
+        for st, m, l2 in zip(states, old, obj.l2s, strict=True):
             if m["s"].shape[0]:
                 weights = torch.ones(st.theta.shape, device=st.theta.device, dtype=torch.float64)
                 weights[-1] = 0.0  # the bias is unpenalised
@@ -309,7 +322,7 @@ def lbfgs_heads(
                 st.s, st.y = st.s[keep][-history:], st.y[keep][-history:]
     heads = list(range(nh))
     fs, resid = obj.head_values([st.theta for st in states], heads)
-    for st, f, g in zip(states, fs, obj.head_grads([st.theta for st in states], heads, resid)):
+    for st, f, g in zip(states, fs, obj.head_grads([st.theta for st in states], heads, resid), strict=True):
         st.f, st.g = f, g
     active = [h for h in heads if float(states[h].g.abs().max()) > tol]
     it = 0
@@ -335,7 +348,7 @@ def lbfgs_heads(
             trial = [torch.add(states[h].theta, steps[h], alpha=t[h]) for h in pending]
             new_fs, new_resid = obj.head_values(trial, pending)
             retry, start = [], 0
-            for h, th, f in zip(pending, trial, new_fs):
+            for h, th, f in zip(pending, trial, new_fs, strict=True):
                 k = obj.num_classes[h]
                 if f <= states[h].f + 1e-4 * t[h] * slopes[h]:
                     accepted[h] = (th, f, new_resid[start : start + k])
@@ -354,7 +367,7 @@ def lbfgs_heads(
         rows = [accepted[h][2] for h in moved]
         new_gs = obj.head_grads([accepted[h][0] for h in moved], moved, rows[0] if len(rows) == 1 else torch.cat(rows))
         still = []
-        for h, new_g in zip(moved, new_gs):
+        for h, new_g in zip(moved, new_gs, strict=True):
             st = states[h]
             new_theta, new_f, _ = accepted[h]
             st.push(new_theta - st.theta, new_g - st.g)
@@ -365,17 +378,18 @@ def lbfgs_heads(
         active = still
     if memory is not None:
         memory["heads"] = [
-            {"k": k, "l2": l2, "s": st.s, "y": st.y} for k, l2, st in zip(obj.num_classes, obj.l2s, states)
+            {"k": k, "l2": l2, "s": st.s, "y": st.y}
+            for k, l2, st in zip(obj.num_classes, obj.l2s, states, strict=False)
         ]
     return torch.cat([st.theta for st in states], 1), it
 
 
 def fit_softmax_heads(
-    xs: "torch.Tensor | Design",
+    xs: torch.Tensor | Design,
     targets: list[torch.Tensor],
     num_classes: list[int],
     l2s: list[float],
-    init: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    init: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
     *,
     max_iter: int = 200,
     tol: float = 1e-4,
@@ -391,7 +405,7 @@ def fit_softmax_heads(
     obj = SoftmaxHeads(design, targets, num_classes, l2s)
     xt = design.xt
     theta = torch.zeros(xt.shape[0], sum(num_classes), device=xt.device, dtype=xt.dtype)
-    for sl, start in zip(obj.slices, init or []):
+    for sl, start in zip(obj.slices, init or [], strict=False):
         if start is not None:
             theta[:-1, sl] = start[0].to(theta)
             theta[-1, sl] = start[1].to(theta)

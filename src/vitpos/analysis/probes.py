@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from vitpos.analysis.lbfgs import Design, all_finite, fit_softmax_heads, standardise_stats, standardised_design
 from vitpos.analysis.probe_results import LayerProbeResults, ProbeResult
-from vitpos.runtime.device import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
 from vitpos.errors import VitposError
-
+from vitpos.runtime.device import full_precision, resolve_device  # device/amp plumbing (docs/distributed.md)
 
 DEFAULT_L2_GRID: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 # Training tokens are capped: L-BFGS cost is linear in tokens, and ~50k tokens already give
@@ -238,15 +238,17 @@ class LinearProbe:
             )
         return features.reshape(-1, features.shape[-1]), labels.reshape(-1).long()
 
-    def _require_fitted(self, d: int) -> None:
-        if self.weight is None:
+    def _require_fitted(self, d: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weight, bias, mean, std) of a fitted probe; d, when given, must be the fitted width."""
+        if self.weight is None or self.bias is None or self.mean is None or self.std is None:
             raise VitposError("this probe is not fitted; call fit() or build it with LinearProbe.from_state_dict()")
-        if d != self.weight.shape[0]:
+        if d is not None and d != self.weight.shape[0]:
             raise VitposError(f"features have D={d} but the probe was fitted on D={self.weight.shape[0]}")
+        return self.weight, self.bias, self.mean, self.std
 
     # -- API -------------------------------------------------------------------------------------
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor | None = None, *, device=None) -> "LinearProbe":
+    def fit(self, features: torch.Tensor, labels: torch.Tensor | None = None, *, device=None) -> LinearProbe:
         """Fit on (..., D) features with (...) labels (or position-derived labels, see class doc)."""
         x, y = self._tokens_and_labels(features, labels)
         if y.numel() == 0:
@@ -273,8 +275,7 @@ class LinearProbe:
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """(..., K) logits for (..., D) features of any float dtype / device."""
         features = _check_features(features)
-        self._require_fitted(features.shape[-1])
-        w, b = _folded(self.weight, self.bias, self.mean, self.std)
+        w, b = _folded(*self._require_fitted(features.shape[-1]))
         w, b = w.to(features.device), b.to(features.device)
         x = features.reshape(-1, features.shape[-1])
         out = torch.cat(
@@ -295,12 +296,12 @@ class LinearProbe:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """All tensors (safetensors-friendly): weight, bias, mean, std, l2, num_classes[, position_labels]."""
-        self._require_fitted(self.weight.shape[0] if self.weight is not None else -1)
+        weight, bias, mean, std = self._require_fitted(None)
         sd = {
-            "weight": self.weight.clone(),
-            "bias": self.bias.clone(),
-            "mean": self.mean.clone(),
-            "std": self.std.clone(),
+            "weight": weight.clone(),
+            "bias": bias.clone(),
+            "mean": mean.clone(),
+            "std": std.clone(),
             "l2": torch.tensor(self.l2, dtype=torch.float64),
             "num_classes": torch.tensor(self.num_classes, dtype=torch.int64),
         }
@@ -309,7 +310,7 @@ class LinearProbe:
         return sd
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "LinearProbe":
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> LinearProbe:
         missing = {"weight", "bias", "mean", "std", "l2", "num_classes"} - set(sd)
         if missing:
             raise VitposError(f"probe state dict lacks {sorted(missing)}; save it with LinearProbe.state_dict()")
@@ -430,7 +431,7 @@ def fit_position_probes(
             xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
         )
         accs = _head_accuracies(features, split.val, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
-        for t, acc, head in zip(("row", "col"), accs, heads):
+        for t, acc, head in zip(("row", "col"), accs, heads, strict=True):
             val_by_l2[t][l2] = acc
             # Strict '>' keeps the larger (safer) l2 on ties.
             if t not in best or acc > best[t][0]:
@@ -450,10 +451,10 @@ def fit_position_probes(
         xs_train, [y.to(dev)[patch_dev] for y in labels], sizes, l2s, init, max_iter=max_iter, tol=tol
     )
     del xs_train
-    test_acc = dict(zip(names, _head_accuracies(features, split.test, final, labels, mean, std, dev)))
+    test_acc = dict(zip(names, _head_accuracies(features, split.test, final, labels, mean, std, dev), strict=True))
 
     probes = {}
-    for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s):
+    for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s, strict=True):
         probe = LinearProbe(k, l2, position_labels=y, max_iter=max_iter, tol=tol)
         probe._set(wt, bs, mean, std)
         probes[name] = probe
@@ -506,7 +507,7 @@ def probe_layers(
     if not isinstance(features_by_layer, dict) or not features_by_layer:
         raise VitposError("features_by_layer must be a non-empty dict {layer: (num_images, num_patches, D) tensor}")
     layers = sorted(features_by_layer)
-    shapes = {l: tuple(getattr(features_by_layer[l], "shape", ())) for l in layers}
+    shapes = {layer: tuple(getattr(features_by_layer[layer], "shape", ())) for layer in layers}
     n_imgs = {s[0] if s else None for s in shapes.values()}
     if len(n_imgs) != 1:
         raise VitposError(f"every layer must hold the same images, got shapes {shapes}")
@@ -516,4 +517,4 @@ def probe_layers(
             results.append(fit_position_probes(features_by_layer[layer], grid, **kw))
         except VitposError as e:
             raise VitposError(f"layer {layer}: {e}") from e
-    return LayerProbeResults(layers=[int(l) for l in layers], results=results)
+    return LayerProbeResults(layers=[int(layer) for layer in layers], results=results)

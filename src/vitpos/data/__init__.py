@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 from vitpos.data import digits, fashion, imagefolder, shapes
 from vitpos.data.base import SPLITS, DatasetInfo, TensorImageDataset, split_seed, to_float

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch.utils.data import Dataset
@@ -36,10 +36,19 @@ def to_float(images_uint8: torch.Tensor) -> torch.Tensor:
     return images_uint8.float().div_(127.5).sub_(1.0)
 
 
-class TensorImageDataset(Dataset):
-    """One split held in memory as uint8 (N, C, H, W) images and int64 (N,) labels."""
+BatchTransform = Callable[[torch.Tensor], torch.Tensor]  # uint8 (B, C, H, W) -> float (B, C', H', W')
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, info: DatasetInfo, split: str):
+
+class TensorImageDataset(Dataset):
+    """One split held in memory as uint8 (N, C, H, W) images and int64 (N,) labels.
+
+    `transform` (uint8 batch -> float batch, e.g. a model's resize + normalisation) is applied
+    lazily per batch, so memory stays uint8 at the native size; without one, images go through
+    `to_float` ([-1, 1], the input scale of vitpos' own ViTs). `info` then describes what the
+    transform yields (image_size, in_chans)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, info: DatasetInfo, split: str,
+                 transform: BatchTransform | None = None):
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
         if labels.shape != (images.shape[0],):
@@ -48,18 +57,26 @@ class TensorImageDataset(Dataset):
         self.labels = labels.long()
         self.info = info
         self.split = split
+        self.transform = transform
+
+    def _float(self, images: torch.Tensor) -> torch.Tensor:
+        return to_float(images) if self.transform is None else self.transform(images)
+
+    def with_transform(self, transform: BatchTransform, info: DatasetInfo) -> TensorImageDataset:
+        """The same samples (shared memory) seen through `transform`; `info` describes its output."""
+        return TensorImageDataset(self.images, self.labels, info, self.split, transform)
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return to_float(self.images[i : i + 1])[0], int(self.labels[i])
+        return self._float(self.images[i : i + 1])[0], int(self.labels[i])
 
-    def subset(self, n: int | None) -> "TensorImageDataset":
+    def subset(self, n: int | None) -> TensorImageDataset:
         """The first n samples (the split order is already random), or self when n is None."""
         if n is None or n >= len(self):
             return self
-        return TensorImageDataset(self.images[:n], self.labels[:n], self.info, self.split)
+        return TensorImageDataset(self.images[:n], self.labels[:n], self.info, self.split, self.transform)
 
     def batches(
         self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
@@ -69,4 +86,4 @@ class TensorImageDataset(Dataset):
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            yield to_float(self.images[idx]), self.labels[idx]
+            yield self._float(self.images[idx]), self.labels[idx]

@@ -18,12 +18,16 @@ A model without positional information sees the same unordered bag of patches fo
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vitpos.data.base import DatasetInfo
+
+if TYPE_CHECKING:
+    from sklearn.utils import Bunch
 
 SIZE = 32
 DIGIT = 12  # upscaled digit side
@@ -56,7 +60,7 @@ def source() -> tuple[np.ndarray, np.ndarray]:
     """All 1797 digits upscaled to uint8 (1797, 12, 12) in [0, 255], and their int64 classes."""
     from sklearn.datasets import load_digits  # imported lazily: sklearn is slow to import
 
-    d = load_digits()
+    d = cast("Bunch", load_digits())  # a Bunch unless return_X_y=True (its annotation covers both)
     small = torch.from_numpy(d.images.astype(np.float32))[:, None]  # (N, 1, 8, 8) in [0, 16]
     big = F.interpolate(small, size=(DIGIT, DIGIT), mode="bilinear", align_corners=False)
     big = (big[:, 0] * (255.0 / 16.0)).round().clamp(0, 255).to(torch.uint8).numpy()
@@ -79,7 +83,20 @@ def pools() -> dict[str, np.ndarray]:
     return {s: np.sort(np.concatenate(parts)) for s, parts in out.items()}
 
 
-def generate(n: int, seed: int, pool: str = "train", return_meta: bool = False):
+@overload
+def generate(n: int, seed: int, pool: str = ...,
+             return_meta: Literal[False] = ...) -> tuple[torch.Tensor, torch.Tensor]:
+    ...
+
+
+@overload
+def generate(n: int, seed: int, pool: str = ..., *,
+             return_meta: Literal[True]) -> tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
+    ...
+
+
+def generate(n: int, seed: int, pool: str = "train", return_meta: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
     """n scenes from `pool`'s source digits with balanced, shuffled labels.
 
     Returns (images uint8 (n, 3, 32, 32), labels int64 (n,)), plus, with return_meta, a dict of

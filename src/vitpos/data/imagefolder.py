@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,7 +162,7 @@ class LazyImageDataset(Dataset):
         self,
         keys: Sequence,
         labels: torch.Tensor,
-        load: Callable[[object], Image.Image],
+        load: Callable[[Any], Image.Image],  # called with one of `keys`
         transform: Transform,
         info: DatasetInfo,
         split: str,
@@ -191,7 +192,7 @@ class LazyImageDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return self._image(i), int(self.labels[i])
 
-    def subset(self, n: int | None) -> "LazyImageDataset":
+    def subset(self, n: int | None) -> LazyImageDataset:
         """The first n samples (the split order is already random), or self when n is None."""
         if n is None or n >= len(self):
             return self

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from vitpos.data import load_split
 from vitpos.errors import VitposError
@@ -12,25 +13,43 @@ if TYPE_CHECKING:
 
 
 def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None = None, seed: int = 0):
-    """A split of `data` shaped for `surface`; imagefolder data gets the timm model's own preprocessing.
+    """A split of `data` shaped for `surface`: through the model's own preprocessing (input size,
+    channels, mean / std); imagefolder data through timm's transform for the model.
 
     `data` may also be a dataset object already (anything with .batches, .info, .subset): used as is."""
     if not isinstance(data, str):
         return data.subset(limit)
     if data.startswith("imagefolder:"):
-        from timm.data import create_transform, resolve_data_config
+        from timm.data.config import resolve_data_config
+        from timm.data.transforms_factory import create_transform
 
         cfg = resolve_data_config({}, model=surface.model)
         cfg["input_size"] = surface.input_size
-        return load_split(data, split, seed=seed, limit=limit, transform=create_transform(**cfg))
+        # One eval transform (separate=False); the declared return type also covers separate=True's tuple.
+        transform = cast(Callable, create_transform(**cfg))
+        return load_split(data, split, seed=seed, limit=limit, transform=transform)
     ds = load_split(data, split, seed=seed, limit=limit)
-    shape = (ds.info.in_chans, *ds.info.image_size)
-    if shape != tuple(surface.input_size):
-        raise VitposError(
-            f"{data} images are {shape} but {surface.spec} takes {tuple(surface.input_size)}; use matching data "
-            "(fashion for builtin:fashion-*) or pass img_size/in_chans in the timm spec"
-        )
-    return ds
+    return shaped_for(surface, ds)
+
+
+def shaped_for(surface: ModelSurface, ds):
+    """An in-memory built-in split seen through `surface`'s own preprocessing (`vitpos.data.preprocess`):
+    resized to its input size, grey <-> RGB, its mean / std; unchanged when that is the identity."""
+    import dataclasses
+
+    from vitpos.data.base import TensorImageDataset
+    from vitpos.data.preprocess import model_preprocess
+
+    if not isinstance(ds, TensorImageDataset):
+        return ds
+    prep = model_preprocess(surface)
+    if prep.in_chans not in (1, 3) or ds.info.in_chans not in (1, 3):
+        raise VitposError(f"{ds.info.name} images have {ds.info.in_chans} channels but {surface.spec} takes "
+                          f"{prep.in_chans}; vitpos converts between grey and RGB only")
+    if prep.is_identity(ds.info.in_chans, ds.info.image_size):
+        return ds
+    info = dataclasses.replace(ds.info, image_size=prep.size, in_chans=prep.in_chans)
+    return ds.with_transform(prep, info)
 
 
 def data_fingerprint(data: str) -> str:

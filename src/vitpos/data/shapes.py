@@ -77,7 +77,7 @@ def render(rng: np.random.Generator, label: int) -> np.ndarray:
     r_red, r_blue = (int(v) for v in rng.integers(2, 4, size=2))
     yr, xr, yb, xb = _key_positions(rng, label, r_red, r_blue)
     boxes = [(yr, xr, r_red), (yb, xb, r_blue)]
-    for (cy, cx, r), colour in zip(boxes, (_RED, _BLUE)):
+    for (cy, cx, r), colour in zip(boxes, (_RED, _BLUE), strict=True):
         img[_mask(int(rng.integers(3)), cy, cx, r)] = colour + rng.normal(0, 12, size=3)
     for _ in range(int(rng.integers(2, 4))):
         for _try in range(30):

@@ -6,9 +6,25 @@ at the SAE's site: only the span of F's decoder directions changes, the SAE erro
 prefix tokens are untouched, and the identity permutation is an exact no-op.
 Variants: all (row+col features, random pi), row_only (row features, pi shuffles whole rows),
 col_only (col features, pi shuffles whole columns), all_positional (row + col + mixed
-positional latents, random pi: position carried by latents tied to both axes), random_features (as many live
-non-positional latents, matched in activation mass, random pi), mean_ablate (F replaced by its
-mean over patches), pos_embed_shuffle (the input APE table itself permuted: SAE-free).
+positional latents, random pi: every latent whose activation depends on position; C2 is judged on
+this set), random_features (as many live non-positional latents, matched in activation mass,
+random pi), mean_ablate (F replaced by its mean over patches), pos_embed_shuffle (the input APE
+table itself permuted: SAE-free).
+
+Matched controls, one per permuted set (`CONTROLS`): all_positional -> random_all_positional,
+all -> random_features, row_only -> random_row, col_only -> random_col. Each control moves
+as many live latents that are not positional (not row, col or mixed), each drawn among the
+`pool` candidates closest in mean activation to one permuted latent, with the same permutations
+as its set (same seed, same kind: whole rows, whole columns or any). Where fewer such latents exist
+than the set has, the control moves all of them (the largest matched set) and says so in its
+`note` and `n_features`. Each new control draws from its own generator, so adding them moved no
+number of the older variants. (random_features, older, excludes only row+col latents from its
+candidates, so it may draw mixed ones; it is kept as it was for comparability.)
+
+Uncertainty (analysis/stats.py): `drop_ci95` of every variant is a paired bootstrap over images
+of (clean correct - intervened correct, averaged over seeds per image), in points;
+`baseline_top1_ci95` is the Wilson interval of the clean top-1. Per-image correctness stays in
+memory and is not written.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from pydantic import BaseModel
 
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers, predict
+from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
@@ -31,7 +48,19 @@ from vitpos.progress import progress_bar
 from vitpos.sae import SAE
 
 MASS_IMAGES = 256  # images whose codes give each latent's mean activation
+# `variants` of the result (kept as format 1 wrote it); the matched controls added since are listed in `controls`
 VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
+CONTROLS = {"all_positional": "random_all_positional", "all": "random_features", "row_only": "random_row",
+            "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
+CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
+ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS
+_CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS)}  # + 10_000 + seed: own generators
+
+
+def variant_names(doc: Mapping) -> list[str]:
+    """Every variant of a result's JSON: its `variants` then the matched controls it lists."""
+    names: list[str] = [str(v) for v in doc.get("variants") or VARIANTS]
+    return names + [c for c in (doc.get("controls") or {}).values() if c not in names]
 
 
 class GroupDrop(BaseModel):
@@ -49,6 +78,9 @@ class VariantResult(BaseModel):
     per_seed_top1: list[float]
     n_features: int | None  # latents moved (None: the SAE-free APE-table shuffle)
     per_group: dict[str, GroupDrop]
+    drop_ci95: list[float] | None = None  # paired bootstrap over images (seeds pooled), points
+    activation_mass: float | None = None  # sum of the moved latents' mean activation (mean over seeds)
+    note: str | None = None  # e.g. a control smaller than its set
 
 
 Outcome = VariantResult | Skipped
@@ -63,6 +95,7 @@ class ApePermuteResult(Result):
     seeds: list[int]
     baseline_top1: float
     baseline_per_group: dict[str, float]
+    baseline_top1_ci95: list[float] | None = None  # Wilson
     variants: list[str]
     feature_counts: dict[str, int]
     all: Outcome
@@ -72,9 +105,13 @@ class ApePermuteResult(Result):
     random_features: Outcome
     mean_ablate: Outcome
     pos_embed_shuffle: Outcome
+    random_row: Outcome | None = None
+    random_col: Outcome | None = None
+    random_all_positional: Outcome | None = None
+    controls: dict[str, str] | None = None  # permuted set -> its matched control variant
 
     def variant(self, name: str) -> VariantResult | None:
-        v = getattr(self, name)
+        v = getattr(self, name, None)
         return v if isinstance(v, VariantResult) else None
 
 
@@ -100,15 +137,10 @@ def random_perms(kind: str, B: int, grid: tuple[int, int], g: torch.Generator) -
     return torch.stack(out)
 
 
-def matched_random_features(mass: torch.Tensor, positional: list[int], live: torch.Tensor, g: torch.Generator,
-                            pool: int = 5) -> list[int]:
-    """For each positional latent, a random non-positional live latent among the `pool` closest in mass."""
-    pos = set(positional)
-    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
-    if len(cands) < len(positional):
-        return []
+def _pick_matched(mass: torch.Tensor, targets: list[int], cands: list[int], g: torch.Generator, pool: int) -> list[int]:
+    """For each target latent in turn, a random still-free candidate among the `pool` closest in mass."""
     chosen: list[int] = []
-    for f in positional:
+    for f in targets:
         free = [c for c in cands if c not in chosen]
         free.sort(key=lambda c: abs(float(mass[c] - mass[f])))
         near = free[:pool]
@@ -116,11 +148,39 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
     return chosen
 
 
+def matched_random_features(mass: torch.Tensor, positional: list[int], live: torch.Tensor, g: torch.Generator,
+                            pool: int = 5) -> list[int]:
+    """For each positional latent, a random non-positional live latent among the `pool` closest in mass."""
+    pos = set(positional)
+    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
+    if len(cands) < len(positional):
+        return []
+    return _pick_matched(mass, positional, cands, g, pool)
+
+
+def matched_control(mass: torch.Tensor, targets: list[int], positional: list[int], live: torch.Tensor,
+                    g: torch.Generator, pool: int = 5) -> tuple[list[int], str | None]:
+    """A random control for the permuted set `targets`: live latents outside `positional` (every
+    positional latent), one matched in mass to each target. With fewer such latents than targets,
+    all of them (the largest matched set) and a note saying so; ([], note) when there are none."""
+    pos = set(positional)
+    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
+    if len(cands) >= len(targets):
+        return _pick_matched(mass, targets, cands, g, pool), None
+    if not cands:
+        return [], "no live non-positional latents"
+    cands.sort(key=lambda c: -float(mass[c]))
+    k = len(cands)
+    return cands, (f"only {k} live non-positional latent{'s' if k != 1 else ''} for a set of {len(targets)}: "
+                   f"the control moves {'all ' if k != 1 else ''}{k}")
+
+
 @torch.no_grad()
-def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset, n: int = MASS_IMAGES) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset,
+                 n: int = MASS_IMAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean activation per latent over patch tokens (decoder columns are unit-norm) and per-latent
     mean code (for mean ablation), from the first n images."""
-    acts = capture_layers(surface, dataset.subset(n), [site])[0][str(site)]
+    acts = capture_layers(surface, dataset.subset(n), [site], check_classifier=False)[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))
     return z.mean(0), (z != 0).float().mean(0)
 
@@ -148,42 +208,67 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
     mixed = list(sae_doc.get("mixed_features", []))
     dataset = dataset_for(surface, data, split, limit=n_images)
+    surface.check_classifier(dataset.info, data_name(data))  # before any work: every number here is a top-1
     mean_code, fire = feature_mass(surface, sae, site, dataset)
+    live = fire >= 0.005
     info = dataset.info
     preds, labels = predict(surface, dataset)
     base = accuracy_report(preds, labels, info)
+    base_correct = preds == labels
     npt = surface.num_prefix_tokens
+    positional = row + col + mixed
+    sets = {"all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
+            "all_positional": (positional, "all")}
+    control_of = {c: s for s, c in CONTROLS.items()}
 
-    def run_edit(sites_fns: dict) -> dict:
+    def run_edit(sites_fns: dict) -> tuple[dict, torch.Tensor]:
         p, y = predict(surface, dataset, context=lambda: edit(surface, sites_fns))
-        return accuracy_report(p, y, info)
+        return accuracy_report(p, y, info), p == y
 
     def permuting(ids: list[int], kind: str, seed: int):
         g = torch.Generator().manual_seed(seed)
-        return sae_edit(surface, sae, lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
+        return sae_edit(surface, sae, lambda x, z: permute_features(
+            x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
 
-    per_variant: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    def mass_of(ids: list[int]) -> float:
+        return float(mean_code[ids].sum()) if ids else 0.0
+
+    per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
+    masses: dict[str, list[float]] = {v: [] for v in ALL_VARIANTS}
+    n_moved: dict[str, int] = {}
     skipped: dict[str, str] = {}
+    notes: dict[str, str] = {}
     with progress_bar(enabled=progress) as bar:
-        task = bar.add_task("ape-permute", total=len(VARIANTS) * len(seeds))
+        task = bar.add_task("ape-permute", total=len(ALL_VARIANTS) * len(seeds))
         for seed in seeds:
             g = torch.Generator().manual_seed(10_000 + seed)
-            plan = {
-                "all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
-                "all_positional": (row + col + mixed, "all"),
-                "random_features": (matched_random_features(mean_code, row + col, fire >= 0.005, g), "all"),
-            }
+            plan = {**sets, "random_features": (matched_random_features(mean_code, row + col, live, g), "all")}
+            for v in CONTROL_VARIANTS:  # each control its own stream: the older variants' draws do not move
+                gc = torch.Generator().manual_seed(_CONTROL_STREAM[v] + 10_000 + seed)
+                targets, kind = sets[control_of[v]]
+                if not targets:
+                    skipped[v] = f"no features in {control_of[v]} to match"
+                    plan[v] = ([], kind)
+                    continue
+                ids, note = matched_control(mean_code, targets, positional, live, gc)
+                if note:
+                    notes[v] = note
+                plan[v] = (ids, kind)
             for v, (ids, kind) in plan.items():
                 if not ids:
-                    skipped[v] = "no features of this kind" if v != "random_features" else "not enough live non-positional latents"
+                    skipped.setdefault(v, "no features of this kind" if v not in control_of
+                                       else notes.get(v, "not enough live non-positional latents"))
                 else:
                     per_variant[v].append(run_edit({site: permuting(ids, kind, seed)}))
+                    masses[v].append(mass_of(ids))
+                    n_moved[v] = len(ids)
                 bar.update(task, advance=1)
             if row + col:
                 ids = row + col
                 mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
                 fn = sae_edit(surface, sae, lambda x, z, ids=ids, m=mean_c: x - sae.feature_contribution(z, ids) + m)
                 per_variant["mean_ablate"].append(run_edit({site: fn}))
+                masses["mean_ablate"].append(mass_of(ids))
             else:
                 skipped["mean_ablate"] = "no positional features"
             bar.update(task, advance=1)
@@ -199,24 +284,30 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
 
     doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
            "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
-           "variants": list(VARIANTS), "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
-    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(row + col + mixed),
-               "random_features": len(row + col),
-               "mean_ablate": len(row + col), "pos_embed_shuffle": None}
-    for v in VARIANTS:
+           "baseline_top1_ci95": accuracy_interval(base_correct),
+           "variants": list(VARIANTS), "controls": dict(CONTROLS),
+           "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
+    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(positional),
+               "random_features": len(row + col), "mean_ablate": len(row + col), "pos_embed_shuffle": None}
+    for v in ALL_VARIANTS:
         runs = per_variant[v]
         if not runs:
             doc[v] = {"skipped": skipped.get(v, "not run")}
             continue
-        t = torch.tensor([r["top1"] for r in runs])
+        t = torch.tensor([r["top1"] for r, _ in runs])
         groups = {}
         for gname in base["per_group"]:
-            gt = torch.tensor([r["per_group"][gname] for r in runs])
-            groups[gname] = {"top1": float(gt.mean()), "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
+            gt = torch.tensor([r["per_group"][gname] for r, _ in runs])
+            groups[gname] = {"top1": float(gt.mean()),
+                             "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
+        correct = torch.stack([c for _, c in runs]).float()  # (seeds, images)
         doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
-                  "per_seed_top1": t.tolist(), "n_features": n_feats[v], "per_group": groups}
+                  "per_seed_top1": t.tolist(), "n_features": n_feats.get(v, n_moved.get(v)), "per_group": groups,
+                  "drop_ci95": scaled(paired_bootstrap_diff(base_correct.float(), correct), 100.0),
+                  "activation_mass": sum(masses[v]) / len(masses[v]) if masses[v] else None,
+                  "note": notes.get(v)}
     result = ApePermuteResult.model_validate(doc)
     if out is not None:
         ApePermuteExperiment().write(result, out)
@@ -243,7 +334,7 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
         n = sizes.n("test", settings["images"])
         # feature mass, the baseline, then every variant once per seed (fewer when a feature set is empty)
         return (StagePlan.full(min(MASS_IMAGES, n), surface.depth)
-                + StagePlan.full(n, surface.depth, 1 + len(VARIANTS) * settings["seeds"])
+                + StagePlan.full(n, surface.depth, 1 + len(ALL_VARIANTS) * settings["seeds"])
                 + StagePlan(note="upper bound: every variant has features"))
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:

@@ -93,6 +93,7 @@ class SplitSizes:
 
     train: int | None = None
     test: int | None = None
+    val: int | None = None
 
     def n(self, split: str, limit: int | None) -> int:
         size = getattr(self, split)

@@ -27,8 +27,8 @@ def require_rope(surface: ModelSurface) -> None:
     if not surface.has_rope:
         raise VitposError(
             f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE tests need a RoPE model "
-            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for APE "
-            "models"
+            "(builtin:rope-axial, builtin:rope-mixed, timm:vit_*_rope_*, eva02_*, *_dinov3) — use ape-permute for "
+            "APE models"
         )
 
 
@@ -36,8 +36,7 @@ def require_ape(surface: ModelSurface) -> None:
     if not surface.has_ape:
         raise VitposError(
             f"{surface.spec} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs an APE "
-            "model "
-            "— for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
+            "model — for RoPE models use `vitpos intervene rope-axis` / `rope-heads`"
         )
 
 
@@ -49,8 +48,8 @@ def check_restore_points(surface: ModelSurface, points: list[int], flag: str = "
                           f"{surface.spec} (depth {surface.depth}; R is the first layer whose rotations come back)")
 
 
-def condition_context(surface: ModelSurface, axes: tuple[str, ...], before: int | None = None,
-                      extra: dict[int, dict[str, list[int]]] | None = None
+def condition_context(surface: ModelSurface, axes: tuple[Axis, ...], before: int | None = None,
+                      extra: dict[int, dict[Axis, list[int]]] | None = None
                       ) -> Callable[[], AbstractContextManager]:
     """Factory for a hook context removing `axes` in layers < before (all layers if None),
     plus per-layer extra removals {layer: {axis: heads}}."""
@@ -122,6 +121,7 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
                 labels.append(y)
                 logits.append(out)
         else:
+            surface.check_classifier(dataset.info)  # as forward_batches: the logits give the top-1
             for t, y in start.batches(batch_size):
                 labels.append(y)
                 logits.append(surface.forward_from(start.layer, t.to(dev)))

@@ -1,10 +1,13 @@
-"""E0: test top-1 of the model on the data, the reference every causal drop is measured from."""
+"""E0: test top-1 of the model on the data, the reference every causal drop is measured from.
+
+`top1_ci95`: the Wilson 95 % interval of top-1 (images as independent trials; analysis/stats.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vitpos.analysis.forward import evaluate
+from vitpos.analysis.forward import accuracy_report, predict
+from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import dataset_for
 from vitpos.experiments.base import Done, Experiment, Result, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface
@@ -15,6 +18,7 @@ class EvalResult(Result):
     n: int
     per_class: dict[str, float]  # class name -> accuracy
     per_group: dict[str, float]  # class group (e.g. vertical / horizontal) -> accuracy
+    top1_ci95: list[float] | None = None  # Wilson 95 % interval of top1 (None: written before it existed)
 
 
 class EvalExperiment(Experiment[EvalResult]):
@@ -30,4 +34,6 @@ class EvalExperiment(Experiment[EvalResult]):
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> EvalResult:
         dataset = dataset_for(surface, stage.data, "test", limit=stage.settings["images"])
-        return EvalResult.model_validate(evaluate(surface, dataset, progress=False))
+        preds, labels = predict(surface, dataset)
+        report = accuracy_report(preds, labels, dataset.info)
+        return EvalResult.model_validate({**report, "top1_ci95": accuracy_interval(preds == labels)})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 from pydantic import BaseModel
@@ -73,7 +74,7 @@ def probe_sites(result: ProbeResults) -> dict[str, ProbeSiteResult]:
 
 def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
     """(n, N, D) patch tokens at the embedding with the absolute embedding removed."""
-    acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size)
+    acts, _, _ = capture_layers(surface, dataset, [Site(None, "embed")], batch_size=batch_size, check_classifier=False)
     feats = acts["embed"]
     if surface.has_ape:
         feats = feats - surface.patch_pos_embed().unsqueeze(0).to(feats.device, feats.dtype)
@@ -93,9 +94,10 @@ def layer_features(surface: ModelSurface, dataset, site: str, layers: list[int],
     out: dict[int, torch.Tensor] = {}
     for start in range(0, len(layers), chunk):
         group = layers[start:start + chunk]
-        acts, _, _ = capture_layers(surface, dataset, [Site(l, site) for l in group], batch_size=batch_size,
-                                    context=context, progress=progress, desc=f"capture {site}")
-        out.update({l: acts[str(Site(l, site))] for l in group})
+        acts, _, _ = capture_layers(surface, dataset, [Site(layer, site) for layer in group], batch_size=batch_size,
+                                    context=context, progress=progress, desc=f"capture {site}",
+                                    check_classifier=False)
+        out.update({layer: acts[str(Site(layer, site))] for layer in group})
     return out
 
 
@@ -131,7 +133,8 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
                 "note": "patch embeddings minus any APE: position predictable from content alone"}
     results = {}
     for name in site_names:
-        layers = sorted(s.layer for s in expand_sites(sites, surface.depth) if s.name == name)
+        # Probed sites are per-layer sites (a global site has layer None and is not probed per layer).
+        layers = sorted(cast(int, s.layer) for s in expand_sites(sites, surface.depth) if s.name == name)
         feats = layer_features(surface, dataset, name, layers, progress=progress)
         res = probe_layers(feats, surface.grid, seed=seed, max_train_tokens=PROBE_TRAIN_TOKENS,
                            device=fit_device).to_json(name)
@@ -169,7 +172,8 @@ class ProbeExperiment(Experiment[ProbeResults]):
 
     def figures(self, result: ProbeResults) -> list[Figure]:
         sites = probe_sites(result)
-        return [Figure("probe" if len(sites) == 1 else f"probe_{name}", f"row / column probe accuracy per layer at {name}",
+        return [Figure("probe" if len(sites) == 1 else f"probe_{name}",
+                       f"row / column probe accuracy per layer at {name}",
                        lambda r, p, name=name: _plot_site(probe_sites(r)[name], p))
                 for name in sites]
 

@@ -31,7 +31,7 @@ from vitpos.experiments.common import (
     recovery,
     require_rope,
 )
-from vitpos.models.surface import ModelSurface
+from vitpos.models.surface import AXES, Axis, ModelSurface
 from vitpos.progress import progress_bar
 
 
@@ -81,11 +81,11 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if restore_points is not None:
         check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
-    plan: list[tuple[str, tuple[str, ...], int | None]] = [
-        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None)]
-    plan += [(f"restore_{a}_R{R}", (a,), R) for a in ("row", "col") for R in Rs]
+    plan: list[tuple[str, tuple[Axis, ...], int | None]] = [
+        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None),
+        *((f"restore_{a}_R{R}", (a,), R) for a in AXES for R in Rs)]
     if shared_prefix:  # each axis' restore conditions right after their no_<axis>: one stored stream at a time
-        plan = [p for a in ("row", "col") for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
+        plan = [p for a in AXES for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
     done: dict[str, dict] = {}
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)

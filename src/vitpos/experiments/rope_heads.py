@@ -36,7 +36,7 @@ from vitpos.experiments.common import (
     require_rope,
 )
 from vitpos.hooks import capture, remove_rope
-from vitpos.models.surface import ModelSurface, Site
+from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 EPS = 1e-12
@@ -129,6 +129,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
                 if on_head:
                     on_head(li, h)
         return base_top1, drops
+    surface.check_classifier(dataset.info)  # as predict: the drops are top-1
     dev = next(surface.model.parameters()).device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
@@ -166,9 +167,11 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     if restore_from is not None:
         check_restore_points(surface, [restore_from], "--restore-from")
     R = restore_from if restore_from is not None else max(1, L // 2)
-    axes = ("row", "col") if axis == "both" else (axis,)
+    axes_of: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
+    axes = axes_of[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
+    surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
     later = list(range(R, L))
     steps = 2 + L * Hh + len(later) * Hh + 1
@@ -198,7 +201,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             if start is not None and li > start.layer:  # the restore condition has no hooks from R on
                 start = advance(surface, start, li)
             for h in range(Hh):
-                extra = {li: {a: [h] for a in axes}}
+                extra: dict[int, dict[Axis, list[int]]] = {li: {a: [h] for a in axes}}
                 if start is None:
                     doc = probe_condition(surface, probe_set, condition_context(surface, axes, R, extra=extra),
                                           base_probes, seed=seed, layers=later)["doc"]

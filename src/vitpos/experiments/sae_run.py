@@ -9,7 +9,9 @@ number of training images. Held-out metrics, feature scores and the causal check
 
 Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
 position downstream with the clean model's probes: row accuracy should drop while column holds;
-selectivity = d_row / (d_row + d_col) (col features mirrored).
+selectivity = d_row / (d_row + d_col) (col features mirrored). Uncertainty: the probes' test images
+are resampled (paired: clean and ablated on the same resample; each image's token accuracy, averaged
+over the later layers) for 95 % intervals of both drops and the selectivity (`selectivity_intervals`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from pydantic import BaseModel
 
 from vitpos import plots
 from vitpos.analysis.forward import capture_layers, forward_batches
-from vitpos.analysis.probes import fit_position_probes
+from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes
+from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.analysis.probes import DEFAULT_L2_GRID
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
@@ -50,6 +52,10 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
+    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
+    row_drop_ci95: list[float] | None = None
+    col_drop_ci95: list[float] | None = None
+    selectivity_ci95: list[float] | None = None
 
 
 class CausalCheck(BaseModel):
@@ -92,10 +98,12 @@ class SAEResult(Result):
     l0: float
     dead_frac: float
     tokens: int
-    logit_kl: float
-    top1: float
-    top1_spliced: float
-    top1_change_points: float
+    # None when the model's outputs are not logits over the data's classes (a headless model
+    # without --head): the SAE is trained and scored, the splice's top-1 is not measured
+    logit_kl: float | None
+    top1: float | None
+    top1_spliced: float | None
+    top1_change_points: float | None
     train_tokens: int
     train_seconds: float
     training: SAETraining
@@ -114,9 +122,9 @@ class SAEResult(Result):
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     """The layer whose patch tokens hold the most of BOTH axes (max of min(row, col) accuracy),
     excluding the last layer so the causal check has downstream layers; earliest on ties."""
-    accs = [min(r, c) for r, c in zip(probe_doc["row_acc"], probe_doc["col_acc"])]
+    accs = [min(r, c) for r, c in zip(probe_doc["row_acc"], probe_doc["col_acc"], strict=True)]
     layers = probe_doc["layers"]
-    cands = [(accs[i], -l) for i, l in enumerate(layers) if l < depth - 1] or [(accs[0], -layers[0])]
+    cands = [(accs[i], -layer) for i, layer in enumerate(layers) if layer < depth - 1] or [(accs[0], -layers[0])]
     return -max(cands)[1]
 
 
@@ -126,7 +134,8 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
-    fix = f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} --split train`"
+    fix = (f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} "
+           "--split train`")
     meta = st.meta
     if meta.get("model") != surface.spec:
         raise VitposError(f"--store {st.dir} holds activations of model {meta.get('model')!r}, not {surface.spec!r}; "
@@ -135,13 +144,14 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
         raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
                           f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
     if str(site) not in st.sites:
-        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching --layer/--site or {fix}")
+        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
+                          f"--layer/--site or {fix}")
     if tuple(st.grid) != tuple(surface.grid) or st.d.get(str(site)) != surface.width:
-        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model {tuple(surface.grid)} x "
-                          f"D {surface.width}; {fix}")
+        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model "
+                          f"{tuple(surface.grid)} x D {surface.width}; {fix}")
     if isinstance(data, str) and meta.get("data") != data:
-        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its test "
-                          f"split is the held-out set); pass --data {meta.get('data')}")
+        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its "
+                          f"test split is the held-out set); pass --data {meta.get('data')}")
     if meta.get("split") == "test":
         raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
     if st.num_images == 0:
@@ -186,20 +196,23 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
-    cfg = SAEConfig(arch=arch, d_in=surface.width, expansion=expansion, k=k, seed=seed)
+    # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
+    cfg = SAEConfig.model_validate({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
     n_images = given.num_images if given is not None else n_train_images
     if n_images * surface.num_patches < batch_tokens:
         need = -(-batch_tokens // surface.num_patches)
-        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer than one "
-                          f"training batch (--batch-tokens {batch_tokens}); use at least {need} images or a smaller "
-                          "--batch-tokens")
-    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site, "data": data_name(data), "sae": cfg.model_dump(),
+        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
+                          f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
+                          "smaller --batch-tokens")
+    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site,
+               "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture"}
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")
@@ -221,28 +234,35 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
     later = list(range(layer + 1, surface.depth))
-    eval_sites = [s] + [Site(l, "resid_post") for l in later]
-    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites)
+    eval_sites = [s] + [Site(layer, "resid_post") for layer in later]
+    # top-1 and the splice need class logits; a headless model without a head skips them
+    no_logits = surface.classifier_problem(eval_set.info, data_name(data))
+    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites, check_classifier=no_logits is None)
     acts = eval_acts[str(s)]
     metrics = sae_metrics(sae, [acts[i:i + 256].reshape(-1, acts.shape[-1]) for i in range(0, len(acts), 256)])
     scores = score_features(sae, (acts[i:i + 256] for i in range(0, len(acts), 256)), surface.grid)
 
-    # splice the reconstruction in (patch tokens only): how much does the model notice?
-    base_logp = logits.log_softmax(-1)
-    with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
-        spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
-    preds = spliced_logits.argmax(-1)
-    kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
-    top1 = float((logits.argmax(-1) == labels).float().mean())
-    top1_spliced = float((preds == labels).float().mean())
+    kl = top1 = top1_spliced = change = None
+    if no_logits is None:
+        # splice the reconstruction in (patch tokens only): how much does the model notice?
+        base_logp = logits.log_softmax(-1)
+        with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+            spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
+        preds = spliced_logits.argmax(-1)
+        kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
+        top1 = float((logits.argmax(-1) == labels).float().mean())
+        top1_spliced = float((preds == labels).float().mean())
+        change = 100 * (top1_spliced - top1)
 
     causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
     result = SAEResult.model_validate({
-        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch, "k": k,
-        "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1, "top1_spliced": top1_spliced,
-        "top1_change_points": 100 * (top1_spliced - top1), "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
+        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch,
+        "k": k, "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1,
+        "top1_spliced": top1_spliced,
+        "top1_change_points": change, "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
         "training": streamed,
-        "row_features": scores.row_features, "col_features": scores.col_features, "mixed_features": scores.mixed_features,
+        "row_features": scores.row_features, "col_features": scores.col_features,
+        "mixed_features": scores.mixed_features,
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
@@ -258,26 +278,58 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
 
 def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers."""
-    probes = {l: fit_position_probes(clean_acts[str(Site(l, "resid_post"))], surface.grid, seed=seed, control=False,
-                                     max_train_tokens=SWEEP_TRAIN_TOKENS) for l in later}
-    out = {"layers": later, "clean_row_acc": [probes[l].row_acc for l in later],
-           "clean_col_acc": [probes[l].col_acc for l in later]}
+    probes = {layer: fit_position_probes(clean_acts[str(Site(layer, "resid_post"))], surface.grid, seed=seed,
+                                         control=False, max_train_tokens=SWEEP_TRAIN_TOKENS) for layer in later}
+    out = {"layers": later, "clean_row_acc": [probes[layer].row_acc for layer in later],
+           "clean_col_acc": [probes[layer].col_acc for layer in later]}
+    test = torch.as_tensor(probes[later[0]].test_image_ids)  # one split for every layer (same ids, same seed)
+
+    def per_image(acts_by_site: dict) -> dict[str, torch.Tensor]:
+        """(layers, test images) token accuracy of the clean probes per image."""
+        return {a: torch.stack([_image_accuracy(getattr(probes[layer], f"{a}_probe"),
+                                                acts_by_site[str(Site(layer, "resid_post"))][test]) for layer in later])
+                for a in ("row", "col")}
+
+    clean_per_image = per_image(clean_acts)
     for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
         if not ids:
             out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
             continue
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
-        acts, _, _ = capture_layers(surface, dataset, [Site(l, "resid_post") for l in later],
-                                    context=lambda: edit(surface, {site: fn}))
-        row = [probes[l].row_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
-        col = [probes[l].col_probe.accuracy(acts[str(Site(l, "resid_post"))][torch.as_tensor(probes[l].test_image_ids)]) for l in later]
-        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row)) / len(later)
-        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col)) / len(later)
+        acts, _, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in later],
+                                    context=lambda fn=fn: edit(surface, {site: fn}), check_classifier=False)
+        row = [probes[layer].row_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
+        col = [probes[layer].col_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
+        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
+        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
         denom = abs(mine) + abs(other)
         out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
-                                 "selectivity": mine / denom if denom > 1e-9 else None}
+                                 "selectivity": mine / denom if denom > 1e-9 else None,
+                                 **selectivity_intervals(clean_per_image, per_image(acts), kind, seed)}
     return out
+
+
+def _image_accuracy(probe, feats: torch.Tensor) -> torch.Tensor:
+    """(images,) fraction of each image's patch tokens whose position the probe reads correctly."""
+    labels = probe.position_labels.to(feats.device)
+    return (probe.predict(feats) == labels).float().mean(1).cpu()
+
+
+def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[str, torch.Tensor], kind: str,
+                          seed: int = 0) -> dict[str, list[float] | None]:
+    """95 % paired-bootstrap intervals of the row / col probe drops and of the selectivity of
+    ablating the `kind` features. clean / ablated: {"row", "col"} -> (layers, images) per-image
+    token accuracies on the same images; an image's drop is its mean over layers of clean - ablated,
+    and a resample's selectivity is own / (|own| + |other|) of its mean drops (resamples with both
+    drops ~0 are undefined and left out)."""
+    d = torch.stack([(clean[a].double() - ablated[a].double()).mean(0) for a in ("row", "col")], 1)  # (images, 2)
+    m = bootstrap_means(d, seed=seed)
+    mine, other = (m[:, 0], m[:, 1]) if kind == "row" else (m[:, 1], m[:, 0])
+    denom = mine.abs() + other.abs()
+    sel = torch.where(denom > 1e-9, mine / denom.clamp_min(1e-300), torch.full_like(mine, float("nan")))
+    return {"row_drop_ci95": percentile_interval(m[:, 0]), "col_drop_ci95": percentile_interval(m[:, 1]),
+            "selectivity_ci95": percentile_interval(sel)}
 
 
 class SAEExperiment(Experiment[SAEResult]):

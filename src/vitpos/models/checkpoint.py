@@ -24,19 +24,22 @@ def read_own_config(model_dir: str | Path) -> OwnViTConfig:
     try:
         return OwnViTConfig.model_validate(doc["model"] if "model" in doc else doc)
     except (ValidationError, KeyError, TypeError) as e:
-        raise VitposError(f"{path} is not a vitpos model config ({str(e).splitlines()[0]}); retrain with `vitpos train`") from e
+        raise VitposError(f"{path} is not a vitpos model config ({str(e).splitlines()[0]}); "
+                          "retrain with `vitpos train`") from e
 
 
 def load_own_model(model_dir: str | Path) -> tuple[torch.nn.Module, OwnViTConfig]:
     """Rebuild the model from config.json and load weights strictly (safetensors: no unpickling)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise VitposError(f"model directory {model_dir} does not exist; train one with `vitpos train --out {model_dir}`")
+        raise VitposError(f"model directory {model_dir} does not exist; train one with `vitpos train --out "
+                          f"{model_dir}`")
     cfg = read_own_config(model_dir)
     model = build_own_vit(cfg)
     state = read_safetensors(model_dir / "model.safetensors")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise VitposError(f"{model_dir}/model.safetensors does not match its config.json ({str(e).splitlines()[0]})") from e
+        raise VitposError(f"{model_dir}/model.safetensors does not match its config.json "
+                          f"({str(e).splitlines()[0]})") from e
     return model.eval(), cfg

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from timm.layers import build_sincos2d_pos_embed
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.eva import Eva
 
 PE = Literal["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none"]
@@ -75,9 +74,10 @@ def build_own_vit(cfg: OwnViTConfig) -> Eva:
         rope_grid_indexing="xy",
         rope_temperature=temperature,
     )
-    if cfg.pe == "ape-sincos" or (model.pos_embed is not None and cfg.ape_init == "sincos"):
+    pos_embed = model.pos_embed  # present exactly when use_abs_pos_emb (always for ape-sincos)
+    if pos_embed is not None and (cfg.pe == "ape-sincos" or cfg.ape_init == "sincos"):
         table = build_sincos2d_pos_embed(list(cfg.grid), dim=cfg.embed_dim, temperature=10000.0)
-        model.pos_embed.data.copy_(table.unsqueeze(0))
-    if cfg.pe == "ape-sincos":
-        model.pos_embed.requires_grad_(False)
+        pos_embed.data.copy_(table.unsqueeze(0))
+        if cfg.pe == "ape-sincos":
+            pos_embed.requires_grad_(False)
     return model

@@ -29,12 +29,34 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 class OwnSurface(TimmEvaSurface):
     """vitpos' own ViTs: timm Eva models built from an OwnViTConfig (see own.py)."""
 
-    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig):
+    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None):
         super().__init__(model, spec)
         self.config = config
+        self.trained_data = trained_data
+        if trained_data is not None:
+            from vitpos.data import BUILTIN, dataset_info
+
+            if trained_data in BUILTIN:
+                self.trained_classes = tuple(dataset_info(trained_data).class_names)
+
+    def data_config(self) -> dict:
+        """vitpos' own ViTs read [-1, 1] images (data.base.to_float)."""
+        c = self.input_size[0]
+        return {"mean": (0.5,) * c, "std": (0.5,) * c, "interpolation": "bilinear"}
 
     def describe(self) -> dict:
         return {**super().describe(), "pe": self.config.pe, "config": self.config.model_dump()}
+
+
+def _trained_data(model_dir: Path) -> str | None:
+    """The data set an own model was trained on, from its config.json (None when not recorded)."""
+    from vitpos.io import read_json
+
+    try:
+        data = (read_json(model_dir / "config.json").get("train") or {}).get("data")
+    except (VitposError, AttributeError):
+        return None
+    return data if isinstance(data, str) else None
 
 
 def available_builtins() -> list[str]:
@@ -85,11 +107,13 @@ def _load_checkpoint(model: torch.nn.Module, checkpoint: Path, name: str) -> tor
 
 def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path | None) -> torch.nn.Module:
     if name not in timm.list_models():
-        raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; print(timm.list_models('*vit*'))\"`")
+        raise VitposError(f"timm has no model {name!r}; list them with `python -c \"import timm; "
+                          "print(timm.list_models('*vit*'))\"`")
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         if checkpoint.suffix != ".safetensors":
-            raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert it first")
+            raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert "
+                              "it first")
         if not checkpoint.is_file():
             raise VitposError(f"checkpoint {checkpoint} does not exist")
         return _load_checkpoint(timm.create_model(name, pretrained=False, **kwargs), checkpoint, name)
@@ -101,8 +125,9 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
         if not pretrained:
             raise
         raise VitposError(
-            f"pretrained weights for timm:{name} are not available ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-            "this machine may be offline — pass --checkpoint FILE.safetensors with local weights"
+            f"pretrained weights for timm:{name} are not available ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:160]}); this machine may be offline — pass --checkpoint FILE.safetensors with "
+            "local weights"
         ) from e
 
 
@@ -116,9 +141,10 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     if spec.startswith("builtin:"):
         name = spec[len("builtin:"):]
         if name not in available_builtins():
-            raise VitposError(f"no shipped model {spec!r}; available: {', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
+            raise VitposError(f"no shipped model {spec!r}; available: "
+                              f"{', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
         model, cfg = load_own_model(BUILTIN_DIR / name)
-        return OwnSurface(model, spec, cfg)
+        return OwnSurface(model, spec, cfg, _trained_data(BUILTIN_DIR / name))
     if spec.startswith("timm:"):
         name, kwargs = parse_timm_spec(spec)
         kwargs.update(timm_kwargs or {})
@@ -134,7 +160,7 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
         model, cfg = load_own_model(path)
-        return OwnSurface(model, spec, cfg)
+        return OwnSurface(model, spec, cfg, _trained_data(path))
     raise VitposError(
         f"model spec {spec!r} is neither builtin:NAME, timm:NAME nor an existing directory written by `vitpos train`"
     )

@@ -20,17 +20,25 @@ Site names (TransformerLens style), shapes for a batch of B images with T = pref
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from vitpos.errors import VitposError
 
-LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "attn_pattern")
+if TYPE_CHECKING:
+    from vitpos.data.base import DatasetInfo
+    from vitpos.models.head import Head
+
+LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
+               "attn_pattern")
 GLOBAL_SITES = ("embed", "pos_embed")
 CAPTURE_ONLY = ("resid_mid", "q_rot", "k_rot", "pos_embed")
 Scheme = Literal["ape", "rope", "rope+ape", "none"]
@@ -49,14 +57,15 @@ class Site:
         return self.name if self.layer is None else f"blocks.{self.layer}.{self.name}"
 
     @staticmethod
-    def parse(text: str, depth: int | None = None) -> "Site":
+    def parse(text: str, depth: int | None = None) -> Site:
         text = text.strip()
         if text in GLOBAL_SITES:
             return Site(None, text)
         m = _SITE_RE.match(text)
         if not m or m.group(2) not in LAYER_SITES:
             raise VitposError(
-                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of {', '.join(GLOBAL_SITES)}"
+                f"unknown hook site {text!r}; use blocks.L.<{'|'.join(LAYER_SITES)}> or one of "
+                f"{', '.join(GLOBAL_SITES)}"
             )
         layer = int(m.group(1))
         if depth is not None and layer >= depth:
@@ -122,6 +131,8 @@ class ModelSurface:
     num_classes: int
     scheme: Scheme
     input_size: tuple[int, int, int]  # (C, H, W)
+    head: Head | None = None  # a fitted classifier on the pooled features (`with_head`); None: the model's own
+    trained_classes: tuple[str, ...] | None = None  # class names of the data an own model was trained on
 
     # --- what experiments use -------------------------------------------------------------
     @property
@@ -140,13 +151,20 @@ class ModelSurface:
         n = torch.arange(self.num_patches)
         return n // self.grid[1], n % self.grid[1]
 
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def _check_images(self, images: torch.Tensor) -> None:
         if tuple(images.shape[1:]) != tuple(self.input_size):
             raise VitposError(
-                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes {tuple(self.input_size)}; "
-                "use the dataset the model was trained on or pass img_size"
+                f"images of shape {tuple(images.shape[1:])} do not fit {self.spec}, which takes "
+                f"{tuple(self.input_size)}; use the dataset the model was trained on or pass img_size"
             )
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """The model's outputs: class logits of its own classifier, or of the attached head
+        (`with_head`); for a headless model without a head, its pooled features."""
+        self._check_images(images)
+        if self.head is not None:
+            return self.head(self._pooled(images))
         return self.model(images)
 
     # --- partial forwards: the model from a layer's residual stream ---------------------------
@@ -165,7 +183,7 @@ class ModelSurface:
         raise NotImplementedError
 
     def head_from(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits from the last block's output: final norm, pooling and classifier head."""
+        """Outputs from the last block's output: final norm, pooling and classifier (the attached head, if any)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -181,6 +199,69 @@ class ModelSurface:
         if tokens.ndim != 3 or tuple(tokens.shape[1:]) != want:
             raise VitposError(f"residual stream of shape {tuple(tokens.shape)} does not fit {self.spec}, whose blocks "
                               f"take (B, {want[0]}, {want[1]})")
+
+    @torch.no_grad()
+    def pooled_features(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D) pooled pre-logit features: what the model's classifier (or a fitted head) reads."""
+        self._check_images(images)
+        return self._pooled(images)
+
+    def _pooled(self, images: torch.Tensor) -> torch.Tensor:
+        raise VitposError(f"{self.spec} ({type(self).__name__}) has no pooled pre-logit features")
+
+    def data_config(self) -> dict:
+        """The model's input normalisation and interpolation (timm's resolve_data_config keys)."""
+        from timm.data.config import resolve_data_config
+
+        return resolve_data_config({}, model=self.model)
+
+    @property
+    def classifier_classes(self) -> int:
+        """Classes of whatever turns the model's outputs into logits (0: none, outputs are features)."""
+        return self.head.num_classes if self.head is not None else self.num_classes
+
+    def with_head(self, head: Head, info: DatasetInfo | None = None, data: str | None = None) -> ModelSurface:
+        """This surface (same model, same hooks) with `head` on its pooled features as the classifier.
+
+        Refused (one-line VitposError) when the head was fitted on other weights, or, given the
+        data's `info`, on other classes."""
+        from vitpos.models.head import check_head
+
+        check_head(head, self, info, data)
+        out = copy.copy(self)
+        out.head = head
+        return out
+
+    def classifier_problem(self, info: DatasetInfo, data: str | None = None) -> str | None:
+        """None when the outputs are logits over `info`'s classes, else why not (with the fix)."""
+        data = data or info.name
+        k = len(info.class_names)
+        fit = (f"fit one with `vitpos head --model {shlex.quote(self.spec)} --data {shlex.quote(data)} --out DIR` "
+               "and pass --head DIR")
+        if self.head is not None:
+            if tuple(self.head.info.classes) == tuple(info.class_names):
+                return None
+            return (f"the head on {self.spec} has {self.head.num_classes} classes ({self.head.info.data}) but {data} "
+                    f"has {k}; {fit}")
+        n = self.num_classes
+        if n <= 0:
+            return (f"{self.spec} has no classifier (num_classes=0: its outputs are pooled features, not "
+                    f"class logits) and {data} has {k} classes; {fit}")
+        trained = self.trained_classes
+        if n != k or (trained is not None and tuple(trained) != tuple(info.class_names)):
+            own = getattr(self, "trained_data", None)
+            alt = f", or use the data it was trained on ({own})" if own else ""
+            if n == k:
+                return (f"{self.spec}'s {n}-class classifier was trained on {own or 'other data'}, whose classes are "
+                        f"not those of {data}; {fit}{alt}")
+            return f"{self.spec}'s classifier has {n} classes but {data} has {k}; {fit}{alt}"
+        return None
+
+    def check_classifier(self, info: DatasetInfo, data: str | None = None) -> None:
+        """One-line VitposError unless the outputs are class logits for `info`'s classes."""
+        problem = self.classifier_problem(info, data)
+        if problem is not None:
+            raise VitposError(problem)
 
     def weights_digest(self) -> str:
         """sha256 (16 hex) of every parameter and buffer: the model's content identity, so results
@@ -210,7 +291,7 @@ class ModelSurface:
     def rope_axis_map(self) -> RopeAxisMap:
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
         """The rotary tensor for `layer` with axes removed for chosen heads.
 
         base: the tensor timm passes to the block (N, 2d) or (h, N, 2d). remove: axis -> heads

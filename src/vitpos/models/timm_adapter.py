@@ -7,7 +7,8 @@ softmax pattern when attention is unfused), which is what the hook sites attach 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from timm.layers.pos_embed_sincos import (
@@ -24,10 +25,18 @@ from vitpos.errors import VitposError
 from vitpos.models.surface import Axis, ModelSurface, RopeAxisMap
 from vitpos.rope import axial_channel_axis, mixed_embed, mixed_grid_axes, remove_axial_channels
 
+if TYPE_CHECKING:
+    from timm.layers.attention import Attention, AttentionRope
+    from timm.models.eva import EvaAttention
+
+    # What a block's `attn` is in the families vitpos accepts (_check_blocks checks what is used).
+    TimmAttention = Attention | AttentionRope | EvaAttention
+    TimmRope = RotaryEmbeddingCat | RotaryEmbeddingMixed | RotaryEmbeddingDinoV3
+
 _REQUIRED_ATTN = ("q_norm", "k_norm", "attn_drop", "num_heads")
 
 
-def _check_blocks(model: nn.Module, name: str) -> None:
+def _check_blocks(model: VisionTransformer | Eva, name: str) -> None:
     for i, blk in enumerate(model.blocks):
         missing = [m for m in ("norm1", "attn", "norm2", "mlp") if not hasattr(blk, m)]
         missing += [f"attn.{m}" for m in _REQUIRED_ATTN if not hasattr(getattr(blk, "attn", None), m)]
@@ -40,6 +49,8 @@ def _check_blocks(model: nn.Module, name: str) -> None:
 
 class TimmViTSurface(ModelSurface):
     """timm VisionTransformer (APE or none): vit_*, deit_*, deit3_*, vit_*_reg*."""
+
+    model: VisionTransformer | Eva
 
     def __init__(self, model: nn.Module, spec: str):
         if not isinstance(model, (VisionTransformer, Eva)):
@@ -54,17 +65,23 @@ class TimmViTSurface(ModelSurface):
             pass  # fixed-size use is fine; the grid below is the configured one
         self.model = model.eval()
         self.spec = spec
-        self.grid = tuple(int(g) for g in model.patch_embed.grid_size)
+        grid_h, grid_w = model.patch_embed.grid_size
+        self.grid = (int(grid_h), int(grid_w))
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.depth = len(model.blocks)
-        attn0 = model.blocks[0].attn
+        # nn.ModuleList / Sequential items are typed as plain Modules; blocks[i].attn is a timm attention.
+        attn0 = cast("TimmAttention", model.blocks[0].attn)
         self.num_heads = int(attn0.num_heads)
         self.head_dim = int(getattr(attn0, "head_dim", model.embed_dim // self.num_heads))
         self.width = int(model.embed_dim)
         self.num_classes = int(getattr(model, "num_classes", 0))
-        img = model.patch_embed.img_size
+        img = cast(tuple[int, int], model.patch_embed.img_size)  # PatchEmbed keeps to_2tuple(img_size)
         self.input_size = (int(model.patch_embed.proj.in_channels), int(img[0]), int(img[1]))
         self.scheme = "ape" if getattr(model, "pos_embed", None) is not None else "none"
+
+    def _pooled(self, images: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return m.forward_head(m.forward_features(images), pre_logits=True)
 
     def block(self, layer: int) -> nn.Module:
         return self.model.blocks[layer]
@@ -89,13 +106,15 @@ class TimmViTSurface(ModelSurface):
     @torch.no_grad()
     def head_from(self, tokens: torch.Tensor) -> torch.Tensor:
         m: Any = self.model
+        if self.head is not None:  # an attached head reads the pooled features, as __call__ does
+            return self.head(m.forward_head(m.norm(tokens), pre_logits=True))
         return m.forward_head(m.norm(tokens))
 
     def attention(self, layer: int) -> nn.Module:
-        return self.model.blocks[layer].attn
+        return self.block(layer).get_submodule("attn")
 
     def embed_module(self) -> nn.Module:
-        return self.model.pos_drop
+        return self.model.get_submodule("pos_drop")
 
     def patch_pos_embed(self) -> torch.Tensor:
         pe = getattr(self.model, "pos_embed", None)
@@ -112,13 +131,17 @@ class TimmViTSurface(ModelSurface):
 class TimmEvaSurface(TimmViTSurface):
     """timm Eva: RoPE ViTs (axial 'cat', 'mixed'), EVA-02, DINOv3 ('dinov3'), with or without APE."""
 
+    model: Eva
+
     def __init__(self, model: nn.Module, spec: str):
         if not isinstance(model, Eva):
             raise VitposError(f"{spec}: expected a timm Eva model, got {type(model).__name__}")
         super().__init__(model, spec)
         rope = model.rope
         if rope is not None and not isinstance(rope, (RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3)):
-            raise VitposError(f"{spec}: rotary module {type(rope).__name__} is not supported (axial cat, mixed or dinov3 only)")
+            raise VitposError(f"{spec}: rotary module {type(rope).__name__} is not supported (axial cat, mixed or "
+                              "dinov3 only)")
+        self._rope: TimmRope | None = rope
         has_ape = getattr(model, "pos_embed", None) is not None
         self.scheme = ("rope+ape" if has_ape else "rope") if rope is not None else ("ape" if has_ape else "none")
         self._axis_map: RopeAxisMap | None = None
@@ -158,7 +181,8 @@ class TimmEvaSurface(TimmViTSurface):
 
     # the rotary tensor timm computes for this grid (what forward_features passes to blocks)
     def _base_rope(self) -> torch.Tensor:
-        rope = self.model.rope
+        rope = self._rope
+        assert rope is not None, "only RoPE models have a rotary tensor"
         with torch.no_grad():
             if getattr(self.model, "dynamic_img_size", False) or getattr(rope, "feat_shape", None) is None:
                 return rope.get_embed(shape=list(self.grid))
@@ -168,7 +192,7 @@ class TimmEvaSurface(TimmViTSurface):
         if not self.has_rope:
             return super().rope_axis_map()
         if self._axis_map is None:
-            rope = self.model.rope
+            rope = self._rope
             half = bool(getattr(self.model.blocks[0].attn, "rotate_half", False))
             layout = "half" if half else "interleaved"
             if isinstance(rope, RotaryEmbeddingMixed):
@@ -178,24 +202,26 @@ class TimmEvaSurface(TimmViTSurface):
                 self._axis_map = RopeAxisMap("mixed", self.head_dim, self.depth, self.num_heads, layout, freqs=freqs)
             else:
                 axes = axial_channel_axis(self._base_rope(), self.grid)
-                self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout, channel_axis=axes)
+                self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout,
+                                             channel_axis=axes)
         return self._axis_map
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: dict[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
         if not self.has_rope:
             return super().rope_embed(layer, base, remove)
         h = self.num_heads
         out = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h, *base.shape[-2:]).clone()
         amap = self.rope_axis_map()
         for head in range(h):
-            axes = [a for a, heads in remove.items() if heads is None or head in heads]
+            axes: list[Axis] = [a for a, heads in remove.items() if heads is None or head in heads]
             if not axes:
                 continue
             if amap.kind == "axial":
                 chans = [j for a in axes for j in amap.channels(a)]
                 out[head] = remove_axial_channels(out[head], chans)
             else:
-                rope = self.model.rope
+                rope = self._rope
+                assert isinstance(rope, RotaryEmbeddingMixed), "a mixed axis map comes from a mixed rope"
                 t_x, t_y, row_idx = mixed_grid_axes(self.grid, rope.grid_indexing)
                 drop_row, drop_col = "row" in axes, "col" in axes
                 drop_x, drop_y = (drop_row, drop_col) if row_idx == 0 else (drop_col, drop_row)

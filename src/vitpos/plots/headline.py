@@ -1,7 +1,8 @@
 """The report's headline figure: APE and RoPE side by side, one panel per kind of evidence.
 
 (a) probes: row and column decodability per layer (depth-normalised) for every model;
-(b) C1/C2: the top-1 drop of each permuted feature set beside its controls (APE models);
+(b) C2: the top-1 drop of each permuted feature set beside its matched random control (hatched),
+    with 95 % intervals (APE models);
 (c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
 (d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
 A panel without data says so in place, so the figure's layout never depends on what ran.
@@ -15,10 +16,14 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
-from vitpos.plots.sweeps import CYCLE, OKABE_ITO, mathtext_safe, new_figure, save_figure
+from vitpos.plots.sweeps import CYCLE, OKABE_ITO, drop_error, mathtext_safe, new_figure, save_figure
 
-_APE_BARS = (("all", "row+col"), ("random_features", "random\n(matched)"), ("all_positional", "all\npositional"),
-             ("mean_ablate", "mean-\nablate"), ("pos_embed_shuffle", "APE table\nshuffled"))
+# each permuted set beside its matched random control (hatched), then the SAE-free APE shuffle
+_APE_BARS = (("all_positional", "all\npositional"), ("random_all_positional", "its\ncontrol"),
+             ("all", "row+col"), ("random_features", "its\ncontrol"),
+             ("row_only", "row"), ("random_row", "its\ncontrol"), ("col_only", "col"), ("random_col", "its\ncontrol"),
+             ("pos_embed_shuffle", "APE table\nshuffled"))
+_APE_CONTROLS = {"random_all_positional", "random_features", "random_row", "random_col"}
 
 
 def _empty(ax, text: str) -> None:
@@ -55,18 +60,22 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
         return
     width = 0.8 / len(docs)
     for j, (spec, doc) in enumerate(docs):
-        xs, ys, errs = [], [], []
+        xs, ys, lows, highs, hatches = [], [], [], [], []
         for i, (v, _) in enumerate(_APE_BARS):
             entry = doc.get(v)
             if isinstance(entry, dict) and "drop_points" in entry:
+                d, lo, hi = drop_error(entry)
                 xs.append(i + (j - (len(docs) - 1) / 2) * width)
-                ys.append(entry["drop_points"])
-                errs.append(entry.get("drop_std") or 0.0)
-        ax.bar(xs, ys, width, yerr=errs, color=CYCLE[j % len(CYCLE)], label=mathtext_safe(spec), capsize=2)
-    ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=7)
+                ys.append(d)
+                lows.append(lo)
+                highs.append(hi)
+                hatches.append("//" if v in _APE_CONTROLS else "")
+        ax.bar(xs, ys, width, yerr=[lows, highs], color=CYCLE[j % len(CYCLE)], label=mathtext_safe(spec), capsize=2,
+               hatch=hatches, edgecolor="black", linewidth=0.4)
+    ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=6)
     ax.axhspan(24, 31, color=OKABE_ITO["yellow"], alpha=0.25, lw=0, label="study: 24-31 pts")
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_ylabel("top-1 drop (points)")
+    ax.set_ylabel("top-1 drop (points, 95% CI)")
     ax.legend(fontsize=6, frameon=False)
 
 

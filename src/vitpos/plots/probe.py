@@ -33,6 +33,13 @@ def _series(results: dict, key: str) -> list[float] | None:
     return [float("nan") if v is None else float(v) for v in vals]
 
 
+def _required_series(results: dict, key: str, what: str) -> list[float]:
+    vals = _series(results, key)
+    if vals is None:
+        raise VitposError(f"{what}[{key!r}] has no values; regenerate probe.json")
+    return vals
+
+
 def plot_probe_curves(
     results_json: dict,
     path: str | Path,
@@ -55,13 +62,14 @@ def plot_probe_curves(
     layers = list(res["layers"])
     for axis in ("row", "col"):
         color = _COLORS[axis]
-        ax.plot(layers, _series(res, f"{axis}_acc"), "-o", color=color, ms=3, label=f"{axis} probe")
+        ax.plot(layers, _required_series(res, f"{axis}_acc", "results_json"), "-o", color=color, ms=3,
+                label=f"{axis} probe")
         ctrl = _series(res, f"{axis}_control_acc")
         if ctrl is not None:
             ax.plot(layers, ctrl, "-", color=color, alpha=0.3, lw=1, label=f"{axis} control")
         if base is not None:
-            ax.plot(list(base["layers"]), _series(base, f"{axis}_acc"), ":", color=color, lw=1.5,
-                    label=f"{axis} content baseline")
+            base_acc = _required_series(base, f"{axis}_acc", "content_baseline")
+            ax.plot(list(base["layers"]), base_acc, ":", color=color, lw=1.5, label=f"{axis} content baseline")
         ax.axhline(float(res[f"chance_{axis}"]), ls="--", color=color, lw=0.8, alpha=0.7,
                    label=f"chance {axis}")
     ax.set_xlabel("layer")

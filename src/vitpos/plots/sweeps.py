@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib as mpl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -81,23 +82,57 @@ def _pct(v: Any) -> str:
 
 
 # ---------------------------------------------------------------- ape_permute
+def ape_bar_order(doc: dict) -> list[tuple[str, bool]]:
+    """(variant, is a control) in plotting order: each permuted set followed by its matched control
+    (`controls`), then the remaining variants in `variants` order."""
+    out: list[tuple[str, bool]] = []
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {}
+    for kept, ctrl in controls.items():
+        out.append((str(kept), False))
+        if ctrl in doc:
+            out.append((str(ctrl), True))
+    seen = {v for v, _ in out}
+    return out + [(str(v), False) for v in doc["variants"] if v not in seen]
+
+
+def drop_error(entry: dict) -> tuple[float, float, float]:
+    """(drop, down, up): the error bar is the 95 % interval where measured, else ± drop_std."""
+    d = _num(entry.get("drop_points"))
+    ci = entry.get("drop_ci95")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and not math.isnan(d):
+        return d, max(d - _num(ci[0]), 0.0), max(_num(ci[1]) - d, 0.0)
+    e = _num(entry.get("drop_std"))
+    e = 0.0 if math.isnan(e) else e
+    return d, e, e
+
+
 def plot_ape_permute(doc: dict, path: str | Path) -> Path:
-    """Bars of the top-1 drop (points, ± drop_std) per permutation variant; a second panel with
-    the per-group drops (vertical vs horizontal) for all / row_only / col_only when available."""
+    """Bars of the top-1 drop (points) per permutation variant, each permuted set beside its matched
+    random control (grey, hatched); error bars are the 95 % bootstrap interval (± drop_std for
+    results without one). A second panel with the per-group drops (vertical vs horizontal) for all /
+    row_only / col_only when available."""
     _need(doc, ("baseline_top1",), "ape_permute")
-    variants = list(_need(doc, ["variants"], "ape_permute")["variants"])
-    names, drops, errs, notes = [], [], [], []
-    for v in variants:
+    _need(doc, ["variants"], "ape_permute")
+    order = ape_bar_order(doc)
+    names, drops, lows, highs, notes, colors, hatches = [], [], [], [], [], [], []
+    pair = -1
+    for v, is_ctrl in order:
         entry = doc.get(v)
         names.append(v)
+        pair += 0 if is_ctrl else 1
+        colors.append("0.75" if is_ctrl else CYCLE[pair % len(CYCLE)])
+        hatches.append("//" if is_ctrl else "")
         if not isinstance(entry, dict) or "skipped" in entry or "drop_points" not in entry:
             drops.append(0.0)
-            errs.append(0.0)
+            lows.append(0.0)
+            highs.append(0.0)
             notes.append("skipped" if isinstance(entry, dict) and "skipped" in entry else "missing")
         else:
-            drops.append(_num(entry.get("drop_points")))
-            e = _num(entry.get("drop_std"))
-            errs.append(0.0 if math.isnan(e) else e)
+            d, lo, hi = drop_error(entry)
+            drops.append(d)
+            lows.append(lo)
+            highs.append(hi)
             notes.append(None)
     groups: list[str] = []
     for v in ("all", "row_only", "col_only"):
@@ -106,21 +141,20 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
             if g not in groups:
                 groups.append(g)
     two = bool(groups)
-    fig = new_figure(11.0 if two else 6.6, 4.4)
+    fig = new_figure(13.0 if two else 8.5, 4.6)
     axes = fig.subplots(1, 2 if two else 1, squeeze=False)[0]
     ax = axes[0]
     x = list(range(len(names)))
-    colors = [CYCLE[i % len(CYCLE)] for i in x]
-    ax.bar(x, drops, yerr=errs, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
+    ax.bar(x, drops, yerr=[lows, highs], capsize=4, color=colors, edgecolor="black", linewidth=0.6, hatch=hatches)
     for i, note in enumerate(notes):
         if note:
             ax.text(i, 0, note, ha="center", va="bottom", rotation=90, fontsize=8, color="0.35")
         elif not math.isnan(drops[i]):
-            ax.text(i, drops[i] + errs[i], f"{drops[i]:.1f}", ha="center", va="bottom", fontsize=8)
+            ax.text(i, drops[i] + highs[i], f"{drops[i]:.1f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, names, rotation=30, ha="right")
-    ax.set_ylabel("top-1 drop (points)")
-    ax.set_xlabel("intervention")
+    ax.set_ylabel("top-1 drop (points, 95% CI)")
+    ax.set_xlabel("intervention (grey, hatched: the matched random control of the bar before)")
     ax.grid(axis="y", alpha=0.3)
     model = mathtext_safe(doc.get("model", ""))
     where = mathtext_safe(f"layer {doc.get('layer', '?')} {doc.get('site', '')}".strip())
@@ -168,7 +202,7 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         restore_from = rs[len(rs) // 2]
     fig = new_figure(11.5, 6.0)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, axis in zip(axes, ("row", "col")):
+    for ax, axis in zip(axes, ("row", "col"), strict=True):
         shown = ["baseline", "no_row", "no_col", "no_both"]
         if restore_from is not None:
             shown.append(f"restore_{axis}_R{restore_from}")
@@ -206,7 +240,8 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     axes[0].set_ylabel("probe test accuracy")
     sub = f", restored from R={restore_from}" if restore_from is not None else ""
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"), fontsize=10)
+    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"),
+                 fontsize=10)
     return save_figure(fig, path)
 
 
@@ -218,7 +253,7 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
         raise VitposError(f"rope_axis['recovery'] must map axis -> R -> curve, got {type(rec).__name__}")
     fig = new_figure(10.5, 4.2)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, axis in zip(axes, ("row", "col")):
+    for ax, axis in zip(axes, ("row", "col"), strict=True):
         per_r = rec.get(axis) or {}
         for i, (r, entry) in enumerate(sorted(per_r.items(), key=lambda kv: _num(kv[0]))):
             ys = _series((entry or {}).get("rec"))
@@ -270,19 +305,21 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
         panels.append(("axis index S (+1 row, −1 col)", _grid(doc["axis_index"], L, H, "axis_index"),
                        dict(cmap="PuOr_r", vmin=-1.0, vmax=1.0)))
     if doc.get("rebuild_score") is not None:
-        panels.append(("rebuilding score (fall in Rec; grey = not scored)", _grid(doc["rebuild_score"], L, H, "rebuild_score"),
+        panels.append(("rebuilding score (fall in Rec; grey = not scored)",
+                       _grid(doc["rebuild_score"], L, H, "rebuild_score"),
                        dict(cmap="viridis")))
     panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
                    dict(cmap="cividis")))
     fig = new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     marks = []
-    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"], "primary rebuilding head"),
+    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"],
+                                       "primary rebuilding head"),
                                       ("largest_drop_head", "s", OKABE_ITO["sky"], "largest-drop head")):
         lh = doc.get(key)
         if isinstance(lh, (list, tuple)) and len(lh) == 2 and (r := _row_of(layers, lh[0])) is not None:
             marks.append((r, int(lh[1]), marker, color, f"{label} (L{lh[0]} h{lh[1]})"))
-    for ax, (title, grid, kw) in zip(axes, panels):
+    for ax, (title, grid, kw) in zip(axes, panels, strict=True):
         cmap = kw.pop("cmap")
         cm = mpl.colormaps[cmap].with_extremes(bad="0.85")
         im = ax.imshow(grid, cmap=cm, aspect="auto", interpolation="nearest", **kw)
@@ -293,7 +330,7 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("head")
         ax.set_xticks(range(H))
-        ax.set_yticks(range(L), [str(l) for l in layers])
+        ax.set_yticks(range(L), [str(layer) for layer in layers])
     axes[0].set_ylabel("layer")
     if marks:
         fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=len(marks))

@@ -41,6 +41,16 @@ def pts(v: Any, std: Any = None, signed: bool = False) -> str:
     return f"{s} ± {sd:.1f} pts" if sd is not None else f"{s} pts"
 
 
+def ci(iv: Any, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    """A 95 % interval as "[lo, hi]" (values times `scale`), "" when there is none."""
+    if not isinstance(iv, (list, tuple)) or len(iv) != 2:
+        return ""
+    lo, hi = num(iv[0]), num(iv[1])
+    if lo is None or hi is None:
+        return ""
+    return f"[{scale * lo:.{digits}f}{unit}, {scale * hi:.{digits}f}{unit}]"
+
+
 def fnum(v: Any, digits: int = 3) -> str:
     x = num(v)
     if x is None:
@@ -107,6 +117,12 @@ def reason(m: dict, exp: str) -> str:
     if isinstance(doc, dict) and "skipped" in doc:
         return str(doc["skipped"])
     return "no result in this run"
+
+
+def dict_at(d: dict, key: str) -> dict:
+    """d[key] when it is a dict, else {} (any key of a result document may be missing or null)."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
 
 
 def doc_of(m: dict, exp: str) -> dict | None:

@@ -17,7 +17,7 @@ from typing import Any
 from vitpos.errors import VitposError
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.io import atomic_path
-from vitpos.report.format import describe, doc_of, e, families, fmt_value, num, reason, table
+from vitpos.report.format import describe, dict_at, doc_of, e, families, fmt_value, num, reason, table
 from vitpos.report.sections import RENDER_ERRORS, img, model_section, models_table, summary_line
 from vitpos.study.claims import CLAIM_TEXT, claim_scheme
 from vitpos.study.results import HEADLINE_FIGURE, StudyResults
@@ -90,13 +90,13 @@ def _contrast_cell(claim: str, family: str, models: dict, data: str | None) -> s
 def _badge(verdict: Any, prefix: str = "") -> str:
     v = str(verdict or "not evaluated")
     cls = re.sub(r"[^a-z]+", "-", v.lower()).strip("-")
-    if cls not in ("supported", "not-supported", "not-applicable"):
+    if cls not in ("supported", "not-supported", "not-applicable", "inconclusive", "partly-supported"):
         cls = "other"
     return f'<span class="badge {cls}">{e(prefix)}{e(v)}</span>'
 
 
 def _headline(results: dict, models: dict) -> str:
-    summary = results.get("summary") if isinstance(results.get("summary"), dict) else {}
+    summary = dict_at(results, "summary")
     claims = [c for c in summary.get("claims") or [] if isinstance(c, dict)]
     datas: list[str] = []
     for m in models.values():
@@ -155,6 +155,7 @@ tr.group th{background:#dfe6ee;font-size:1.02em}
 margin:.1em 0}
 .badge.supported{background:#0072B2}.badge.not-supported{background:#D55E00}
 .badge.not-applicable{background:#7a7a7a}.badge.other{background:#a07400}
+.badge.partly-supported{background:#a07400}.badge.inconclusive{background:#fff;color:#5a5a5a;border:2px dashed #5a5a5a}
 .na{color:#666;font-style:italic}
 .small{color:#555;font-size:.85em}
 ul.nums,ul.contrast{margin:.2em 0;padding-left:1.2em;font-size:.88em}
@@ -167,7 +168,7 @@ footer{margin-top:3em;border-top:1px solid #ccc;font-size:.85em;color:#444}
 
 
 def _reproduce(results: dict) -> str:
-    cfg = results.get("config") if isinstance(results.get("config"), dict) else {}
+    cfg = dict_at(results, "config")
     cmd = results.get("reproduce") or cfg.get("reproduce") or cfg.get("command")
     out = ['<section id="reproduce"><h2>How to reproduce</h2>']
     if cmd:
@@ -186,8 +187,8 @@ def _reproduce(results: dict) -> str:
 def _versions(results: dict) -> str:
     return ("<p>" + "; ".join(f"{k} <code>{e(results.get(k, 'unknown'))}</code>"
                               for k in ("vitpos_version", "torch_version", "timm_version")) +
-            f"; seed <code>{e(results.get('seed', 'unknown'))}</code>; created <code>{e(results.get('created', 'unknown'))}"
-            "</code></p>")
+            f"; seed <code>{e(results.get('seed', 'unknown'))}</code>; created "
+            f"<code>{e(results.get('created', 'unknown'))}</code></p>")
 
 
 def _footer(results: dict) -> str:
@@ -250,7 +251,8 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
     body += [_reproduce(doc), _footer(doc)]
     page = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>vitpos report</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            f"<title>vitpos report</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
     path = out_dir / "report.html"
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")

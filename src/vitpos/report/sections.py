@@ -11,12 +11,29 @@ from pathlib import Path
 from typing import Any
 
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import VARIANTS as APE_VARIANTS
+from vitpos.experiments.ape_permute import CONTROLS as APE_CONTROLS
+from vitpos.experiments.ape_permute import variant_names
 from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.report.format import (
+    ci,
+    describe,
+    dict_at,
+    doc_of,
+    e,
+    fmt_value,
+    fnum,
+    kv_table,
+    last,
+    na,
+    num,
+    pct,
+    probe_sites,
+    pts,
+    reason,
+    table,
+)
 from vitpos.study.results import ModelEntry, figure_key, model_slug
-from vitpos.report.format import (describe, doc_of, e, fmt_value, fnum, kv_table, last, na, num, pct, probe_sites,
-                                  pts, reason, table)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,19 +58,32 @@ def _summary_sae(doc: dict) -> str:
     if isinstance(c, dict):
         row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
         s += (f"; removing the row features: Δ row-probe acc {fnum(row.get('row_drop'))}, Δ col-probe acc "
-              f"{fnum(row.get('col_drop'))} (selectivity {fnum(row.get('selectivity'), 2)}); removing the col "
-              f"features: Δ col {fnum(col.get('col_drop'))}, Δ row {fnum(col.get('row_drop'))} (selectivity "
-              f"{fnum(col.get('selectivity'), 2)})")
+              f"{fnum(row.get('col_drop'))} (selectivity {fnum(row.get('selectivity'), 2)} "
+              f"{ci(row.get('selectivity_ci95'), digits=2)}); removing the col features: Δ col "
+              f"{fnum(col.get('col_drop'))}, Δ row {fnum(col.get('row_drop'))} (selectivity "
+              f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)})")
     return s
+
+
+APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",
+                  "col_only": "col only"}
+
+
+def _drop_text(x: Any) -> str:
+    if not isinstance(x, dict) or "drop_points" not in x:
+        return "n/a"
+    return f"{pts(x.get('drop_points'))} {ci(x.get('drop_ci95'))}".rstrip()
 
 
 def _summary_ape(doc: dict) -> str:
     parts = []
-    for v, label in (("all", "all positional features"), ("row_only", "row only"), ("col_only", "col only"),
-                     ("random_features", "random features")):
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {"all": "random_features"}
+    for v, label in APE_SET_LABELS.items():
         x = doc.get(v)
         if isinstance(x, dict) and "drop_points" in x:
-            parts.append(f"{label} {pts(x.get('drop_points'), x.get('drop_std'))}")
+            c = controls.get(v)
+            parts.append(f"{label} {_drop_text(x)}" + (f" (control {_drop_text(doc.get(c))})" if c else ""))
     return f"baseline top-1 {pct(doc.get('baseline_top1'))}; drop when permuting " + (", ".join(parts) or "n/a")
 
 
@@ -72,8 +102,9 @@ def _summary_axis(doc: dict, claim: str) -> str:
     for c in ("no_row", "no_col"):
         x = conds.get(c)
         if isinstance(x, dict):
-            parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean {pct(last(base.get('row_acc')))}), "
-                         f"col {pct(last(x.get('col_acc')))} (clean {pct(last(base.get('col_acc')))})")
+            parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean "
+                         f"{pct(last(base.get('row_acc')))}), col {pct(last(x.get('col_acc')))} (clean "
+                         f"{pct(last(base.get('col_acc')))})")
     return "; ".join(parts) or "no conditions"
 
 
@@ -124,15 +155,20 @@ def models_table(models: dict) -> str:
         d = describe(m)
         grid = d.get("grid")
         grid_s = "×".join(map(str, grid)) if isinstance(grid, (list, tuple)) else ""
-        ev = m.get("eval") if isinstance(m.get("eval"), dict) else {}
+        ev = dict_at(m, "eval")
         top1 = pct(eval_top1(m)) + (f" (n={ev['n']})" if ev.get("n") is not None else "")
+        hd = m.get("head")
+        if isinstance(hd, dict):  # measured through a head on the pooled features (results.json `head`)
+            top1 += f"; {e(hd.get('source', 'fitted'))} head on pooled features, l2 {e(hd.get('l2'))}"
         rows.append([f'<a href="#model-{e(model_slug(spec))}">{e(spec)}</a>', e(m.get("data")), e(d.get("scheme")),
                      e(grid_s), e(d.get("depth")), e(d.get("num_heads")), e(top1)])
     return table(["model", "data", "scheme", "grid", "depth", "heads", "test top-1"], rows, cls="data models", raw=True)
 
 
 def _sec_eval(doc: dict) -> str:
-    html_ = f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b> on n = {e(doc.get('n', '?'))} images</p>"
+    iv = ci(doc.get("top1_ci95"), 100, 1, "%")
+    html_ = (f"<p>test top-1 <b>{pct(doc.get('top1', doc.get('test_top1')))}</b>"
+             f"{f' (95% Wilson interval {iv})' if iv else ''} on n = {e(doc.get('n', '?'))} images</p>")
     pg = doc.get("per_group")
     if isinstance(pg, dict) and pg:
         rows = []
@@ -148,15 +184,18 @@ def _sec_probe(doc: dict) -> str:
     for site, res in probe_sites(doc).items():
         layers = res.get("layers") or []
 
-        def col(key: str, i: int, fmt: Callable[[Any], str] = pct) -> str:
+        def col(key: str, i: int, fmt: Callable[[Any], str] = pct, res: dict = res) -> str:
             vals = res.get(key)
             return fmt(vals[i]) if isinstance(vals, list) and i < len(vals) else "n/a"
 
-        sel = lambda v: pts(None if num(v) is None else 100 * num(v), signed=True)  # noqa: E731
-        rows = [[str(l), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
-                 col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, l in enumerate(layers)]
-        cb = res.get("content_baseline") if isinstance(res.get("content_baseline"), dict) else {}
-        out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col {pct(res.get('chance_col'))}"
+        def sel(v: Any) -> str:
+            x = num(v)
+            return pts(None if x is None else 100 * x, signed=True)
+        rows = [[str(layer), col("row_acc", i), col("col_acc", i), col("row_control_acc", i), col("col_control_acc", i),
+                 col("row_selectivity", i, sel), col("col_selectivity", i, sel)] for i, layer in enumerate(layers)]
+        cb = dict_at(res, "content_baseline")
+        out.append(f"<h4>site {e(site)}</h4><p>chance: row {pct(res.get('chance_row'))}, col "
+                   f"{pct(res.get('chance_col'))}"
                    + (f"; content baseline (no positional input): row {pct(cb.get('row_acc'))}, "
                       f"col {pct(cb.get('col_acc'))}" if cb and num(cb.get("row_acc")) is not None else "")
                    + "</p>")
@@ -171,7 +210,8 @@ def ids(v: Any, n: int = 12) -> str:
 
 
 def _sec_sae(doc: dict) -> str:
-    pairs = [("architecture", f"{doc.get('arch', '?')}, k = {doc.get('k', '?')}, expansion {doc.get('expansion', '?')}×"),
+    pairs = [("architecture",
+              f"{doc.get('arch', '?')}, k = {doc.get('k', '?')}, expansion {doc.get('expansion', '?')}×"),
              ("trained on", f"layer {doc.get('layer', '?')} {doc.get('site', '')}"),
              ("fraction of variance unexplained (FVU)", fnum(doc.get("fvu"))),
              ("L0 (active latents per token)", fnum(doc.get("l0"), 1)),
@@ -184,41 +224,77 @@ def _sec_sae(doc: dict) -> str:
     c = doc.get("causal")
     if isinstance(c, dict):
         row, col = c.get("ablate_row") or {}, c.get("ablate_col") or {}
-        pairs += [("causal: row-probe drop on removing row features", fnum(row.get("row_drop", row.get("skipped")))),
-                  ("causal: col-probe drop on removing col features", fnum(col.get("col_drop", col.get("skipped")))),
-                  ("causal selectivity of the row features Δrow / (|Δrow| + |Δcol|)", fnum(row.get("selectivity"), 2)),
-                  ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)", fnum(col.get("selectivity"), 2))]
+        pairs += [("causal: row-probe drop on removing row features",
+                   f"{fnum(row.get('row_drop', row.get('skipped')))} {ci(row.get('row_drop_ci95'), digits=4)}"),
+                  ("causal: col-probe drop on removing col features",
+                   f"{fnum(col.get('col_drop', col.get('skipped')))} {ci(col.get('col_drop_ci95'), digits=4)}"),
+                  ("causal selectivity of the row features Δrow / (|Δrow| + |Δcol|)",
+                   f"{fnum(row.get('selectivity'), 2)} {ci(row.get('selectivity_ci95'), digits=2)}"),
+                  ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)",
+                   f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)}")]
     return kv_table(pairs)
 
 
 def _sec_ape(doc: dict) -> str:
-    fc = doc.get("feature_counts") if isinstance(doc.get("feature_counts"), dict) else {}
+    counts = doc.get("feature_counts")
+    fc: dict = counts if isinstance(counts, dict) else {}
+    base_ci = ci(doc.get("baseline_top1_ci95"), 100, 1, "%")
     head = (f"<p>{e(doc.get('model', ''))} layer {e(doc.get('layer', '?'))} {e(doc.get('site', ''))} on "
             f"{e(doc.get('data', ''))}: {e(doc.get('n_images', '?'))} images, seeds {e(fmt_value(doc.get('seeds')))}; "
-            f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>; positional features: "
-            f"{e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col</p>")
+            f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>{e(' ' + base_ci if base_ci else '')}; positional "
+            f"features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, {e(fc.get('mixed', '?'))} mixed. "
+            "Drops in top-1 points with their 95% paired-bootstrap interval over images (seeds pooled); C2 reads the "
+            "all-positional set against its matched random control.</p>")
+    given = doc.get("controls")
+    controls: dict = given if isinstance(given, dict) else {}
+    pairs = []
+    for kept, ctrl in (controls or APE_CONTROLS).items():
+        k, c = doc.get(kept), doc.get(ctrl)
+        if not isinstance(k, dict) and not isinstance(c, dict):
+            continue
+        pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), _drop_text(k) if _ran(k) else _why(k), str(ctrl),
+                      _nf(c), _drop_text(c) if _ran(c) else _why(c), str((c or {}).get("note") or "")])
+    out = head
+    if pairs:
+        out += "<h4>each permuted set beside its matched random control</h4>"
+        out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
+                      "note"], pairs)
     rows = []
-    for v in doc.get("variants") or APE_VARIANTS:
+    for v in variant_names(doc):
         x = doc.get(v)
         if not isinstance(x, dict):
-            rows.append([str(v), "not run", "", "", ""])
+            rows.append([str(v), "not run", "", "", "", ""])
             continue
         if "skipped" in x:
-            rows.append([str(v), f"skipped: {x['skipped']}", "", "", ""])
+            rows.append([str(v), f"skipped: {x['skipped']}", "", "", "", ""])
             continue
-        pg = x.get("per_group") if isinstance(x.get("per_group"), dict) else {}
+        pg = dict_at(x, "per_group")
         groups = "; ".join(f"{g}: {pts((gv or {}).get('drop_points'))}" for g, gv in pg.items()) or "—"
         sd = num(x.get("top1_std"))
         t = num(x.get("top1"))
         top1 = f"{100 * t:.1f} ± {100 * sd:.1f}%" if t is not None and sd is not None else pct(t)
         nf = x.get("n_features")
-        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), "—" if nf is None else str(nf), groups])
-    return head + table(["variant", "top-1", "drop", "features permuted", "drop per class group"],
-                         rows)
+        rows.append([str(v), top1, pts(x.get("drop_points"), x.get("drop_std")), ci(x.get("drop_ci95")) or "—",
+                     "—" if nf is None else str(nf), groups])
+    return out + "<h4>every variant</h4>" + table(["variant", "top-1", "drop (± std over seeds)", "drop 95% CI",
+                                                    "features permuted", "drop per class group"], rows)
+
+
+def _ran(x: Any) -> bool:
+    return isinstance(x, dict) and "drop_points" in x
+
+
+def _nf(x: Any) -> str:
+    n = x.get("n_features") if isinstance(x, dict) else None
+    return "—" if n is None else str(n)
+
+
+def _why(x: Any) -> str:
+    return f"skipped: {x['skipped']}" if isinstance(x, dict) and "skipped" in x else "not run"
 
 
 def _sec_axis(doc: dict) -> str:
-    conds = doc.get("conditions") if isinstance(doc.get("conditions"), dict) else {}
+    conds = dict_at(doc, "conditions")
     base_top1 = num((conds.get("baseline") or {}).get("top1"))
     rows = []
     for name, c in conds.items():
@@ -226,12 +302,13 @@ def _sec_axis(doc: dict) -> str:
             continue
         t = num(c.get("top1"))
         d = "—" if t is None or base_top1 is None or name == "baseline" else pts(100 * (t - base_top1), signed=True)
-        rows.append([str(name), str(c.get("axis") or "—"), "—" if c.get("restore_from") is None else str(c["restore_from"]),
+        rows.append([str(name), str(c.get("axis") or "—"),
+                     "—" if c.get("restore_from") is None else str(c["restore_from"]),
                      pct(t), d, pct(last(c.get("row_acc"))), pct(last(c.get("row_acc_orig_probe"))),
                      pct(last(c.get("col_acc"))), pct(last(c.get("col_acc_orig_probe")))])
     out = (f"<p>{e(doc.get('model', ''))} on {e(doc.get('data', ''))}, probes at {e(doc.get('site', 'resid_post'))}; "
-           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Probe accuracies at the "
-           "final layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
+           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Probe accuracies at the final "
+           "layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
     out += table(["condition", "axis removed", "restore from", "top-1", "Δ top-1", "row (retrained)",
                    "row (orig. probe)", "col (retrained)", "col (orig. probe)"], rows)
     rec_rows = []

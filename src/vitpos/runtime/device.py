@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 

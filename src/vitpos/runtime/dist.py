@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -48,7 +48,7 @@ def save_train_state(ckpt_dir: str | Path, sae, opt: torch.optim.Optimizer, sinc
         "config": json.dumps(sae.cfg.model_dump()),
         "run": json.dumps(run, sort_keys=True),
         "param_groups": json.dumps(sd["param_groups"]),
-        "scalar_state": json.dumps(sorted(k for k, t in tensors.items() if k.startswith("opt.") and _was_scalar(sd, k))),
+        "scalar_state": json.dumps(sorted(k for k in tensors if k.startswith("opt.") and _was_scalar(sd, k))),
         "epoch": str(epoch),
         "batch_in_pass": str(batch_in_pass),
         "log": json.dumps({f.name: getattr(log, f.name) for f in fields(log)}),
@@ -77,12 +77,14 @@ def load_train_state(ckpt_dir: str | Path, sae, opt: torch.optim.Optimizer, sinc
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise VitposError(f"{file} is not a readable checkpoint ({e}); delete it (or pass --force) to start over") from e
+        raise VitposError(f"{file} is not a readable checkpoint ({e}); delete it (or pass --force) to start "
+                          "over") from e
     if meta.get("format") != FORMAT:
         raise VitposError(f"{file} is not a vitpos SAE training checkpoint; delete it or use another folder")
-    if json.loads(meta["config"]) != sae.cfg.model_dump() or json.loads(meta["run"]) != json.loads(json.dumps(run, sort_keys=True)):
+    if (json.loads(meta["config"]) != sae.cfg.model_dump()
+            or json.loads(meta["run"]) != json.loads(json.dumps(run, sort_keys=True))):
         raise StaleCheckpointError(f"{file} belongs to a different SAE run (config or training settings differ); "
-                          "pass --force or another output folder")
+                                   "pass --force or another output folder")
     dev = sae.W_enc.device
     with torch.no_grad():
         for n in _SAE_TENSORS:

@@ -44,17 +44,17 @@ class SAEConfig(BaseModel):
 
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
     d_in: int = Field(gt=0)
-    expansion: int = Field(8, gt=0)
-    k: int = Field(32, gt=0, description="active latents per token (topk) / mean per token (batchtopk)")
-    l1_coeff: float = Field(1e-3, ge=0, description="relu only: weight of Σ_f z_f‖d_f‖ (mean over tokens)")
-    aux_k: int | None = Field(None, gt=0, description="AuxK latents per token; None = d_in // 2")
-    aux_coeff: float = Field(1 / 32, ge=0)
-    dead_steps: int = Field(100_000, gt=0, description="tokens since a latent last fired before it counts dead")
+    expansion: int = Field(default=8, gt=0)
+    k: int = Field(default=32, gt=0, description="active latents per token (topk) / mean per token (batchtopk)")
+    l1_coeff: float = Field(default=1e-3, ge=0, description="relu only: weight of Σ_f z_f‖d_f‖ (mean over tokens)")
+    aux_k: int | None = Field(default=None, gt=0, description="AuxK latents per token; None = d_in // 2")
+    aux_coeff: float = Field(default=1 / 32, ge=0)
+    dead_steps: int = Field(default=100_000, gt=0, description="tokens since a latent last fired before it counts dead")
     normalize: bool = True
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "SAEConfig":
+    def _check(self) -> SAEConfig:
         if self.arch != "relu" and self.k > self.d_sae:
             raise ValueError(f"k={self.k} exceeds the dictionary size {self.d_sae}")
         return self
@@ -68,7 +68,7 @@ class SAEConfig(BaseModel):
         return self.aux_k if self.aux_k is not None else max(1, self.d_in // 2)
 
     @classmethod
-    def parse(cls, d: dict[str, Any]) -> "SAEConfig":
+    def parse(cls, d: dict[str, Any]) -> SAEConfig:
         """Validate a dict (e.g. from sae.json or a CLI) into a config, as a one-line VitposError."""
         try:
             return cls.model_validate(d)
@@ -142,7 +142,8 @@ def topk_flat(pre: Tensor, k: int) -> Tensor:
 class _Sparse:
     __slots__ = ("rows", "cols", "flat", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
 
-    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int, flat: Tensor | None = None):
+    def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int,
+                 flat: Tensor | None = None):
         self.rows, self.cols, self.row_offsets = rows, cols, row_offsets
         self.n_rows, self.n_cols = n_rows, n_cols
         # Flat positions in the (N, F) code matrix: 1-D take/scatter beat 2-D advanced indexing.
@@ -151,7 +152,7 @@ class _Sparse:
         self._col_offsets: Tensor | None = None
 
     @classmethod
-    def from_topk(cls, idx: Tensor, n_cols: int) -> "_Sparse":
+    def from_topk(cls, idx: Tensor, n_cols: int) -> _Sparse:
         n, k = idx.shape
         ar = torch.arange(n, device=idx.device)
         cols = idx.reshape(-1)
@@ -159,7 +160,7 @@ class _Sparse:
         return cls(rows, cols, ar * k, n, n_cols, flat=(ar.unsqueeze(1) * n_cols + idx).reshape(-1))
 
     @classmethod
-    def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> "_Sparse":
+    def from_flat(cls, flat_idx: Tensor, n_rows: int, n_cols: int) -> _Sparse:
         flat_idx, _ = flat_idx.sort()
         rows, cols = flat_idx // n_cols, flat_idx % n_cols
         counts = torch.bincount(rows, minlength=n_rows)
@@ -175,11 +176,13 @@ class _Sparse:
     def col_sum(self, per_entry: Tensor, per_row: Tensor) -> Tensor:
         """out[f] = Σ_{entries i with col f} per_entry[i] · per_row[rows[i]]  -> (F, D)."""
         order, offs = self.by_col()
-        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum", per_sample_weights=per_entry[order].to(per_row.dtype))
+        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum",
+                                per_sample_weights=per_entry[order].to(per_row.dtype))
 
     def row_sum(self, per_entry: Tensor, per_col: Tensor) -> Tensor:
         """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
-        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum", per_sample_weights=per_entry.to(per_col.dtype))  # autocast: codes may be bf16
+        return Fn.embedding_bag(self.cols, per_col, self.row_offsets, mode="sum",
+                                per_sample_weights=per_entry.to(per_col.dtype))  # autocast: codes may be bf16
 
     def take(self, dense: Tensor) -> Tensor:
         """The entries' values in a dense (N, F) matrix."""
@@ -236,6 +239,9 @@ class _SparseDecode(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 class SAE(nn.Module):
     """A sparse autoencoder ``x ≈ decode(encode(x))`` with unit-norm decoder directions."""
+
+    scale: Tensor  # buffers (register_buffer in __init__), declared for the type checker
+    threshold: Tensor
 
     def __init__(self, cfg: SAEConfig):
         super().__init__()
@@ -430,7 +436,7 @@ class SAE(nn.Module):
         return file
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device | None = None) -> "SAE":
+    def load(cls, path: str | Path, device: str | torch.device | None = None) -> SAE:
         """Load a saved SAE from its folder or its .safetensors file."""
         path = Path(path)
         file = path / WEIGHTS_FILE if path.is_dir() else path
@@ -443,7 +449,8 @@ class SAE(nn.Module):
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise VitposError(f"{file} is not a readable SAE file ({e}); re-train or re-copy it") from e
         if meta.get("format") != FORMAT or "config" not in meta:
-            raise VitposError(f"{file} is not a vitpos SAE (format {meta.get('format')!r}); point at an SAE saved by vitpos")
+            raise VitposError(f"{file} is not a vitpos SAE (format {meta.get('format')!r}); point at an SAE saved by "
+                              "vitpos")
         try:
             cfg_dict = json.loads(meta["config"])
         except json.JSONDecodeError as e:
@@ -454,7 +461,8 @@ class SAE(nn.Module):
             t = tensors.get(name)
             if t is None or t.shape != shape:
                 got = None if t is None else tuple(t.shape)
-                raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, re-train it")
+                raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, "
+                                  "re-train it")
         with torch.no_grad():
             for name in _TENSORS:
                 getattr(sae, name).copy_(tensors[name])

@@ -130,7 +130,7 @@ class ParallelStep:
         pad[: x.shape[0]] = x
         parts = [torch.empty_like(pad) for _ in range(self.world)]
         dist.all_gather(parts, pad)
-        return torch.cat([p[: int(s)] for p, s in zip(parts, sizes)])
+        return torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)])
 
     @torch.no_grad()
     def initialize(self, x_local: Tensor) -> None:

@@ -9,8 +9,8 @@ float32 tokens plus the shard being read, whatever the store's size; the trainer
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +150,13 @@ def train_sae(
         raise VitposError(f"steps must be >= 1, got {steps}")
     factory, repeatable = _pass_factory(batches)
     if steps is None and epochs > 1 and not repeatable:
-        raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh iterator")
+        raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh "
+                          "iterator")
     dev = rdevice.resolve_device(device if device is not None else (opts.device or "auto"))
-    amp_ctx = lambda: rdevice.autocast(dev, amp)  # noqa: E731 - validated just below
+
+    def amp_ctx():  # `amp` is validated just below
+        return rdevice.autocast(dev, amp)
+
     rdevice.autocast_dtype(amp, dev)
     sae = SAE(cfg).to(dev)
     sae.train()
@@ -168,7 +173,8 @@ def train_sae(
         par = ParallelStep(sae, dev)
     # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
     # number of ranks (equal up to float rounding).
-    run_key = {"lr": lr, "steps": steps, "epochs": epochs, **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
+    run_key = {"lr": lr, "steps": steps, "epochs": epochs,
+               **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
     epoch0 = skip = 0
     if checkpoint_dir is not None:
         try:
@@ -190,7 +196,8 @@ def train_sae(
 
     def save_state(pass_index: int, batch_in_pass: int) -> None:
         if checkpoint_dir is not None and rdist.is_main():
-            save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass, run=run_key)
+            save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass,
+                             run=run_key)
 
     piece = [1 << 62]  # tokens per forward piece: the whole batch until a CUDA OOM halves it
 
@@ -245,8 +252,8 @@ def train_sae(
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                 else:
-                    info, piece[0] = rdevice.retry_on_oom(lambda size: fwd_bwd(x, dead, size), min(piece[0], x.shape[0]),
-                                                        on_shrink=note_shrink)
+                    info, piece[0] = rdevice.retry_on_oom(partial(fwd_bwd, x, dead), min(piece[0], x.shape[0]),
+                                                          on_shrink=note_shrink)
                 sae.project_decoder_grad_()
                 opt.step()
                 sae.normalize_decoder_()
@@ -326,7 +333,8 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
     sse = torch.zeros((), dtype=torch.float64, device=dev)
     nnz = torch.zeros((), dtype=torch.float64, device=dev)
     fired = torch.zeros(F, dtype=torch.bool, device=dev)
-    shift = sum_d = None
+    shift: Tensor | None = None
+    sum_d = torch.zeros(D, dtype=torch.float64, device=dev)
     sum_d2 = torch.zeros((), dtype=torch.float64, device=dev)
     try:
         for batch in factory():
@@ -343,7 +351,6 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
             if shift is None:
                 # Shifting by the first batch mean avoids cancellation in Σ‖x‖² − n‖x̄‖².
                 shift = xd.mean(0)
-                sum_d = torch.zeros(D, dtype=torch.float64, device=dev)
             d = xd - shift
             sum_d += d.sum(0)
             sum_d2 += d.pow(2).sum()
@@ -352,7 +359,7 @@ def sae_metrics(sae: SAE, batches: Batches) -> dict[str, float]:
         sae.train(was_training)
     if n == 0:
         raise VitposError("no held-out tokens to evaluate the SAE on")
-    total_var = float(sum_d2 - sum_d.pow(2).sum() / n)  # type: ignore[union-attr]
+    total_var = float(sum_d2 - sum_d.pow(2).sum() / n)
     sse_f = float(sse)
     fvu = sse_f / total_var if total_var > 0 else float("nan")
     return {

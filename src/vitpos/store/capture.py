@@ -180,13 +180,15 @@ def _index_range(dataset, start: int, end: int):
     from vitpos.data.base import TensorImageDataset
 
     if isinstance(dataset, TensorImageDataset):
-        return TensorImageDataset(dataset.images[start:end], dataset.labels[start:end], dataset.info, dataset.split)
+        return TensorImageDataset(dataset.images[start:end], dataset.labels[start:end], dataset.info, dataset.split,
+                                  dataset.transform)  # the model's preprocessing travels with the block
     from vitpos.data.imagefolder import LazyImageDataset
 
     if isinstance(dataset, LazyImageDataset):
         return LazyImageDataset(dataset.keys[start:end], dataset.labels[start:end], dataset.load, dataset.transform,
                                 dataset.info, dataset.split, False)
-    raise VitposError(f"distributed capture cannot split a {type(dataset).__name__}; use a built-in or imagefolder dataset")
+    raise VitposError(f"distributed capture cannot split a {type(dataset).__name__}; use a built-in or imagefolder "
+                      "dataset")
 
 
 # ------------------------------------------------------------------------ sharded bookkeeping

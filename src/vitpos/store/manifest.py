@@ -144,7 +144,7 @@ class Manifest:
 
     @classmethod
     def new(cls, *, sites: list[str], grid: tuple[int, int], num_prefix_tokens: int, keep_prefix: bool, dtype: str,
-            shard_images: int, meta: dict[str, Any]) -> "Manifest":
+            shard_images: int, meta: dict[str, Any]) -> Manifest:
         """The manifest of an empty store (no shards, not complete)."""
         rows, cols = patch_rows_cols(grid)
         return cls(sites=list(sites), grid=(int(grid[0]), int(grid[1])), num_patches=int(grid[0]) * int(grid[1]),
@@ -154,7 +154,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, m: Any, path: str | Path, *, foreign: str = "point at a capture output folder",
-                  version: str = f"this vitpos reads {FORMAT_VERSION}; recapture with this version") -> "Manifest":
+                  version: str = f"this vitpos reads {FORMAT_VERSION}; recapture with this version") -> Manifest:
         """Validate a parsed manifest.json (from ``path``, named in errors) into a Manifest.
 
         ``foreign`` / ``version`` end the error for a file that is not an activation manifest / of
@@ -181,7 +181,8 @@ class Manifest:
         shards, total = [], 0
         for sh in m["shards"]:
             # File names must be our own pattern: never follow a manifest outside the store folder.
-            if not isinstance(sh, dict) or not ENTRY_RE.match(str(sh.get("file"))) or not isinstance(sh.get("num_images"), int) or sh["num_images"] < 1:
+            if (not isinstance(sh, dict) or not ENTRY_RE.match(str(sh.get("file")))
+                    or not isinstance(sh.get("num_images"), int) or sh["num_images"] < 1):
                 raise VitposError(f"{path}: bad shard entry {sh!r}; {DAMAGED}")
             shards.append(ShardEntry(sh["file"], sh["num_images"], sh.get("first_image")))
             total += sh["num_images"]
@@ -247,7 +248,8 @@ def open_shard(store_dir: Path, entry: ShardEntry, m: Manifest, *, fix: str, key
             shape = [n, t, m.d.get(site, -1)]
             sl = f.get_slice(k)
             if sl.get_shape() != shape or sl.get_dtype() != st_dtype:
-                raise VitposError(f"shard {path}: {k!r} is {sl.get_dtype()}{sl.get_shape()}, expected {st_dtype}{shape}; {fix}")
+                raise VitposError(f"shard {path}: {k!r} is {sl.get_dtype()}{sl.get_shape()}, expected "
+                                  f"{st_dtype}{shape}; {fix}")
     except VitposError:
         f.__exit__(None, None, None)
         raise

@@ -7,8 +7,9 @@ guarantees).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -20,8 +21,13 @@ from vitpos.store.manifest import MANIFEST, PREFIX_SUFFIX, Manifest, open_shard
 DEFAULT_MAX_BYTES = 4 * 2**30
 
 
-def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Re-cut a stream of row-aligned tensor tuples into tuples of exactly `size` rows (last may be short)."""
+TensorTuple = TypeVar("TensorTuple", bound=tuple[torch.Tensor, ...])
+
+
+def rebatch(chunks: Iterable[TensorTuple], size: int) -> Iterator[TensorTuple]:
+    """Re-cut a stream of row-aligned tensor tuples into tuples of exactly `size` rows (last may be short).
+
+    Every tuple yielded has the arity of the input tuples (hence the casts: `tuple(...)` loses it)."""
     pending: list[tuple[torch.Tensor, ...]] = []
     n_pending = 0
     for chunk in chunks:
@@ -33,10 +39,10 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += take
             i = take
             if n_pending == size:
-                yield tuple(torch.cat(parts) for parts in zip(*pending))
+                yield cast(TensorTuple, tuple(torch.cat(parts) for parts in zip(*pending, strict=True)))
                 pending, n_pending = [], 0
         while n - i >= size:
-            yield tuple(t[i : i + size] for t in chunk)
+            yield cast(TensorTuple, tuple(t[i : i + size] for t in chunk))
             i += size
         if i < n:
             # Copy the tail so the shard it came from can be freed before the next one loads.
@@ -44,7 +50,7 @@ def rebatch(chunks: Iterable[tuple[torch.Tensor, ...]], size: int) -> Iterator[t
             n_pending += n - i
         del chunk
     if n_pending:
-        yield tuple(torch.cat(parts) for parts in zip(*pending))
+        yield cast(TensorTuple, tuple(torch.cat(parts) for parts in zip(*pending, strict=True)))
 
 
 class ActivationStore:
@@ -69,7 +75,8 @@ class ActivationStore:
             )
         for sh in m.shards:
             if not (self.dir / sh.file).is_file():
-                raise VitposError(f"shard {self.dir / sh.file} listed in {path} is missing; re-create the store by rerunning the capture with --force")
+                raise VitposError(f"shard {self.dir / sh.file} listed in {path} is missing; re-create the store by "
+                                  "rerunning the capture with --force")
         self.manifest = m
         self.sites: list[str] = list(m.sites)
         self.grid: tuple[int, int] = (int(m.grid[0]), int(m.grid[1]))
@@ -125,7 +132,8 @@ class ActivationStore:
         self._live += delta
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._live)
 
-    def _shard_chunks(self, key: str, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _shard_chunks(self, key: str,
+                      order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         for i in order:
             acts, labels, ids = self._read(i, key)
             nbytes = acts.nbytes
@@ -147,7 +155,8 @@ class ActivationStore:
 
     # -- public iteration
 
-    def iter_images(self, site: str, batch_images: int = 64, *, prefix: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def iter_images(self, site: str, batch_images: int = 64, *,
+                    prefix: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yield ``(acts (b, N, D) float32, labels (b,), image_ids (b,))`` in stored order.
 
         With ``prefix=True`` the acts are the prefix tokens ``(b, num_prefix_tokens, D)``.
@@ -191,11 +200,13 @@ class ActivationStore:
             return rebatch(self._token_chunks(key, order), batch_tokens)
         return self._shuffled_tokens(key, order, batch_tokens, g, buffer_tokens)
 
-    def _token_chunks(self, key: str, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _token_chunks(self, key: str,
+                      order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         n_p = self.num_patches
         for acts, _labels, ids in self._shard_chunks(key, order):
             n = acts.shape[0]
-            yield (acts.reshape(n * n_p, acts.shape[2]), self.rows.repeat(n), self.cols.repeat(n), ids.repeat_interleave(n_p))
+            yield (acts.reshape(n * n_p, acts.shape[2]), self.rows.repeat(n), self.cols.repeat(n),
+                   ids.repeat_interleave(n_p))
             del acts
 
     def _shuffled_tokens(self, key: str, order: list[int], batch: int, g: torch.Generator, buffer_tokens: int | None):
@@ -244,7 +255,8 @@ class ActivationStore:
             yield emit(perm[j : j + batch])
         self._track(-buf.nbytes)
 
-    def load_site(self, site: str, max_images: int | None = None, *, prefix: bool = False, max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
+    def load_site(self, site: str, max_images: int | None = None, *, prefix: bool = False,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
         """All (or the first ``max_images``) images of one site as one float32 ``(n, N, D)`` tensor."""
         key = self._key(site, prefix)
         n = self.num_images if max_images is None else min(int(max_images), self.num_images)
@@ -272,7 +284,8 @@ class ActivationStore:
         """(labels, image_ids) of every image, int64 (num_images,), in stored order."""
         labels, ids = [], []
         for sh in self.manifest.shards:
-            f = open_shard(self.dir, sh, self.manifest, fix="the store is corrupt; re-create it by rerunning the capture with --force", key=None)
+            f = open_shard(self.dir, sh, self.manifest,
+                           fix="the store is corrupt; re-create it by rerunning the capture with --force", key=None)
             try:
                 labels.append(f.get_tensor("labels").clone())
                 ids.append(f.get_tensor("image_ids").clone())
@@ -282,10 +295,12 @@ class ActivationStore:
             return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         return torch.cat(labels), torch.cat(ids)
 
-    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None) -> "TokenDataset":
+    def token_dataset(self, site: str, batch_tokens: int | None = 4096, *, shuffle: bool = False, seed: int = 0,
+                      buffer_tokens: int | None = None) -> TokenDataset:
         """An IterableDataset over the patch tokens of `site` (see :class:`TokenDataset`)."""
         self._key(site, False)
-        return TokenDataset(self.dir, site, batch_tokens=batch_tokens, shuffle=shuffle, seed=seed, buffer_tokens=buffer_tokens, allow_incomplete=not self.complete)
+        return TokenDataset(self.dir, site, batch_tokens=batch_tokens, shuffle=shuffle, seed=seed,
+                            buffer_tokens=buffer_tokens, allow_incomplete=not self.complete)
 
 
 class TokenDataset(IterableDataset):
@@ -297,7 +312,8 @@ class TokenDataset(IterableDataset):
     them, so every token is seen once per epoch; call ``set_epoch`` to reshuffle each epoch.
     """
 
-    def __init__(self, store_dir: str | Path, site: str, *, batch_tokens: int | None = 4096, shuffle: bool = False, seed: int = 0, buffer_tokens: int | None = None, allow_incomplete: bool = False) -> None:
+    def __init__(self, store_dir: str | Path, site: str, *, batch_tokens: int | None = 4096, shuffle: bool = False,
+                 seed: int = 0, buffer_tokens: int | None = None, allow_incomplete: bool = False) -> None:
         super().__init__()
         self.store_dir = Path(store_dir)
         self.site = site
@@ -330,7 +346,7 @@ class TokenDataset(IterableDataset):
             yield from it
         else:
             for acts, rows, cols, ids in it:
-                yield from zip(acts, rows, cols, ids)
+                yield from zip(acts, rows, cols, ids, strict=True)
 
 
 __all__ = ["ActivationStore", "DEFAULT_MAX_BYTES", "TokenDataset", "rebatch"]

@@ -6,8 +6,9 @@ The writer rewrites the manifest after every shard, so a killed capture leaves a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -61,7 +62,8 @@ class ActivationWriter:
             raise VitposError(f"sites must be a non-empty list of distinct names, got {self.sites}")
         for s in self.sites:
             if not isinstance(s, str) or not s or s in RESERVED_KEYS or s.endswith(PREFIX_SUFFIX):
-                raise VitposError(f"site name {s!r} is not allowed (empty, reserved, or ends in {PREFIX_SUFFIX!r}); rename it")
+                raise VitposError(f"site name {s!r} is not allowed (empty, reserved, or ends in {PREFIX_SUFFIX!r}); "
+                                  "rename it")
         if len(grid) != 2 or min(int(grid[0]), int(grid[1])) < 1:
             raise VitposError(f"grid must be (rows, cols) of positive ints, got {grid}")
         self.grid = (int(grid[0]), int(grid[1]))
@@ -97,7 +99,8 @@ class ActivationWriter:
             self._manifest = self._resume(manifest_path)
         else:
             if self.out_dir.is_dir() and any(SHARD_RE.match(p.name) for p in self.out_dir.iterdir()):
-                raise VitposError(f"{self.out_dir} holds shard files but no {MANIFEST}; pass a new --out or --force to overwrite")
+                raise VitposError(f"{self.out_dir} holds shard files but no {MANIFEST}; pass a new --out or --force "
+                                  "to overwrite")
             self._manifest = Manifest.new(sites=self.sites, grid=self.grid, num_prefix_tokens=self.num_prefix_tokens,
                                           keep_prefix=self.keep_prefix, dtype=DTYPE_NAMES[self.dtype],
                                           shard_images=self.shard_images, meta=self.meta)
@@ -133,7 +136,8 @@ class ActivationWriter:
             raise VitposError(f"{self.out_dir} was captured with different settings ({got}); {fix}")
         if m.meta != self.meta:
             keys = _diff_keys(m.meta, self.meta)
-            got = ", ".join(f"{k}: stored {m.meta.get(k, '<missing>')!r} != {self.meta.get(k, '<missing>')!r}" for k in keys)
+            got = ", ".join(f"{k}: stored {m.meta.get(k, '<missing>')!r} != "
+                            f"{self.meta.get(k, '<missing>')!r}" for k in keys)
             raise VitposError(f"{self.out_dir} was captured with different meta ({got}); {fix}")
         for sh in m.shards:
             open_shard(self.out_dir, sh, m, fix=f"the store is damaged; {fix}").__exit__(None, None, None)
@@ -164,12 +168,14 @@ class ActivationWriter:
         missing = [s for s in self.sites if s not in batch]
         extra = [s for s in batch if s not in self.sites]
         if missing or extra:
-            raise VitposError(f"batch sites do not match the writer's (missing {missing}, unexpected {extra}); pass exactly sites={self.sites}")
+            raise VitposError(f"batch sites do not match the writer's (missing {missing}, unexpected {extra}); pass "
+                              f"exactly sites={self.sites}")
         labels = _as_int64(labels, "labels")
         image_ids = _as_int64(image_ids, "image_ids")
         b = labels.shape[0]
         if image_ids.shape[0] != b:
-            raise VitposError(f"labels has {b} entries but image_ids has {image_ids.shape[0]}; pass one of each per image")
+            raise VitposError(f"labels has {b} entries but image_ids has {image_ids.shape[0]}; pass one of each per "
+                              "image")
         t_expected = self.num_prefix_tokens + self.num_patches
         d_known = self._manifest.d
         for s in self.sites:
@@ -181,7 +187,8 @@ class ActivationWriter:
                     f"{self.grid[0]}x{self.grid[1]} patches, D), got {shape}; check grid/num_prefix_tokens"
                 )
             if s in d_known and x.shape[2] != d_known[s]:
-                raise VitposError(f"site {s!r}: width D={x.shape[2]} but the store has D={d_known[s]}; pass the same model and sites")
+                raise VitposError(f"site {s!r}: width D={x.shape[2]} but the store has D={d_known[s]}; pass the same "
+                                  "model and sites")
             if not x.is_floating_point():
                 raise VitposError(f"site {s!r}: activations must be floating point, got {x.dtype}")
         if b == 0:
@@ -222,7 +229,7 @@ class ActivationWriter:
         self._buf.clear()
         self._fill = 0
 
-    def __enter__(self) -> "ActivationWriter":
+    def __enter__(self) -> ActivationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -245,7 +252,8 @@ class ActivationWriter:
         if self.dtype is torch.float16 and torch.isinf(dst).any() and not torch.isinf(x).any():
             self.abort()
             amax = float(x.abs().max())
-            raise VitposError(f"site {key!r}: activations reach |x|={amax:.4g}, beyond float16's 65504; store with dtype bfloat16 or float32")
+            raise VitposError(f"site {key!r}: activations reach |x|={amax:.4g}, beyond float16's 65504; store with "
+                              "dtype bfloat16 or float32")
 
     def _flush(self) -> None:
         n = self._fill
@@ -255,7 +263,8 @@ class ActivationWriter:
         tensors["image_ids"] = self._buf_ids[:n]
         first = self.num_stored
         entry = ShardEntry(shard_name(index), n, first)
-        st_meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "shard": str(index), "first_image": str(first), "num_images": str(n)}
+        st_meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "shard": str(index),
+                   "first_image": str(first), "num_images": str(n)}
         # Shard first, manifest second: the manifest never lists a shard that is not fully on disk.
         write_safetensors(self.out_dir / entry.file, tensors, metadata=st_meta)
         self._manifest.shards.append(entry)

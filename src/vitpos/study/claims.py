@@ -1,25 +1,43 @@
 """The study's claims C1-C5, each with measured numbers and a verdict computed from them.
 
-Verdict rules (ours, since the study gives only its abstract; thresholds are module constants):
+Verdict rules (ours, since the study gives only its abstract; thresholds are module constants;
+every measurement and control is defined in docs/methods.md):
+  Each condition of a rule reads a 95 % interval [lo, hi] of its measurement (analysis/stats.py;
+  a measurement without one counts as the interval [x, x]) and comes out true (the whole interval
+  is on the rule's side of the threshold), false (the whole interval is on the other side) or
+  undecided (the threshold lies inside the interval). Per model a claim `holds` when every
+  condition is true, `fails` when any is false, and is `inconclusive` otherwise.
   C1 (APE)  >= 1 row and >= 1 col SAE feature, and ablating each set is axis-selective
-            downstream (selectivity >= SELECTIVE for both).
-  C2 (APE)  permuting row+col features drops top-1 by >= MIN_DROP points and by more than
-            CONTROL_FACTOR x the matched random-feature control (the 24-31 range is ImageNet's;
-            whether our drop falls in it is stated, not required).
+            downstream: the interval of the selectivity (paired bootstrap over the probes' test
+            images) lies at or above SELECTIVE, for both sets.
+  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
+            eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
+            pooled) by >= MIN_DROP points, and the drop's interval lies above CONTROL_FACTOR x
+            the interval of its own control (as many live non-positional latents, matched in
+            activation mass, permuted the same way); without that control the claim is
+            inconclusive. Row+col, row-only and col-only are reported beside their own controls
+            but do not enter the verdict (the 24-31 range is ImageNet's; whether the drop falls in
+            it is stated, not required).
   C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
             (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
             baseline is >= 0.05 above chance) while the other axis keeps >= MIN_KEPT of its
-            above-chance decodability, for both axes.
+            above-chance decodability, for both axes. (No intervals yet: point values.)
   C4 (RoPE) mean recovery after restoring is partial (0 < Rec < 1) for both axes, and the
-            primary rebuilding head is axis-specialised (|S| >= 0.5).
-  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads.
-A claim is `not applicable` where no model of its scheme ran.
+            primary rebuilding head is axis-specialised (|S| >= 0.5). (No intervals yet.)
+  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads. (No per-head
+            intervals yet: the point ranking decides; with per-head `drop_ci95` intervals the
+            primary head's interval must lie above every other head's.)
+Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
+`partly supported` when it holds for some but not all, `not supported` when it holds for none and
+fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
+`not applicable` where no model of its scheme ran. `numbers[model]` records `result` (holds /
+fails / inconclusive) and `holds` (result == holds).
 """
 
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
+from typing import Any, Literal
 
 from vitpos.study.results import ClaimVerdict, Summary
 
@@ -46,6 +64,78 @@ def claim_scheme(cid: str) -> str:
     return CLAIM_SCHEME.get(cid, "")
 
 
+Outcome = Literal["holds", "fails", "inconclusive"]
+HOLDS: Outcome = "holds"
+FAILS: Outcome = "fails"
+INCONCLUSIVE: Outcome = "inconclusive"
+Interval = tuple[float, float]
+
+
+def bounds(point: Any, ci: Any = None) -> Interval | None:
+    """A measurement's interval: its 95 % interval where one was measured, else [point, point];
+    None where the measurement itself is missing."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+        return float(ci[0]), float(ci[1])
+    if isinstance(point, (int, float)) and not isinstance(point, bool):
+        return float(point), float(point)
+    return None
+
+
+def at_least(iv: Interval | None, threshold: float) -> Outcome:
+    """x >= threshold: true if the whole interval is, false if none of it is; a missing measurement is false."""
+    if iv is None:
+        return FAILS
+    return HOLDS if iv[0] >= threshold else (FAILS if iv[1] < threshold else INCONCLUSIVE)
+
+
+def exceeds(iv: Interval | None, control: Interval | None, factor: float = 1.0) -> Outcome:
+    """x > factor * max(control, 0) for every value of both intervals (true), for none (false), else
+    undecided; a missing x is false, a missing control undecided (nothing to compare with)."""
+    if iv is None:
+        return FAILS
+    if control is None:
+        return INCONCLUSIVE
+    if iv[0] > factor * max(control[1], 0.0):
+        return HOLDS
+    return FAILS if iv[1] <= factor * max(control[0], 0.0) else INCONCLUSIVE
+
+
+def largest(iv: Interval | None, others: list[Interval]) -> Outcome:
+    """x is the largest: its interval lies above every other's (true), below some other's (false)."""
+    if iv is None:
+        return FAILS
+    if not others or iv[0] > max(o[1] for o in others):
+        return HOLDS
+    return FAILS if iv[1] < max(o[0] for o in others) else INCONCLUSIVE
+
+
+def known(ok: bool) -> Outcome:
+    """A condition decided on point values (no interval yet)."""
+    return HOLDS if ok else FAILS
+
+
+def all_of(*outcomes: Outcome) -> Outcome:
+    if FAILS in outcomes:
+        return FAILS
+    return HOLDS if all(o == HOLDS for o in outcomes) else INCONCLUSIVE
+
+
+def aggregate(results: list[Outcome]) -> str:
+    """The claim's verdict over the models that ran it (see the module docstring)."""
+    if not results:
+        return "not applicable"
+    n_hold = results.count(HOLDS)
+    if n_hold == len(results):
+        return "supported"
+    if n_hold:
+        return "partly supported"
+    return "not supported" if FAILS in results else "inconclusive"
+
+
+def _iv(iv: Interval | None, d: int = 2) -> str:
+    return "" if iv is None or iv[0] == iv[1] else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -53,35 +143,77 @@ def _mean(xs):
 
 def _c1(spec: str, sae: dict) -> dict:
     causal = sae.get("causal") or {}
-    sel = {k: (causal.get(f"ablate_{k}") or {}).get("selectivity") for k in ("row", "col")}
-    ok = sae["n_row_features"] > 0 and sae["n_col_features"] > 0 and all(v is not None and v >= SELECTIVE for v in sel.values())
-    return {"ok": ok, "numbers": {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
-                                  "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"]},
+    eff = {k: causal.get(f"ablate_{k}") or {} for k in ("row", "col")}
+    sel = {k: eff[k].get("selectivity") for k in ("row", "col")}
+    ci = {k: eff[k].get("selectivity_ci95") for k in ("row", "col")}
+    iv = {k: bounds(sel[k], ci[k]) if sel[k] is not None else None for k in ("row", "col")}
+    result = all_of(known(sae["n_row_features"] > 0 and sae["n_col_features"] > 0),
+                    at_least(iv["row"], SELECTIVE), at_least(iv["col"], SELECTIVE))
+    return {"result": result,
+            "numbers": {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
+                        "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"],
+                        "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]},
             "text": f"{spec}: L{sae['layer']} SAE (FVU {sae['fvu']:.3f}) has {sae['n_row_features']} row / "
-                    f"{sae['n_col_features']} col features; ablation selectivity row {_f(sel['row'])}, col {_f(sel['col'])}"}
+                    f"{sae['n_col_features']} col features; ablation selectivity row {_f(sel['row'])}{_iv(iv['row'])}, "
+                    f"col {_f(sel['col'])}{_iv(iv['col'])} (needs >= {SELECTIVE})"}
 
 
 def _f(v, d: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{d}f}"
 
 
+C2_SETS = (("all_positional", "random_all_positional", "all positional (row+col+mixed)"),
+           ("all", "random_features", "row+col"), ("row_only", "random_row", "row only"),
+           ("col_only", "random_col", "col only"))  # permuted set, its control, label; the first decides C2
+
+
+def _variant(ap: dict, name: str) -> dict:
+    v = ap.get(name)
+    return v if isinstance(v, dict) and "skipped" not in v else {}
+
+
+def _drop(ap: dict, name: str) -> Interval | None:
+    v = _variant(ap, name)
+    return bounds(v.get("drop_points"), v.get("drop_ci95"))
+
+
 def _c2(spec: str, ap: dict) -> dict:
-    allv, rnd = ap.get("all", {}), ap.get("random_features", {})
+    allv, rnd = _variant(ap, "all"), _variant(ap, "random_features")
     drop, ctrl = allv.get("drop_points"), rnd.get("drop_points")
-    ok = drop is not None and drop >= MIN_DROP and (ctrl is None or drop > CONTROL_FACTOR * max(ctrl, 0.0))
-    in_range = drop is not None and 24 <= drop <= 31
-    pe = ap.get("pos_embed_shuffle", {}).get("drop_points")
-    allpos = ap.get("all_positional", {}).get("drop_points")
-    return {"ok": ok, "numbers": {"drop_points": drop, "random_control_drop": ctrl, "pos_embed_shuffle_drop": pe,
-                                  "all_positional_drop": allpos, "in_study_range": in_range},
-            "text": f"{spec}: permuting row+col features drops top-1 by {_f(drop, 1)} pts (random-feature control "
-                    f"{_f(ctrl, 1)}; row+col+mixed positional features {_f(allpos, 1)}; shuffled APE table {_f(pe, 1)})"
-                    f"{'; within' if in_range else '; outside'} the study's 24-31"}
+    treated, control = _drop(ap, "all_positional"), _drop(ap, "random_all_positional")
+    result = all_of(at_least(treated, MIN_DROP), exceeds(treated, control, CONTROL_FACTOR))
+    allpos = _variant(ap, "all_positional").get("drop_points")
+    in_range = allpos is not None and 24 <= allpos <= 31
+    pe = _variant(ap, "pos_embed_shuffle").get("drop_points")
+    note = _variant(ap, "random_all_positional").get("note")
+    parts = []
+    for kept, ctrl_name, label in C2_SETS:
+        k, c = _variant(ap, kept), _variant(ap, ctrl_name)
+        parts.append(f"{label} ({_n(k)}): {_f(k.get('drop_points'), 1)}{_iv(_drop(ap, kept), 1)} pts vs its control "
+                     f"({_n(c)}) {_f(c.get('drop_points'), 1)}{_iv(_drop(ap, ctrl_name), 1)}")
+    return {"result": result,
+            "numbers": {"drop_points": drop, "random_control_drop": ctrl, "pos_embed_shuffle_drop": pe,
+                        "all_positional_drop": allpos, "in_study_range": in_range,
+                        "all_positional_drop_ci95": None if treated is None else list(treated),
+                        "all_positional_control_drop": _variant(ap, "random_all_positional").get("drop_points"),
+                        "all_positional_control_drop_ci95": None if control is None else list(control),
+                        "n_all_positional": _variant(ap, "all_positional").get("n_features"),
+                        "n_control": _variant(ap, "random_all_positional").get("n_features"), "control_note": note},
+            "text": f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; shuffled APE table {_f(pe, 1)}"
+                    + (f" (control: {note})" if note else "")
+                    + f"; C2 reads the all-positional set (needs >= {MIN_DROP:g} and > {CONTROL_FACTOR:g}x its control)"
+                    f"{', within' if in_range else ', outside'} the study's 24-31"}
+
+
+def _n(v: dict) -> str:
+    n = v.get("n_features")
+    return "n/a" if n is None else str(n)
 
 
 def _above_chance_ratio(base: list[float], cond: list[float], chance: float) -> float | None:
     """Mean over layers of (cond - chance) / (base - chance), where base is clearly above chance."""
-    return _mean([(c - chance) / (b - chance) for b, c in zip(base, cond) if b - chance >= MIN_ABOVE_CHANCE])
+    return _mean([(c - chance) / (b - chance) for b, c in zip(base, cond, strict=False)
+                  if b - chance >= MIN_ABOVE_CHANCE])
 
 
 def _c3(spec: str, ra: dict) -> dict:
@@ -98,45 +230,66 @@ def _c3(spec: str, ra: dict) -> dict:
         nums[f"no_{a}_{b}_kept"] = kept_other
         nums[f"no_{a}_top1"] = off.get("top1")
         ok &= removed is not None and removed >= MIN_REMOVED and kept_other is not None and kept_other >= MIN_KEPT
-    return {"ok": ok, "numbers": nums,
-            "text": f"{spec}: no_row removes {_pc(nums['no_row_row_removed'])} of above-chance row decodability, col keeps "
-                    f"{_pc(nums['no_row_col_kept'])}; no_col removes {_pc(nums['no_col_col_removed'])} of col, row keeps "
-                    f"{_pc(nums['no_col_row_kept'])} (top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, "
-                    f"no_col {_f(nums['no_col_top1'])})"}
+    return {"result": known(ok), "numbers": nums,
+            "text": f"{spec}: no_row removes {_pc(nums['no_row_row_removed'])} of above-chance row decodability, "
+                    f"col keeps {_pc(nums['no_row_col_kept'])}; no_col removes {_pc(nums['no_col_col_removed'])} of "
+                    "col, "
+                    f"row keeps {_pc(nums['no_col_row_kept'])} (top-1 {_f(base.get('top1'))} -> no_row "
+                    f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
 
 
 def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
+
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
-    rec = {a: median([r["mean_rec"] for r in ra["recovery"][a].values() if r["mean_rec"] is not None] or [float("nan")])
-           for a in ("row", "col")}
+    rec = {a: median([r["mean_rec"] for r in ra["recovery"][a].values() if r["mean_rec"] is not None]
+                     or [float("nan")]) for a in ("row", "col")}
     partial = all(0 < v < 1 for v in rec.values())
     prim, S = None, None
     if rh and rh.get("primary_rebuilding_head"):
         prim = rh["primary_rebuilding_head"]
         S = rh["axis_index"][prim[0]][prim[1]]
     specialised = S is not None and abs(S) >= 0.5
-    return {"ok": partial and specialised,
+    return {"result": known(partial and specialised),
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
-                        "primary_axis_index": S, "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None},
+                        "primary_axis_index": S,
+                        "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None},
             "text": f"{spec}: median recovery row {_f(rec['row'])}, col {_f(rec['col'])}; primary rebuilding head "
-                    f"{'L%dH%d' % tuple(prim) if prim else 'n/a'} axis index {_f(S)}"}
+                    f"{_head(prim)} axis index {_f(S)}"}
+
+
+def _head(lh: list[int] | None) -> str:
+    return f"L{lh[0]}H{lh[1]}" if lh else "n/a"
 
 
 def _c5(spec: str, rh: dict) -> dict:
     prim, rank = rh.get("primary_rebuilding_head"), rh.get("primary_head_drop_rank")
     drop = rh["drop_points"][prim[0]][prim[1]] if prim else None
     big = rh["largest_drop_head"]
-    return {"ok": bool(rh.get("primary_is_largest_drop")),
+    n_heads = len(rh["layers"]) * rh["num_heads"]
+    n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
+    return {"result": _c5_result(rh, prim),
             "numbers": {"primary_head": prim, "primary_drop_points": drop, "drop_rank": rank, "largest_drop_head": big,
                         "drop_rank_among_layers_ge_R": rh.get("primary_head_drop_rank_after_R"),
-                        "largest_drop_points": rh["drop_points"][big[0]][big[1]], "n_heads": len(rh["layers"]) * rh["num_heads"]},
-            "text": f"{spec}: primary rebuilding head {'L%dH%d' % tuple(prim) if prim else 'n/a'} drops top-1 by "
-                    f"{_f(drop, 1)} pts, rank {rank} of {len(rh['layers']) * rh['num_heads']} (largest: L{big[0]}H{big[1]}, "
-                    f"{rh['drop_points'][big[0]][big[1]]:.1f} pts); rank {rh.get('primary_head_drop_rank_after_R')} among the "
-                    f"{(len(rh['layers']) - rh['restore_from']) * rh['num_heads']} heads of layers >= R={rh['restore_from']}"}
+                        "largest_drop_points": rh["drop_points"][big[0]][big[1]], "n_heads": n_heads},
+            "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts, rank {rank} of "
+                    f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts); rank "
+                    f"{rh.get('primary_head_drop_rank_after_R')} among the {n_late} heads of layers >= "
+                    f"R={rh['restore_from']}"}
+
+
+def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
+    """Point ranking (`primary_is_largest_drop`) until rope_heads measures per-head intervals; with a
+    `drop_ci95` grid ([layer][head] -> [lo, hi]) the primary head's interval must lie above all others'."""
+    cis = rh.get("drop_ci95")
+    if prim is None or cis is None:
+        return known(bool(rh.get("primary_is_largest_drop")))
+    drops = rh["drop_points"]
+    others = [iv for layer, row in enumerate(drops) for h, d in enumerate(row)
+              if [layer, h] != list(prim) and (iv := bounds(d, cis[layer][h])) is not None]
+    return largest(bounds(drops[prim[0]][prim[1]], cis[prim[0]][prim[1]]), others)
 
 
 def summarise(models: dict[str, dict]) -> Summary:
@@ -156,15 +309,11 @@ def summarise(models: dict[str, dict]) -> Summary:
     for cid, text in CLAIM_TEXT.items():
         scheme = CLAIM_SCHEME[cid]
         found = per[cid]
-        if not found:
-            verdict = "not applicable"
-        else:
-            n_ok = sum(r["ok"] for _, r in found)
-            verdict = "supported" if n_ok == len(found) else ("not supported" if n_ok == 0 else "partly supported")
         claims.append({
-            "id": cid, "claim": text, "scheme": scheme, "verdict": verdict,
+            "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
             "evidence": "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run",
-            "numbers": {spec: {**r["numbers"], "holds": r["ok"]} for spec, r in found},
+            "numbers": {spec: {**r["numbers"], "holds": r["result"] == HOLDS, "result": r["result"]}
+                        for spec, r in found},
             "models": [spec for spec, _ in found],
         })
     rules = (__doc__ or "").split("Verdict rules", 1)[1].strip()

@@ -20,46 +20,56 @@ class _Strict(BaseModel):
 
 
 class ProbeStage(_Strict):
-    images: int = Field(1000, ge=2, description="test-split images, split by image into probe train/test")
+    images: int = Field(default=1000, ge=2, description="test-split images, split by image into probe train/test")
 
 
 class SAEStage(_Strict):
-    layer: int | None = Field(None, ge=0, description="None = chosen from the probe results")
+    layer: int | None = Field(default=None, ge=0, description="None = chosen from the probe results")
     site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
-    k: int = Field(32, ge=1)
-    expansion: int = Field(8, ge=1)
-    images: int = Field(4000, ge=1)
-    eval_images: int = Field(1000, ge=2, description="held-out test images: metrics, feature scores, causal check")
-    epochs: int = Field(4, ge=1)
-    lr: float | None = Field(None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
+    k: int = Field(default=32, ge=1)
+    expansion: int = Field(default=8, ge=1)
+    images: int = Field(default=4000, ge=1)
+    eval_images: int = Field(default=1000, ge=2,
+                             description="held-out test images: metrics, feature scores, causal check")
+    epochs: int = Field(default=4, ge=1)
+    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
 
 
 class ApePermuteStage(_Strict):
-    images: int = Field(2000, ge=1)
-    seeds: int = Field(3, ge=1)
+    images: int = Field(default=2000, ge=1)
+    seeds: int = Field(default=3, ge=1)
 
 
 class RopeAxisStage(_Strict):
-    images: int = Field(1000, ge=2)
-    restore: list[int] | None = Field(None, min_length=1, description="None = every layer 1..depth-1")
+    images: int = Field(default=1000, ge=2)
+    restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
 
 
 class RopeHeadsStage(_Strict):
     axis: Literal["row", "col", "both"] = "both"
-    restore_from: int | None = Field(None, ge=1, description="None = depth // 2")
-    probe_images: int = Field(500, ge=2)
-    top1_images: int = Field(2000, ge=1)
-    attn_images: int = Field(64, ge=1)
+    restore_from: int | None = Field(default=None, ge=1, description="None = depth // 2")
+    probe_images: int = Field(default=500, ge=2)
+    top1_images: int = Field(default=2000, ge=1)
+    attn_images: int = Field(default=64, ge=1)
+
+
+class HeadStage(_Strict):
+    """The classifier the study fits on a model's pooled features when the model's own does not fit
+    the data (headless backbones, another class count) and `heads` names none."""
+
+    images: int = Field(default=4000, ge=2, description="train-split images; val and test: images // 4 each")
 
 
 class RunConfig(_Strict):
-    models: list[str] | None = Field(None, description="None = the shipped models of each dataset")
+    models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
     data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
-    seed: int = Field(0, ge=0)
-    eval_images: int | None = Field(None, ge=1, description="None = the whole test split")
+    seed: int = Field(default=0, ge=0)
+    eval_images: int | None = Field(default=None, ge=1, description="None = the whole test split")
     pretrained: bool = False
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
+    heads: dict[str, str] = Field(default_factory=dict, description="model spec -> head dir from `vitpos head`")
+    head: HeadStage = HeadStage()
     probe: ProbeStage = ProbeStage()
     sae: SAEStage = SAEStage()
     ape_permute: ApePermuteStage = ApePermuteStage()
@@ -69,6 +79,7 @@ class RunConfig(_Strict):
 
 QUICK = {
     "eval_images": 500,
+    "head": {"images": 400},
     "probe": {"images": 200},
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
@@ -113,4 +124,5 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid keys)") from e
+        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid "
+                          "keys)") from e

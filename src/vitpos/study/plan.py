@@ -95,16 +95,16 @@ def measure_fit(surface: ModelSurface, seed: int = 0) -> float:
 
 
 def split_sizes(data: str) -> SplitSizes:
-    """Sizes of the splits the study reads (train for the SAE, test for the rest); None if unknown."""
+    """Sizes of the splits the study reads (train: SAE and head; val: head; test: the rest); None if unknown."""
     from vitpos.data import load_split
 
     if data in ("shapes", "digits"):
         from vitpos.data import digits, shapes
 
         sizes = (shapes if data == "shapes" else digits).SPLIT_SIZES
-        return SplitSizes(train=sizes["train"], test=sizes["test"])
+        return SplitSizes(train=sizes["train"], test=sizes["test"], val=sizes["val"])
     out = {}
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         try:
             out[split] = len(load_split(data, split))
         except (VitposError, OSError):

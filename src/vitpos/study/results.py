@@ -18,6 +18,7 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import BY_NAME, NAMES
 from vitpos.study.config import RunConfig
+from vitpos.study.head_stage import HeadResult
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1
@@ -56,17 +57,24 @@ class ModelDescription(BaseModel):
 
 
 class ModelEntry(BaseModel):
-    """One model on one data set: its description and each experiment's result (None: not run)."""
+    """One model on one data set: its description and each experiment's result (None: not run).
+
+    `head`: the classifier fitted (or given) on the model's pooled features when its own does not
+    fit the data; written only when there is one, so entries of models with a fitting classifier
+    read exactly as before."""
 
     model_config = ConfigDict(extra="forbid")
     describe: ModelDescription
     data: str
     not_applicable: dict[str, str]
     results: dict[str, Result | Skipped]
+    head: HeadResult | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"describe": self.describe.model_dump(mode="json"), "data": self.data,
                                "not_applicable": dict(self.not_applicable)}
+        if self.head is not None:
+            doc["head"] = self.head.to_json()
         for name in NAMES:
             r = self.results.get(name)
             doc[name] = None if r is None else r.model_dump(mode="json")
@@ -74,12 +82,13 @@ class ModelEntry(BaseModel):
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> ModelEntry:
-        unknown = set(doc) - {"describe", "data", "not_applicable", *NAMES}
+        unknown = set(doc) - {"describe", "data", "not_applicable", "head", *NAMES}
         if unknown:
             raise VitposError(f"model entry has unknown keys {sorted(unknown)}")
         results = {name: BY_NAME[name].load(doc[name]) for name in NAMES if doc.get(name) is not None}
+        head = HeadResult.from_json(doc["head"]) if doc.get("head") is not None else None
         return cls(describe=ModelDescription.model_validate(doc["describe"]), data=doc["data"],
-                   not_applicable=dict(doc.get("not_applicable") or {}), results=results)
+                   not_applicable=dict(doc.get("not_applicable") or {}), results=results, head=head)
 
 
 class ClaimVerdict(BaseModel):
@@ -87,9 +96,9 @@ class ClaimVerdict(BaseModel):
     id: str
     claim: str
     scheme: str
-    verdict: str  # supported | partly supported | not supported | not applicable
+    verdict: str  # supported | partly supported | not supported | inconclusive | not applicable
     evidence: str
-    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ holds)
+    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
 
 
@@ -144,4 +153,5 @@ class StudyResults(BaseModel):
             raise VitposError(f"{where}: {e.title} field {loc!r}: {err['msg']} (is this a results.json written by "
                               f"vitpos {FORMAT_VERSION}? rerun `vitpos run` to rewrite it)") from None
         except (KeyError, TypeError, AttributeError) as e:
-            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite it") from None
+            raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite "
+                              "it") from None

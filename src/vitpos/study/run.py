@@ -5,7 +5,10 @@ for APE models, rope_axis + rope_heads for RoPE models); an experiment that does
 model is recorded with its reason. Each stage's result lives in OUT/stages/<model>/<stage>-<key>.json
 (`vitpos.study.cache`): a rerun skips finished stages, an interrupted run resumes at the first
 unfinished one, --force recomputes. Figures are drawn once per run, from the results, into
-OUT/figures/. SAE layer (documented choice): the layer whose patch tokens hold the most of both
+OUT/figures/. Before them, a model whose classifier does not fit the data (a headless backbone, another
+class count) gets a head on its pooled features: the one `heads:` names for it, else one fitted as the
+cached stage `head` (vitpos.study.head_stage); every top-1 is then measured through it.
+SAE layer (documented choice): the layer whose patch tokens hold the most of both
 axes by the probes (max of min(row, col) accuracy), last layer excluded, earliest on ties.
 """
 
@@ -23,13 +26,15 @@ import vitpos
 from vitpos.data import dataset_info
 from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Result, StageInput
+from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.io import exclusive_lock, write_json
+from vitpos.models.head import Head, check_head
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
 from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
+from vitpos.study.head_stage import HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 
@@ -48,33 +53,43 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
     return pairs
 
 
-def _load_inputs(out: Path, cfg: RunConfig) -> tuple[dict[str, ModelSurface], dict[str, str]]:
-    """Every model and data set, checked before anything is written: a bad one late in the list
-    must not cost the stages of the ones before it."""
+def _load_inputs(out: Path, cfg: RunConfig
+                 ) -> tuple[list[tuple[str, str]], dict[str, ModelSurface], dict[str, str], dict[str, Head]]:
+    """Every model, data set and given head, checked before anything is written: a bad one late in
+    the list must not cost the stages of the ones before it."""
     from vitpos.models import load_model
 
     if out.exists() and not out.is_dir():
         raise VitposError(f"--out {out} is a file; pass a directory path")
     surfaces = {}
     fingerprints = {}
-    for spec, data in _models_for(cfg):
+    pairs = _models_for(cfg)
+    stray = sorted(set(cfg.heads) - {spec for spec, _ in pairs})
+    if stray:
+        raise VitposError(f"config key 'heads' names {', '.join(stray)}, which is not among the run's models "
+                          f"({', '.join(dict.fromkeys(s for s, _ in pairs))}); key each head dir by its model spec")
+    given: dict[str, Head] = {}
+    for spec, data in pairs:
         if spec not in surfaces:
             surfaces[spec] = load_model(spec, pretrained=cfg.pretrained, checkpoint=cfg.checkpoints.get(spec))
         if data not in fingerprints:
             dataset_info(data)  # names the problem with an unknown or empty data set
             fingerprints[data] = data_fingerprint(data)
-    return surfaces, fingerprints
+        if spec in cfg.heads:  # a given head must fit the model's weights and every data set it is run on
+            given.setdefault(spec, Head.load(cfg.heads[spec]))
+            check_head(given[spec], surfaces[spec], dataset_info(data), data)
+    return pairs, surfaces, fingerprints, given
 
 
-def _runners(out: Path, cfg: RunConfig, surfaces: dict[str, ModelSurface], fingerprints: dict[str, str],
-             cache: StageCache, quick: bool, progress: bool, timings: dict[str, float],
+def _runners(out: Path, cfg: RunConfig, cache: StageCache, quick: bool, progress: bool, timings: dict[str, float],
              log: Callable[[str], None]) -> list[_ModelStages]:
-    out_list = []
-    for spec, data in _models_for(cfg):
+    pairs, surfaces, fingerprints, given = _load_inputs(out, cfg)
+    runners = []
+    for spec, data in pairs:
         key_spec = spec if len(cfg.data) == 1 or cfg.models is None else f"{spec}@{data}"
-        out_list.append(_ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
-                                     progress, timings, log))
-    return out_list
+        runners.append(_ModelStages(surfaces[spec], spec, key_spec, data, fingerprints[data], cfg, cache, out, quick,
+                                    progress, timings, log, given.get(spec)))
+    return runners
 
 
 def plan_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bool = False,
@@ -82,8 +97,7 @@ def plan_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: b
     """What `run_study` with these arguments would compute, per model and stage; writes nothing.
     measure: how to time a model (None: no time estimate)."""
     out = Path(out)
-    surfaces, fingerprints = _load_inputs(out, cfg)
-    return _plan(_runners(out, cfg, surfaces, fingerprints, StageCache(out, force), quick, False, {}, print), measure)
+    return _plan(_runners(out, cfg, StageCache(out, force), quick, False, {}, print), measure)
 
 
 def _plan(runners: list[_ModelStages], measure: Measure | None) -> StudyPlan:
@@ -110,13 +124,11 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
               measure: Measure | None = measure_throughput) -> StudyResults:
     """measure: times each model for the plan line logged first (None: counts only, no estimate)."""
     out = Path(out)
-    surfaces, fingerprints = _load_inputs(out, cfg)
+    timings: dict[str, float] = {}
+    runners = _runners(out, cfg, StageCache(out, force), quick, progress, timings, log)
     with exclusive_lock(out):
-        cache = StageCache(out, force)
         t_start = time.time()
-        timings: dict[str, float] = {}
         entries: dict[str, ModelEntry] = {}
-        runners = _runners(out, cfg, surfaces, fingerprints, cache, quick, progress, timings, log)
         log(_plan(runners, measure).summary())
         for runner in runners:
             entries[runner.key_spec] = runner.run_all()
@@ -142,15 +154,82 @@ class _ModelStages:
 
     def __init__(self, surface: ModelSurface, spec: str, key_spec: str, data: str, data_fp: str, cfg: RunConfig,
                  cache: StageCache, out: Path, quick: bool, progress: bool, timings: dict[str, float],
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], given_head: Head | None = None):
         self.surface, self.spec, self.key_spec, self.data, self.cfg = surface, spec, key_spec, data, cfg
+        self.given_head = given_head
         self.data_fp = data_fp
         self.cache, self.out, self.quick, self.progress, self.timings, self.log = (
             cache, out, quick, progress, timings, log)
         self.slug = model_slug(key_spec)
         self.fingerprint = model_fingerprint(spec, cfg)
 
+    def _attach_head(self) -> HeadResult | None:
+        """Put a head on the surface when its classifier does not fit the data (or `heads:` gives one)."""
+        info = dataset_info(self.data)
+        n, k = self.surface.num_classes, len(info.class_names)
+        if self.surface.classifier_problem(info, self.data) is None:
+            reason = None
+        elif n <= 0:
+            reason = "the model has no classifier (num_classes=0): its outputs are pooled features"
+        elif n != k:
+            reason = f"the model's classifier has {n} classes, {self.data} has {k}"
+        else:
+            trained = getattr(self.surface, "trained_data", None)
+            reason = f"the model's classifier was trained on {trained}, not {self.data}"
+        if self.given_head is not None:
+            self.surface = self.surface.with_head(self.given_head, info, self.data)
+            return HeadResult.of(self.given_head, self.cfg.heads[self.spec], "given",
+                                 reason or "given in the run config's heads")
+        if reason is None:
+            return None
+        result, head = self._head_stage(reason)
+        self.surface = self.surface.with_head(head, info, self.data)
+        return result
+
+    def _head_stage(self, reason: str) -> tuple[HeadResult, Head]:
+        from vitpos.analysis.heads import fit_head
+
+        settings = self.cfg.head.model_dump()
+        key = self._head_key(settings)
+        path = self.cache.path(self.slug, "head", key)
+        hit = self._cached_head(key)
+        if hit is not None:
+            self.log(f"[{self.spec}] head: cached")
+            return hit
+        self.log(f"[{self.spec}] head ({reason}) ...")
+        t0 = time.time()
+        head_dir = self.out / "artifacts" / self.slug / "head"
+        head = fit_head(self.surface, self.data, n_images=settings["images"], seed=self.cfg.seed, out=head_dir,
+                        progress=self.progress)
+        result = HeadResult.of(head, head_dir, "fitted", reason)
+        secs = time.time() - t0
+        self.timings[f"{self.key_spec}/head"] = round(secs, 1)
+        self.cache.put(path, key, result.to_json(), secs)
+        self.log(f"[{self.spec}] head: val top-1 {result.val_top1:.3f}, test top-1 {result.test_top1:.3f} "
+                 f"(l2 {result.l2:g}), done in {secs:.0f} s")
+        return result, head
+
+    def _head_key(self, settings: dict) -> dict:
+        return {"model": self.fingerprint, "weights": self.surface.weights_digest(), "spec": self.spec,
+                "data": self.data, "seed": self.cfg.seed, **({"data_files": self.data_fp} if self.data_fp else {}),
+                "stage": "head", "settings": settings, "vitpos": vitpos.__version__}
+
+    def _cached_head(self, key: dict) -> tuple[HeadResult, Head] | None:
+        hit = self.cache.get(self.cache.path(self.slug, "head", key))
+        if hit is None:
+            return None
+        try:
+            cached = HeadResult.from_json(hit)
+            head = Head.load(cached.head_dir)
+            if head.digest() == cached.digest:
+                check_head(head, self.surface, dataset_info(self.data), self.data)
+                return cached, head
+        except (ValueError, VitposError):
+            pass  # an older entry, or its head files are gone or changed: refitted
+        return None
+
     def run_all(self) -> ModelEntry:
+        head = self._attach_head()
         done: dict[str, Done] = {}
         not_applicable: dict[str, str] = {}
         for exp in EXPERIMENTS:
@@ -166,12 +245,13 @@ class _ModelStages:
                 result = self._stage(exp, settings, done, recompute=True)
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
-                          not_applicable=not_applicable, results={k: d.result for k, d in done.items()})
+                          not_applicable=not_applicable, results={k: d.result for k, d in done.items()}, head=head)
 
-    def _key(self, exp: Experiment, settings: dict) -> dict:
+    def _key(self, exp: Experiment, settings: dict, head: str | None) -> dict:
         return {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
                 **({"data_files": self.data_fp} if self.data_fp else {}),
-                "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__}
+                "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__,
+                **({"head": head} if head is not None else {})}
 
     def _cached(self, exp: Experiment, key: dict) -> Result | None:
         hit = self.cache.get(self.cache.path(self.slug, exp.name, key))
@@ -183,6 +263,26 @@ class _ModelStages:
             return None  # a cache entry from an older result type: recomputed
         return result if isinstance(result, Result) else None
 
+    def _plan_head(self, sizes) -> tuple[PlannedStage | None, str | None, bool]:
+        """The head stage as _attach_head would run it: (its row, the head's digest when known,
+        whether the stages measure through a head)."""
+        if self.given_head is not None:
+            return None, self.given_head.digest(), True
+        if self.surface.classifier_problem(dataset_info(self.data), self.data) is None:
+            return None, None, False
+        settings = self.cfg.head.model_dump()
+        hit = self._cached_head(self._head_key(settings))
+        if hit is not None:
+            return PlannedStage(self.key_spec, self.data, "head", None, "cached"), hit[1].digest(), True
+        n = settings["images"]
+        try:
+            n_val = sizes.n("val", max(1, n // 4))
+            images = sizes.n("train", n) + n_val + sizes.n("test", n_val)
+        except ValueError as e:
+            return PlannedStage(self.key_spec, self.data, "head", None, "run", f"not counted: {e}"), None, True
+        counted = StagePlan.full(images, self.surface.depth) + StagePlan(note="plus the head's own fit")
+        return PlannedStage(self.key_spec, self.data, "head", counted, "run", counted.note), None, True
+
     def plan_all(self) -> list[PlannedStage]:
         """run_all's stages counted, not run: cached ones found by their keys (a stage whose settings
         read earlier results gets the real settings when those are cached, a guess otherwise)."""
@@ -190,7 +290,8 @@ class _ModelStages:
         planned: dict[str, dict] = {}
         not_applicable: dict[str, str] = {}
         sizes = split_sizes(self.data)
-        rows = []
+        head_row, head_digest, needs_head = self._plan_head(sizes)
+        rows = [head_row] if head_row is not None else []
         for exp in EXPERIMENTS:
             reason = exp.applies_to(self.surface)
             if reason is None:
@@ -204,7 +305,9 @@ class _ModelStages:
             else:
                 settings = exp.plan_settings(self.cfg, self.surface, planned, self.quick)
             planned[exp.name] = settings
-            result = self._cached(exp, self._key(exp, settings))
+            # a head still to be fitted has no digest yet: nothing measured through it is cached
+            result = None if needs_head and head_digest is None else self._cached(
+                exp, self._key(exp, settings, head_digest))
             if result is not None and exp.artifacts_ready(result):
                 done[exp.name] = Done(result, settings)
                 rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "cached"))
@@ -226,7 +329,7 @@ class _ModelStages:
         return None
 
     def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
-        key = self._key(exp, settings)
+        key = self._key(exp, settings, self.surface.head.digest() if self.surface.head is not None else None)
         path = self.cache.path(self.slug, exp.name, key)
         result = None if recompute else self._cached(exp, key)
         if result is not None:

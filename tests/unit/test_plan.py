@@ -9,14 +9,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from conftest import TIMM_TINY, tiny_own
+from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
 from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
 from vitpos.study.config import RunConfig
-from vitpos.study.plan import StudyPlan, Throughput, measure_throughput
+from vitpos.study.plan import Throughput, measure_throughput
 
 INFO = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
 
@@ -180,51 +180,3 @@ def test_plan_summary_and_time_estimate():
 def test_measure_throughput_is_positive():
     tp = measure_throughput(tiny_own("rope-mixed"), images=2, repeats=1)
     assert tp.block_s > 0 and tp.embed_s > 0 and tp.fit_work_s > 0 and tp.sae_token_s_per_latent > 0
-
-
-def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
-    from vitpos.cli import main
-
-    out = tmp_path / "out"
-    spec = TIMM_TINY["rope_mixed"].replace("img_size=16", "img_size=32").replace("depth=2", "depth=3")
-    main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
-    text = capsys.readouterr().out
-    assert not out.exists()
-    assert "rope_heads" in text and "image-forwards" in text and "plan: 1 model(s), 4 stage(s) to run" in text
-    assert "estimated" in text
-
-
-def test_plan_of_a_vit_b16_at_224_px(tmp_path):
-    """The ViT-B/16 plan, counted (timing a ViT-B/16 is the benchmark's job); shapes images are 32
-    px, so the plan also says that this model's stages would refuse them."""
-    from vitpos.study.run import plan_study
-
-    spec = "timm:vit_base_patch16_rope_mixed_224"
-    plan = plan_study(tmp_path / "out", RunConfig.model_validate({"models": [spec]}), measure=None)
-    assert not (tmp_path / "out").exists()
-    rows = {s.stage: s for s in plan.stages}
-    assert rows["sae"].status == rows["ape_permute"].status == "n/a"
-    heads = rows["rope_heads"].plan
-    assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
-    L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
-    assert heads.blocks == 64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + H * 21) + 2000 * (L + H * 78)
-    assert "(3, 224, 224)" in plan.data_problems[spec]
-    assert "time not estimated" in plan.summary()
-
-
-def test_study_plan_counts_cached_stages_as_cached(tmp_path):
-    from vitpos.study.run import plan_study, run_study
-
-    spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
-    cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
-                                    "rope_axis": {"images": 20, "restore": [1]},
-                                    "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2}})
-    before = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 4
-    lines: list[str] = []
-    run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
-    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 4 stage(s) to run, 0 cached")
-    after = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 4
-    assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 4 stage(s) cached"

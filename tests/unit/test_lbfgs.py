@@ -61,6 +61,7 @@ def test_standardise_stats_and_finiteness_check():
     assert not L.all_finite(y)
 
 
+@pytest.mark.slow
 def test_joint_heads_on_an_l2_path_reach_sklearns_optimum():
     # Several heads of different sizes and l2s share one design matrix (the (sum K, N) logits
     # layout, per-head slices) and are fitted along a strong-to-weak l2 path with warm starts and
@@ -79,7 +80,7 @@ def test_joint_heads_on_an_l2_path_reach_sklearns_optimum():
     for l2 in (1.0, 1e-1, 1e-2, 1e-3):
         l2s = [l2, 3 * l2]  # different l2 per head
         heads = L.fit_softmax_heads(design, ys, [4, 6], l2s, heads, max_iter=500, tol=1e-6, memory=memory)
-        for (w, b), y, lam in zip(heads, ys, l2s):
+        for (w, b), y, lam in zip(heads, ys, l2s, strict=True):
             sk = LogisticRegression(C=1.0 / (lam * n), tol=1e-10, max_iter=5000).fit(xs, y.numpy())
             ours = w.double().numpy() - w.double().numpy().mean(1, keepdims=True)
             theirs = sk.coef_.T - sk.coef_.T.mean(1, keepdims=True)
@@ -134,7 +135,7 @@ def test_heads_converge_independently_to_their_own_optimum():
     theta = torch.cat([torch.cat([w, b[None]]) for w, b in both], 1)
     f, resid = obj.value(theta)
     assert float(obj.grad(theta, resid).abs().max()) <= 1e-4
-    for (w, b), (w1, b1) in zip(both, alone):
+    for (w, b), (w1, b1) in zip(both, alone, strict=True):
         scale = max(1.0, float(w1.abs().max()))
         torch.testing.assert_close(w, w1, rtol=0, atol=1e-5 * scale)
         torch.testing.assert_close(b, b1, rtol=0, atol=1e-5 * scale)

@@ -18,6 +18,8 @@ import pytest
 
 from vitpos.io import read_json
 
+pytestmark = pytest.mark.slow  # `vitpos train` processes killed at each write
+
 CKPT_POINTS = ["ckpt-model", "ckpt-optim", "ckpt-state", "ckpt-aside", "ckpt-commit"]
 # every checkpoint write of both epochs, then the final artifacts (weights + config, before metrics.json)
 FAULTS = [f"{p}@{n}" for n in (1, 2) for p in CKPT_POINTS] + ["final-model@1"]
@@ -78,7 +80,7 @@ def runs(tmp_path_factory):
     codes = drive([[None, [*TRAIN, "--epochs", "2", "--out", str(tmp / "full")]], *killed])
     left = {f: (_committed_epochs(tmp / f), (tmp / f / "metrics.json").exists()) for f in FAULTS}
     rerun_codes = drive([[None, args] for _, args in killed])
-    return tmp, codes[0], dict(zip(FAULTS, codes[1:])), left, dict(zip(FAULTS, rerun_codes))
+    return tmp, codes[0], dict(zip(FAULTS, codes[1:], strict=True)), left, dict(zip(FAULTS, rerun_codes, strict=True))
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -94,9 +96,13 @@ def test_killed_run_reruns_to_the_uninterrupted_model(runs, fault):
     assert rerun_codes[fault] == 0
     out = tmp / fault
     assert (out / "model.safetensors").read_bytes() == (tmp / "full" / "model.safetensors").read_bytes()
-    drop = lambda m: {k: v for k, v in m.items() if k != "seconds"}  # noqa: E731
+
+    def drop(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k != "seconds"}
+
     assert drop(read_json(out / "metrics.json")) == drop(read_json(tmp / "full" / "metrics.json"))
     # the rerun tidied up: one committed checkpoint, no temp or set-aside folders
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
-    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["model.safetensors", "optim.safetensors", "state.json"]
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == [
+        "model.safetensors", "optim.safetensors", "state.json"]
 

@@ -26,7 +26,8 @@ def make_acts(n_images, prefix, seed=0, dims=DIMS):
 def write(out, acts, *, prefix=1, batches=(3,), shard_images=4, meta=META, **kw):
     n = next(iter(acts.values())).shape[0]
     labels, ids = torch.arange(n) % 3, torch.arange(n) + 1000
-    with ActivationWriter(out, sites=list(acts), grid=GRID, num_prefix_tokens=prefix, meta=meta, shard_images=shard_images, **kw) as w:
+    with ActivationWriter(out, sites=list(acts), grid=GRID, num_prefix_tokens=prefix, meta=meta,
+                          shard_images=shard_images, **kw) as w:
         i, k = 0, 0
         while i < n:
             b = batches[k % len(batches)]
@@ -192,7 +193,8 @@ def test_reader_memory_stays_bounded_to_about_two_shards(tmp_path):
     n_shards, s_img, d = 10, 16, 64
     with ActivationWriter(tmp_path, sites=["s"], grid=GRID, num_prefix_tokens=1, meta={}, shard_images=s_img) as w:
         for k in range(n_shards):
-            w.add({"s": torch.randn(s_img, 1 + N, d)}, torch.zeros(s_img, dtype=torch.long), torch.arange(s_img) + k * s_img)
+            w.add({"s": torch.randn(s_img, 1 + N, d)}, torch.zeros(s_img, dtype=torch.long),
+                  torch.arange(s_img) + k * s_img)
     st = ActivationStore(tmp_path)
     shard = s_img * N * d * 4
     slack = 8 * 1024  # safetensors header bytes, index tensors
@@ -249,7 +251,8 @@ def test_shuffled_tokens_are_a_deterministic_permutation(tmp_path):
         t, _ = run(shuffle=True, seed=1, buffer_tokens=buf)
         assert torch.equal(t.sort().values, torch.arange(n_img * N))
     # Worker split: disjoint shard subsets together cover every token once.
-    parts = [torch.cat([x[:, 0] for x, *_ in st.iter_tokens("s", 32, shuffle=True, shard_indices=range(k, 5, 2))]) for k in (0, 1)]
+    parts = [torch.cat([x[:, 0] for x, *_ in st.iter_tokens("s", 32, shuffle=True, shard_indices=range(k, 5, 2))])
+             for k in (0, 1)]
     assert torch.equal(torch.cat(parts).long().sort().values, torch.arange(n_img * N))
 
     ds = st.token_dataset("s", batch_tokens=50, shuffle=True, seed=2)
@@ -265,7 +268,8 @@ def test_shuffled_tokens_are_a_deterministic_permutation(tmp_path):
 @pytest.mark.parametrize("dtype,name", [(torch.float16, "float16"), (torch.bfloat16, "bfloat16")])
 def test_low_precision_roundtrip_within_documented_bound(tmp_path, dtype, name):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(9, 1 + N, 16, generator=g) * 10 ** (torch.rand(9, 1 + N, 16, generator=g) * 9 - 6)  # |x| ~ 1e-6..1e3
+    x = torch.randn(9, 1 + N, 16, generator=g)
+    x = x * 10 ** (torch.rand(9, 1 + N, 16, generator=g) * 9 - 6)  # |x| ~ 1e-6..1e3
     write(tmp_path, {"s": x}, dtype=dtype)
     st = ActivationStore(tmp_path)
     assert st.dtype == name
@@ -310,7 +314,8 @@ def test_corrupt_missing_or_incomplete_store_errors(tmp_path):
         list(st.iter_tokens(SITES[1]))
 
     # A valid safetensors file with the wrong contents is caught by the header check.
-    write_safetensors(shard1, {SITES[0]: torch.zeros(4, N, 3), "labels": torch.zeros(4, dtype=torch.int64), "image_ids": torch.zeros(4, dtype=torch.int64)})
+    write_safetensors(shard1, {SITES[0]: torch.zeros(4, N, 3), "labels": torch.zeros(4, dtype=torch.int64),
+                               "image_ids": torch.zeros(4, dtype=torch.int64)})
     with pytest.raises(VitposError, match=r"shard-00001.*expected"):
         st.load_site(SITES[0])
 

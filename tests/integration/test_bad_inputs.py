@@ -31,8 +31,7 @@ def files(tmp_path_factory):
     return root
 
 
-O = "{out}"  # replaced by a fresh output folder per case
-CASES = [
+CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     # train
     "train --pe bogus --out {out}",
     "train --pe ape",

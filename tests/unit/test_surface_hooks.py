@@ -30,14 +30,16 @@ def test_identity_edit_and_capture_are_bit_identical(kind, key):
     with edit(s, {name: (lambda t: t) for name in EDITABLE}):
         edited = s(x)
     assert torch.equal(plain, edited)
-    with capture(s, ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "embed"]) as c:
+    sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "embed"]
+    with capture(s, sites) as c:
         captured = s(x)
     assert torch.equal(plain, captured)
     T = s.num_prefix_tokens + s.num_patches
     assert c["blocks.1.resid_post"].shape == (3, T, s.width)
     assert c["blocks.0.q"].shape == (3, s.num_heads, T, s.head_dim)
     # residual bookkeeping: resid_post = resid_mid + (scaled) mlp_out, exactly what the block adds
-    assert torch.allclose(c["blocks.0.resid_pre"][:, :], c["embed"], atol=1e-6) or s.model.norm_pre.__class__.__name__ != "Identity"
+    assert (torch.allclose(c["blocks.0.resid_pre"][:, :], c["embed"], atol=1e-6)
+            or s.model.norm_pre.__class__.__name__ != "Identity")
     if not s.has_rope:
         assert torch.equal(c["blocks.0.q_rot"], c["blocks.0.q"])
 
@@ -87,11 +89,13 @@ def test_edit_changes_output_and_capture_only_sites_refuse_edits():
         Site.parse("blocks.9.q", depth=2)
 
 
-@pytest.mark.parametrize("kind,key", [("own", "rope-axial"), ("own", "rope-mixed"), ("timm", "dinov3"), ("timm", "eva02")])
+@pytest.mark.parametrize("kind,key",
+                         [("own", "rope-axial"), ("own", "rope-mixed"), ("timm", "dinov3"), ("timm", "eva02")])
 def test_rope_logits_depend_only_on_patch_offset(kind, key):
     s = make(kind, key)
     H, W = s.grid
-    base = s.model.rope.get_embed() if getattr(s.model.rope, "feat_shape", None) else s.model.rope.get_embed(shape=list(s.grid))
+    rope = s.model.rope
+    base = rope.get_embed() if getattr(rope, "feat_shape", None) else rope.get_embed(shape=list(s.grid))
     rope = base[0] if base.ndim == 4 else base  # mixed: (depth, h, N, 2d) -> layer 0
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, s.num_heads, 1, s.head_dim, generator=g).expand(1, s.num_heads, s.num_patches, s.head_dim)
@@ -112,7 +116,8 @@ def test_rope_logits_depend_only_on_patch_offset(kind, key):
     assert not torch.allclose(logits[:, n(0, 0), n(0, 1)], logits[:, n(0, 0), n(1, 0)], atol=1e-4)
 
 
-@pytest.mark.parametrize("kind,key", [("own", "none"), ("own", "rope-axial"), ("own", "rope-mixed"), ("timm", "rope_axial"), ("timm", "dinov3")])
+@pytest.mark.parametrize("kind,key", [("own", "none"), ("own", "rope-axial"), ("own", "rope-mixed"),
+                                      ("timm", "rope_axial"), ("timm", "dinov3")])
 def test_no_position_means_patch_permutation_equivariance(kind, key):
     s = make(kind, key)
     x = images_for(s, n=2)
@@ -187,7 +192,8 @@ def test_rope_embed_without_removal_is_timms_tensor(key):
     emb = s.model.rope.get_embed()
     for layer in range(s.depth):
         base = emb[layer] if emb.ndim == 4 else emb
-        torch.testing.assert_close(s.rope_embed(layer, base, {}), base.expand(s.num_heads, *base.shape[-2:]), atol=0, rtol=0)
+        torch.testing.assert_close(s.rope_embed(layer, base, {}), base.expand(s.num_heads, *base.shape[-2:]),
+                                   atol=0, rtol=0)
         # removing the row for one head touches only that head
         out = s.rope_embed(layer, base, {"row": [1]})
         torch.testing.assert_close(out[0], base.expand(s.num_heads, *base.shape[-2:])[0], atol=0, rtol=0)
@@ -211,6 +217,7 @@ def test_rope_edit_refused_without_rope():
             pass
 
 
+@pytest.mark.slow
 def test_timm_loading_paths(tmp_path, monkeypatch):
     from conftest import TIMM_TINY
     from vitpos.io import write_safetensors

@@ -14,6 +14,8 @@ from vitpos.study.config import RunConfig, load_config
 from vitpos.study.run import run_study
 from vitpos.train import train
 
+pytestmark = pytest.mark.slow  # end-to-end `vitpos run`s, in and out of process
+
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
@@ -64,7 +66,9 @@ def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
     parser = _Tags()
     parser.feed(page)
     assert not parser.errors and not parser.stack
-    assert '<table id="headline">' in page and page.index('alt="APE vs RoPE at a glance') < page.index('<table id="headline">') < page.index("<img", page.index('<table id="headline">'))
+    assert '<table id="headline">' in page
+    headline = page.index('<table id="headline">')
+    assert page.index('alt="APE vs RoPE at a glance') < headline < page.index("<img", headline)
 
 
 def test_rerun_skips_and_killed_stage_resumes(tiny_models, tmp_path, monkeypatch):
@@ -107,8 +111,8 @@ def test_bad_config_names_the_key(tmp_path):
     toml = tmp_path / "ok.toml"
     toml.write_text('data = ["shapes"]\n[probe]\nimages = 300\n')
     assert load_config(toml, {}, quick=False).probe.images == 300
-    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--config", str(bad), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--config", str(bad),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert proc.returncode != 0 and "rope_heads.axis" in proc.stderr and "Traceback" not in proc.stderr
 
 

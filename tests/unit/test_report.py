@@ -1,31 +1,24 @@
-"""Report rendering: figures are PNGs, the HTML is one well-formed, self-contained, escaped page."""
+"""Report rendering: figures are PNGs, the HTML is one well-formed, self-contained, escaped page.
+Rendering from another working directory and the page in headless chromium are
+integration/test_report_browser.py; the results documents come from conftest.make_results."""
 
 from __future__ import annotations
 
 import base64
 import copy
-import json
-import os
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
+from conftest import APE, CLAIM_VERDICTS, GOLDEN, ROPE, XSS, XSS_DATA, make_results
 from vitpos.errors import VitposError
 from vitpos.experiments.ape_permute import VARIANTS
 from vitpos.plots import sweeps as plots
 from vitpos.report.html import render_report
 from vitpos.report.sections import PNG_MAGIC
-from vitpos.study.config import RunConfig
-from vitpos.study.results import HEADLINE_FIGURE, StudyResults, figure_key, model_slug
-from vitpos.study.run import draw_figures
+from vitpos.study.results import HEADLINE_FIGURE, figure_key, model_slug
 
-XSS = "<script>alert(1)</script>"
-XSS_DATA = "imagefolder:/data/cats&dogs<v2>"
-APE, ROPE = "builtin:ape", "builtin:rope-axial"
 L, H = 4, 3  # toy depth and heads
 
 
@@ -72,11 +65,11 @@ def rope_axis_doc() -> dict:
 
 
 def rope_heads_doc() -> dict:
-    drop = [[0.5 + l + 0.1 * h for h in range(H)] for l in range(L)]
+    drop = [[0.5 + layer + 0.1 * h for h in range(H)] for layer in range(L)]
     drop[2][1] = 9.5  # the primary rebuilding head has the largest drop
-    rebuild = [[None] * H if l < 2 else [0.05 * (h + 1) for h in range(H)] for l in range(L)]
+    rebuild = [[None] * H if layer < 2 else [0.05 * (h + 1) for h in range(H)] for layer in range(L)]
     rebuild[2][1] = 0.4
-    axis_index = [[(-1) ** h * 0.3 * (l % 3) for h in range(H)] for l in range(L)]
+    axis_index = [[(-1) ** h * 0.3 * (layer % 3) for h in range(H)] for layer in range(L)]
     return {"model": ROPE, "axis": "row", "layers": list(range(L)), "num_heads": H, "restore_from": 2,
             "baseline_top1": 0.93, "drop_points": drop, "mean_ablate_drop_points": [[x / 2 for x in r] for r in drop],
             "rebuild_score": rebuild, "axis_index": axis_index, "primary_rebuilding_head": [2, 1],
@@ -85,7 +78,8 @@ def rope_heads_doc() -> dict:
 
 def probe_doc() -> dict:
     layers = list(range(L))
-    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7], "col_acc": [0.91, 0.87, 0.8, 0.72],
+    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7],
+            "col_acc": [0.91, 0.87, 0.8, 0.72],
             "chance_row": 0.25, "chance_col": 0.25, "row_control_acc": [0.3] * L, "col_control_acc": [0.28] * L,
             "row_selectivity": [0.6, 0.58, 0.5, 0.4], "col_selectivity": [0.63, 0.59, 0.52, 0.44],
             "content_baseline": {"row_acc": 0.4, "col_acc": 0.38}}
@@ -94,34 +88,8 @@ def probe_doc() -> dict:
 def sae_doc() -> dict:
     return {"layer": 2, "site": "resid_post", "arch": "topk", "k": 32, "expansion": 8, "fvu": 0.0821, "l0": 32.0,
             "dead_frac": 0.031, "top1_spliced": 0.901, "top1_change_points": -1.1, "row_features": [3, 17, 40],
-            "col_features": [5, 9], "mixed_features": [11], "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
-
-
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "run_quick_results.json").read_text())
-
-
-def make_results(second_data: str = "shapes") -> dict:
-    """A results.json made of real result documents (a quick run of the shipped models), plus a
-    model whose name, data and reasons carry markup."""
-    models = {APE: copy.deepcopy(GOLDEN["models"]["builtin:ape"]),
-              ROPE: copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"])}
-    models[ROPE]["data"] = second_data
-    xss = copy.deepcopy(GOLDEN["models"]["builtin:none"])
-    xss["describe"]["spec"] = XSS
-    xss["data"] = XSS_DATA
-    xss["eval"] = xss["probe"] = None
-    xss["not_applicable"] = {"probe": "no patches & <no> grid", "sae": "untrained"}
-    models[XSS] = xss
-    summary = copy.deepcopy(GOLDEN["summary"])
-    for c in summary["claims"]:
-        c["verdict"] = CLAIM_VERDICTS[c["id"]]
-    return {"vitpos_version": "0.1.0", "torch_version": "2.14.1", "timm_version": "1.0.31",
-            "created": "2026-01-01T00:00:00", "seed": 0, "config": RunConfig().model_dump(),
-            "reproduce": "vitpos run --config study.yaml", "quick": True, "models": models,
-            "summary": summary, "timings": {"probe": 12.5, "sae": 30.25}, "figures": {}}
-
-
-CLAIM_VERDICTS = {"C1": "supported", "C2": "supported", "C3": "supported", "C4": "not supported", "C5": "not applicable"}
+            "col_features": [5, 9], "mixed_features": [11],
+            "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
 
 
 # ---------------------------------------------------------------- HTML checks
@@ -181,16 +149,6 @@ def headline_rows(page: str) -> list[tuple[str, str]]:
     return re.findall(r'<tr data-claim="(C\d)">(.*?)</tr>', table, flags=re.S)
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report")
-    results = make_results()
-    results["figures"] = draw_figures(StudyResults.from_json(results), out)
-    figs = {k: out / p for k, p in results["figures"].items()}
-    path = render_report(results, out)
-    return results, figs, path.read_text(encoding="utf-8"), out
-
-
 # ---------------------------------------------------------------- tests
 @pytest.mark.parametrize("fn, make", [(plots.plot_ape_permute, ape_permute_doc), (plots.plot_rope_axis, rope_axis_doc),
                                       (plots.plot_recovery, rope_axis_doc), (plots.plot_rope_heads, rope_heads_doc)])
@@ -242,7 +200,8 @@ def test_report_is_well_formed_and_self_contained(rendered):
     c = check_html(page)
     assert page.startswith("<!DOCTYPE html>")
     assert c.counts["table"] >= 8 and c.counts["section"] >= 3 * 7
-    assert page.index('alt="APE vs RoPE at a glance') < page.index('<table id="headline">') < page.index("<img", page.index('<table id="headline">'))
+    headline = page.index('<table id="headline">')
+    assert page.index('alt="APE vs RoPE at a glance') < headline < page.index("<img", headline)
     assert len(c.imgs) == len(figs)
     for img in c.imgs:
         assert img["src"].startswith("data:image/png;base64,")
@@ -333,23 +292,6 @@ def test_figure_missing_on_disk_is_said_in_place(rendered, tmp_path):
     render_report(original, out)  # restore the shared page
 
 
-def test_relative_out_from_another_directory_inlines_every_figure(tmp_path):
-    """`vitpos run --out rel` (README command 1): figures are recorded relative to OUT and found."""
-    cwd = tmp_path / "work"
-    (cwd / "rel").mkdir(parents=True)
-    results = make_results()
-    results["figures"] = draw_figures(StudyResults.from_json(results), cwd / "rel")
-    (cwd / "rel" / "results.json").write_text(json.dumps(results))
-    code = ("import json, sys; from vitpos.report.html import render_report; "
-            "render_report(json.load(open('rel/results.json')), 'rel')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    page = (cwd / "rel" / "report.html").read_text()
-    assert "figure missing" not in page
-    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 7
-
-
 def test_checker_catches_unbalanced_tags():
     with pytest.raises(AssertionError):
         check_html("<table><tr><td>x</tr></table>")
@@ -380,32 +322,3 @@ def test_every_json_string_is_escaped(tmp_path):
     check_html(page)
     assert "<script" not in page.lower()
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 20
-
-
-@pytest.mark.slow
-def test_report_in_headless_chromium(rendered, tmp_path):
-    """The page as a reader's browser shows it: every figure decoded, no console errors, a real screenshot."""
-    import shutil
-
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
-    _, figs, _, out = rendered
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"]
-    url = (out / "report.html").resolve().as_uri()
-    shot = tmp_path / "shot.png"
-    proc = subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
-    assert not console, console[:5]
-    assert shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 100_000
-    # the DOM after load: every <img> decoded to its real size, nothing reads "figure missing"
-    probe = ("<script>window.onload=()=>{document.title=[...document.images].filter(i=>i.naturalWidth>100)"
-             ".length+'/'+document.images.length}</script>")
-    page = (out / "report.html").read_text().replace("</body>", probe + "</body>")
-    (tmp_path / "probe.html").write_text(page)
-    dom = subprocess.run([*flags, "--dump-dom", (tmp_path / "probe.html").as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
-    assert f"<title>{len(figs)}/{len(figs)}</title>" in dom
-    assert "figure missing" not in dom

@@ -58,6 +58,7 @@ def test_no_row_removes_row_but_keeps_columns(rope_model):
     assert no_row["row_acc_orig_probe"][0] < b["row_acc"][0]
 
 
+@pytest.mark.slow
 def test_rope_axis_document_and_restore(rope_model, tmp_path):
     doc = run_rope_axis(rope_model, data=toy_images(120), n_images=120, restore_points=[1], out=tmp_path).to_json()
     assert (tmp_path / "rope_axis.json").exists() and (tmp_path / "rope_axis.png").exists()
@@ -107,6 +108,7 @@ def test_row_and_col_permutations_keep_the_other_coordinate():
         assert all(sorted(r.tolist()) == list(range(H * W)) for r in p)
 
 
+@pytest.mark.slow
 def test_ape_permute_identity_variant_gives_baseline_and_refuses_rope(tmp_path):
     s = tiny_own("ape")
     ds = toy_images(64)
@@ -121,6 +123,7 @@ def test_ape_permute_identity_variant_gives_baseline_and_refuses_rope(tmp_path):
         run_ape_permute(tiny_own("rope-axial"), sae, doc, data=ds, n_images=8)
 
 
+@pytest.mark.slow
 def test_experiments_run_on_timm_models():
     from conftest import tiny_timm
 

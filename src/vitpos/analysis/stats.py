@@ -1,0 +1,128 @@
+"""Uncertainty for accuracies and their differences: Wilson and paired-bootstrap 95 % intervals.
+
+* ``wilson_interval(k, n)``: the Wilson score interval of a binomial proportion k / n (a plain
+  accuracy on n independent images). Unlike the normal interval it stays inside [0, 1] and is not
+  [1, 1] at k = n.
+* ``bootstrap_means(x)``: resample images with replacement ``n_boot`` times and return the mean of
+  every column of x (n_images, k) per resample, (n_boot, k). Each resample's draws are turned
+  into counts per image, so its mean is counts @ x / n: one matrix product per chunk of
+  resamples, memory bounded by the chunk whatever n_boot. Seeded: the same x, n_boot
+  and seed give the same numbers on every machine.
+* ``percentile_interval(samples)``: the 2.5 / 97.5 % percentiles of bootstrap samples.
+* ``paired_bootstrap_diff(a, b)``: the interval of mean(a) - mean(b) when a and b were measured on
+  the same images (clean vs intervened): images are resampled, and both means recomputed on the
+  same resample, so per-image correlation is kept. Identical vectors give [0, 0]. Each of a, b is
+  (n,) or (S, n): an (S, n) input (S seeds of the same images) is first averaged over seeds per
+  image, so the statistic is the mean over seeds and the bootstrap is over images.
+
+Everything returns plain floats, [lo, hi] (JSON-ready).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vitpos.errors import VitposError
+
+N_BOOT = 2000
+LEVEL = 0.95
+SEED = 0
+_CHUNK_CELLS = 1 << 22  # resamples x images per chunk of counts
+
+
+def _z(level: float) -> float:
+    if not 0 < level < 1:
+        raise VitposError(f"level must be in (0, 1), got {level}")
+    return math.sqrt(2) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
+
+
+def wilson_interval(k: float, n: int, level: float = LEVEL) -> list[float]:
+    """Wilson score interval [lo, hi] of a proportion with k successes in n trials."""
+    if n <= 0:
+        raise VitposError(f"a binomial interval needs n >= 1 trials, got {n}")
+    if not 0 <= k <= n:
+        raise VitposError(f"successes must lie in [0, n={n}], got {k}")
+    z = _z(level)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def accuracy_interval(correct: torch.Tensor, level: float = LEVEL) -> list[float]:
+    """Wilson interval of the accuracy of a boolean (or 0/1) per-image correctness vector."""
+    c = torch.as_tensor(correct).reshape(-1)
+    return wilson_interval(float(c.float().sum()), int(c.numel()), level)
+
+
+def _as_images(x: torch.Tensor) -> torch.Tensor:
+    """(n,) or (S, n) -> (n,) float64 per-image values (mean over seeds)."""
+    x = torch.as_tensor(x).double()
+    if x.ndim == 2:
+        return x.mean(0)
+    if x.ndim != 1:
+        raise VitposError(f"expected per-image values (n,) or (seeds, n), got shape {tuple(x.shape)}")
+    return x
+
+
+def bootstrap_means(x: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED) -> torch.Tensor:
+    """(n_boot, k) means of the columns of x (n, k) (or (n,) -> (n_boot,)) over resampled rows."""
+    x = torch.as_tensor(x).double()
+    flat = x.ndim == 1
+    x2 = x.unsqueeze(1) if flat else x.reshape(x.shape[0], -1)
+    n = x2.shape[0]
+    if n == 0:
+        raise VitposError("cannot bootstrap zero images")
+    if n_boot < 1:
+        raise VitposError(f"n_boot must be >= 1, got {n_boot}")
+    g = torch.Generator().manual_seed(int(seed))
+    step = max(1, _CHUNK_CELLS // n)
+    out = []
+    for start in range(0, n_boot, step):
+        b = min(step, n_boot - start)
+        idx = torch.randint(0, n, (b, n), generator=g)  # (b, n) image indices, drawn with replacement
+        counts = torch.zeros(b, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, n, dtype=torch.float64))
+        out.append(counts @ x2 / n)
+    means = torch.cat(out)
+    return means.squeeze(1) if flat else means
+
+
+def percentile_interval(samples: torch.Tensor, level: float = LEVEL) -> list[float] | None:
+    """[lo, hi] percentiles of bootstrap samples (non-finite samples dropped; None if fewer than
+    half are finite: the statistic is then undefined too often to bound)."""
+    s = torch.as_tensor(samples).double().reshape(-1)
+    s = s[torch.isfinite(s)]
+    if s.numel() == 0 or 2 * s.numel() < torch.as_tensor(samples).numel():
+        return None
+    a = (1 - level) / 2
+    q = torch.quantile(s, torch.tensor([a, 1 - a], dtype=torch.float64))
+    return [float(q[0]), float(q[1])]
+
+
+def bootstrap_mean_interval(x: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED,
+                            level: float = LEVEL) -> list[float]:
+    """Percentile interval of the mean over images of per-image values x ((n,) or (seeds, n))."""
+    iv = percentile_interval(bootstrap_means(_as_images(x), n_boot, seed), level)
+    assert iv is not None  # means of finite values are finite
+    return iv
+
+
+def paired_bootstrap_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED,
+                          level: float = LEVEL) -> list[float]:
+    """Interval of mean(a) - mean(b), a and b per-image values on the SAME images ((n,) or (seeds, n))."""
+    a, b = _as_images(a), _as_images(b)
+    if a.shape != b.shape:
+        raise VitposError(f"a paired bootstrap needs the same images on both sides, got {a.numel()} and {b.numel()}")
+    return bootstrap_mean_interval(a - b, n_boot, seed, level)
+
+
+def scaled(iv: list[float] | None, factor: float) -> list[float] | None:
+    """An interval times a positive factor (e.g. fractions -> points)."""
+    return None if iv is None else [factor * iv[0], factor * iv[1]]
+
+
+__all__ = ["LEVEL", "N_BOOT", "accuracy_interval", "bootstrap_mean_interval", "bootstrap_means",
+           "paired_bootstrap_diff", "percentile_interval", "scaled", "wilson_interval"]

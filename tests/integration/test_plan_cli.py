@@ -1,0 +1,58 @@
+"""`vitpos run --plan` end to end: the CLI table, a ViT-B/16 plan, cached stages after a run."""
+
+from __future__ import annotations
+
+from conftest import TIMM_TINY
+from vitpos.experiments.base import StagePlan
+from vitpos.study.config import RunConfig
+from vitpos.study.plan import StudyPlan
+
+
+def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
+    from vitpos.cli import main
+
+    out = tmp_path / "out"
+    spec = TIMM_TINY["rope_mixed"].replace("img_size=16", "img_size=32").replace("depth=2", "depth=3")
+    main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert not out.exists()
+    assert "rope_heads" in text and "image-forwards" in text and "plan: 1 model(s), 4 stage(s) to run" in text
+    assert "estimated" in text
+
+
+def test_plan_of_a_vit_b16_at_224_px(tmp_path):
+    """The ViT-B/16 plan, counted (timing a ViT-B/16 is the benchmark's job): shapes images go
+    through the model's preprocessing, and its 1000-class classifier gets a head fitted first."""
+    from vitpos.study.run import plan_study
+
+    spec = "timm:vit_base_patch16_rope_mixed_224"
+    plan = plan_study(tmp_path / "out", RunConfig.model_validate({"models": [spec]}), measure=None)
+    assert not (tmp_path / "out").exists()
+    rows = {s.stage: s for s in plan.stages}
+    assert rows["sae"].status == rows["ape_permute"].status == "n/a"
+    heads = rows["rope_heads"].plan
+    assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
+    L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
+    assert heads.blocks == 64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + H * 21) + 2000 * (L + H * 78)
+    head = rows["head"].plan
+    assert rows["head"].status == "run" and head is not None and head.forwards == 4000 + 1000 + 1000
+    assert plan.data_problems == {}
+    assert "time not estimated" in plan.summary()
+
+
+def test_study_plan_counts_cached_stages_as_cached(tmp_path):
+    from vitpos.study.run import plan_study, run_study
+
+    spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
+    cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
+                                    "rope_axis": {"images": 20, "restore": [1]},
+                                    "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2}})
+    before = plan_study(tmp_path, cfg, measure=None)
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 4
+    lines: list[str] = []
+    run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 4 stage(s) to run, 0 cached")
+    after = plan_study(tmp_path, cfg, measure=None)
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 4
+    assert after.total() == StagePlan() and isinstance(after, StudyPlan)
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 4 stage(s) cached"

@@ -1,0 +1,96 @@
+"""ape_permute: every permuted set has its own matched random control, and every variant an interval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import tiny_own
+from vitpos.data.base import DatasetInfo, TensorImageDataset
+from vitpos.experiments.ape_permute import (
+    CONTROLS,
+    VARIANTS,
+    matched_control,
+    matched_random_features,
+    run_ape_permute,
+    variant_names,
+)
+from vitpos.sae import SAE, SAEConfig
+
+INFO = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+
+
+def toy_images(n: int, seed: int = 0) -> Any:  # a dataset object: run_ape_permute takes names or datasets
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 3, 16, 16, generator=g)
+    return TensorImageDataset((x * 255).to(torch.uint8), torch.randint(0, 4, (n,), generator=g), INFO, "test")
+
+
+def toy_sae(d: int = 32) -> SAE:
+    torch.manual_seed(0)
+    return SAE(SAEConfig.model_validate({"d_in": d, "expansion": 4, "k": 8})).eval()
+
+
+def test_matched_control_is_live_non_positional_and_matched_in_mass():
+    mass = torch.linspace(0, 1, 40)
+    live = torch.ones(40, dtype=torch.bool)
+    live[30:] = False
+    positional = list(range(0, 10))
+    targets = [2, 5, 9]
+    ids, note = matched_control(mass, targets, positional, live, torch.Generator().manual_seed(0), pool=3)
+    assert note is None and len(ids) == len(set(ids)) == 3
+    assert not set(ids) & set(positional) and all(live[i] for i in ids)
+    # each pick is among the pool closest in mass to its target: the nearest free candidates are 10, 11, 12
+    assert set(ids) <= {10, 11, 12, 13, 14}
+
+
+def test_matched_control_too_few_is_the_largest_set_with_a_note():
+    mass = torch.arange(12.0)
+    live = torch.ones(12, dtype=torch.bool)
+    ids, note = matched_control(mass, list(range(8)), list(range(10)), live, torch.Generator().manual_seed(0))
+    assert sorted(ids) == [10, 11] and note is not None and "only 2" in note
+    ids, note = matched_control(mass, [0], list(range(12)), live, torch.Generator().manual_seed(0))
+    assert ids == [] and note is not None and "no live" in note
+
+
+def test_the_older_random_control_draws_as_before():
+    """matched_random_features is the row+col control of format 1: same draws from the same generator."""
+    mass = torch.rand(50, generator=torch.Generator().manual_seed(1))
+    live = torch.ones(50, dtype=torch.bool)
+    a = matched_random_features(mass, [1, 2, 3], live, torch.Generator().manual_seed(10_000))
+    b, _ = matched_control(mass, [1, 2, 3], [1, 2, 3], live, torch.Generator().manual_seed(10_000))
+    assert a == b
+
+
+@pytest.fixture(scope="module")
+def model_and_sae():
+    return tiny_own("ape"), toy_sae()
+
+
+def test_each_permuted_set_has_its_control_and_every_variant_an_interval(model_and_sae):
+    s, sae = model_and_sae
+    doc = {"layer": 0, "site": "resid_post", "row_features": [1, 2], "col_features": [3], "mixed_features": [4, 5]}
+    res = run_ape_permute(s, sae, doc, data=toy_images(64), n_images=64, seeds=(0, 1)).to_json()
+    assert res["variants"] == list(VARIANTS) and res["controls"] == CONTROLS
+    assert sorted(variant_names(res)[-3:]) == ["random_all_positional", "random_col", "random_row"]
+    for kept, ctrl in CONTROLS.items():
+        assert res[ctrl]["n_features"] == res[kept]["n_features"], ctrl
+        assert res[ctrl]["note"] is None
+        assert res[ctrl]["activation_mass"] is not None
+    lo, hi = res["baseline_top1_ci95"]
+    assert lo <= res["baseline_top1"] <= hi
+    for v in variant_names(res):
+        lo, hi = res[v]["drop_ci95"]
+        assert lo - 1e-6 <= res[v]["drop_points"] <= hi + 1e-6, v
+
+
+def test_a_control_with_too_few_latents_says_so(model_and_sae):
+    s, sae = model_and_sae
+    doc = {"layer": 0, "site": "resid_post", "row_features": list(range(0, 40)), "col_features": list(range(40, 80)),
+           "mixed_features": list(range(80, 120))}
+    res = run_ape_permute(s, sae, doc, data=toy_images(32), n_images=32, seeds=(0,)).to_json()
+    ctrl = res["random_all_positional"]
+    assert ctrl["n_features"] < 120 and ctrl["note"].startswith(f"only {ctrl['n_features']} live")
+    assert "skipped" in res["random_features"]  # format 1's control: all or nothing, as before

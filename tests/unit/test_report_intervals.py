@@ -1,0 +1,45 @@
+"""The report shows every permuted set beside its matched control, intervals, and `inconclusive`."""
+
+from __future__ import annotations
+
+from vitpos.report.html import _CSS, _badge
+from vitpos.report.sections import _sec_ape, _sec_eval, _summary_ape
+
+
+def _v(drop, ci, n, note=None) -> dict:
+    return {"top1": 0.9 - drop / 100, "top1_std": 0.0, "drop_points": drop, "drop_std": 0.0, "per_seed_top1": [0.5],
+            "n_features": n, "per_group": {}, "drop_ci95": ci, "activation_mass": 1.0, "note": note}
+
+
+def ape_doc() -> dict:
+    return {"model": "m", "layer": 1, "site": "resid_post", "data": "shapes", "n_images": 300, "seeds": [0],
+            "baseline_top1": 0.9, "baseline_top1_ci95": [0.86, 0.93],
+            "variants": ["all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate",
+                         "pos_embed_shuffle"],
+            "controls": {"all_positional": "random_all_positional", "all": "random_features", "row_only": "random_row",
+                         "col_only": "random_col"},
+            "feature_counts": {"row": 2, "col": 3, "mixed": 40},
+            "all": _v(3.0, [1.0, 5.0], 5), "row_only": _v(1.0, [0.0, 2.0], 2), "col_only": _v(2.0, [1.0, 3.0], 3),
+            "all_positional": _v(20.0, [15.25, 24.75], 45), "random_features": _v(0.5, [0.0, 1.0], 5),
+            "random_row": _v(0.0, [0.0, 0.0], 2), "random_col": {"skipped": "no live non-positional latents"},
+            "random_all_positional": _v(1.0, [0.0, 2.0], 30, note="only 30 live non-positional latents"),
+            "mean_ablate": _v(4.0, [2.0, 6.0], 5), "pos_embed_shuffle": _v(70.0, [65.0, 75.0], None)}
+
+
+def test_ape_section_pairs_each_set_with_its_control():
+    html = _sec_ape(ape_doc())
+    pairs = html.split("each permuted set beside its matched random control", 1)[1].split("every variant", 1)[0]
+    rows = pairs.split("<tr>")[2:]
+    assert [r.split("</td>")[0].removeprefix("<td>") for r in rows] == [
+        "all positional (row+col+mixed)", "row+col", "row only", "col only"]
+    assert "random_all_positional" in rows[0] and "[15.2, 24.8]" in rows[0] and "only 30 live" in rows[0]
+    assert "skipped: no live non-positional latents" in rows[3]
+    assert "random_row" in html.split("every variant", 1)[1]  # the controls are listed among the variants too
+    assert "[86.0%, 93.0%]" in html
+    assert "control 1.0 pts [0.0, 2.0]" in _summary_ape(ape_doc())
+
+
+def test_eval_interval_and_inconclusive_badge():
+    assert "95% Wilson interval [99.2%, 100.0%]" in _sec_eval({"top1": 1.0, "n": 500, "top1_ci95": [0.9924, 1.0]})
+    assert _badge("inconclusive") == '<span class="badge inconclusive">inconclusive</span>'
+    assert ".badge.inconclusive{" in _CSS

@@ -1,0 +1,97 @@
+"""analysis/stats.py: the intervals cover what they claim to, and are exact where they must be."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitpos.analysis.stats import (
+    accuracy_interval,
+    bootstrap_mean_interval,
+    bootstrap_means,
+    paired_bootstrap_diff,
+    percentile_interval,
+    wilson_interval,
+)
+from vitpos.errors import VitposError
+
+TRIALS = 100
+
+
+def _covers(iv, truth) -> bool:
+    return iv[0] <= truth <= iv[1]
+
+
+def test_wilson_covers_a_binomial_proportion():
+    g = torch.Generator().manual_seed(0)
+    p, n = 0.83, 150
+    hits = sum(_covers(accuracy_interval(torch.rand(n, generator=g) < p), p) for _ in range(TRIALS))
+    assert hits >= 93
+
+
+def test_bootstrap_mean_covers_a_binomial_proportion():
+    g = torch.Generator().manual_seed(1)
+    p, n = 0.3, 300
+    hits = sum(_covers(bootstrap_mean_interval((torch.rand(n, generator=g) < p).float(), n_boot=1000, seed=t), p)
+               for t in range(TRIALS))
+    assert hits >= 93
+
+
+def test_paired_bootstrap_covers_a_difference_of_accuracies():
+    """Clean correct with p = 0.9; the intervention flips a correct image to wrong with q = 0.2
+    (and never the reverse): the true drop is 0.9 * 0.2 = 0.18."""
+    g = torch.Generator().manual_seed(2)
+    n, p, q = 400, 0.9, 0.2
+    hits = 0
+    for t in range(TRIALS):
+        clean = torch.rand(n, generator=g) < p
+        hurt = clean & ~(torch.rand(n, generator=g) < q)
+        hits += _covers(paired_bootstrap_diff(clean.float(), hurt.float(), n_boot=1000, seed=t), p * q)
+    assert hits >= 93
+
+
+def test_paired_bootstrap_of_identical_vectors_is_zero():
+    x = (torch.rand(3, 50, generator=torch.Generator().manual_seed(3)) < 0.5).float()
+    assert paired_bootstrap_diff(x, x) == [0.0, 0.0]
+    assert paired_bootstrap_diff(x[0], x[0]) == [0.0, 0.0]
+
+
+def test_seeds_are_pooled_per_image_and_the_point_lies_inside():
+    g = torch.Generator().manual_seed(4)
+    base = (torch.rand(200, generator=g) < 0.9).float()
+    per_seed = (torch.rand(3, 200, generator=g) < 0.6).float()
+    iv = paired_bootstrap_diff(base, per_seed)
+    assert iv == pytest.approx(paired_bootstrap_diff(base, per_seed.mean(0)))  # (S, n) = its mean over seeds
+    assert iv[0] < float(base.mean() - per_seed.mean()) < iv[1]
+    assert iv == paired_bootstrap_diff(base, per_seed)  # seeded: reproducible
+
+
+def test_bootstrap_means_columns_and_chunks_agree():
+    x = torch.rand(37, 2, generator=torch.Generator().manual_seed(5))
+    m = bootstrap_means(x, n_boot=50, seed=7)
+    assert m.shape == (50, 2)
+    assert torch.allclose(bootstrap_means(x[:, 0], n_boot=50, seed=7), m[:, 0])
+
+
+def test_wilson_edges_and_errors():
+    lo, hi = wilson_interval(500, 500)
+    assert hi == 1.0 and 0.99 < lo < 1.0
+    assert wilson_interval(0, 10)[0] == 0.0
+    with pytest.raises(VitposError):
+        wilson_interval(3, 0)
+    with pytest.raises(VitposError):
+        paired_bootstrap_diff(torch.ones(3), torch.ones(4))
+    assert percentile_interval(torch.tensor([float("nan")] * 3 + [1.0])) is None
+
+
+def test_sae_causal_intervals_from_per_image_accuracies():
+    from vitpos.experiments.sae_run import selectivity_intervals
+
+    g = torch.Generator().manual_seed(6)
+    clean = {a: 0.9 + 0.1 * torch.rand(3, 40, generator=g) for a in ("row", "col")}
+    same = selectivity_intervals(clean, clean, "row")
+    assert same["row_drop_ci95"] == same["col_drop_ci95"] == [0.0, 0.0] and same["selectivity_ci95"] is None
+    only_row = {"row": clean["row"] - 0.5, "col": clean["col"]}  # the row probe drops by 0.5 on every image
+    iv = selectivity_intervals(clean, only_row, "row")
+    assert iv["row_drop_ci95"] == pytest.approx([0.5, 0.5]) and iv["selectivity_ci95"] == pytest.approx([1.0, 1.0])
+    assert selectivity_intervals(clean, only_row, "col")["selectivity_ci95"] == pytest.approx([0.0, 0.0])
