@@ -77,6 +77,7 @@ def test_wilson_edges_and_errors():
     lo, hi = wilson_interval(500, 500)
     assert hi == 1.0 and 0.99 < lo < 1.0
     assert wilson_interval(0, 10)[0] == 0.0
+    assert wilson_interval(300, 300)[1] == 1.0
     with pytest.raises(VitposError):
         wilson_interval(3, 0)
     with pytest.raises(VitposError):
