@@ -144,3 +144,20 @@ def test_c5_points_now_and_intervals_when_measured():
     assert claim({"m": {"rope_heads": heads(drops, [1, 0], narrow)}}, "C5")["numbers"]["m"]["result"] == HOLDS
     assert claim({"m": {"rope_heads": heads(drops, [1, 1], narrow)}}, "C5")["numbers"]["m"]["result"] == FAILS
     assert claim({"m": {"rope_heads": heads(drops, [1, 0], wide)}}, "C5")["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize("margins, result", [
+    ([[[0.5, 2.0], None], [[0.1, 0.4], [3.0, 5.0]]], HOLDS),  # every paired margin above 0
+    ([[[0.5, 2.0], None], [[-0.1, 0.4], [3.0, 5.0]]], INCONCLUSIVE),  # one straddles 0
+    ([[[0.5, 2.0], None], [[-0.9, -0.2], [3.0, 5.0]]], FAILS),  # another head drops more, surely
+])
+def test_c5_reads_the_paired_margins_first(margins, result):
+    """Margins decide even where the marginal drop intervals overlap (they would say inconclusive),
+    and the closest rival is named."""
+    drops = [[1.0, 2.0], [1.5, 0.0]]
+    wide = [[[d - 4, d + 4] for d in row] for row in drops]
+    doc = heads(drops, [0, 1], wide)
+    doc["primary_margin_ci95"] = margins
+    c = claim({"m": {"rope_heads": doc}}, "C5")
+    assert c["numbers"]["m"]["result"] == result
+    assert c["numbers"]["m"]["closest_rival_head"] == [1, 0]

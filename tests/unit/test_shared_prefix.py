@@ -188,4 +188,6 @@ def test_forward_from_and_head_drops_through_an_attached_head():
     x = next(iter(data.batches(20)))[0]
     assert torch.equal(s.forward_from(0, s.embed_tokens(x)), s(x))
     assert s(x).shape == (20, 4)
-    assert head_drops(s, data, shared_prefix=True) == head_drops(s, data, shared_prefix=False)
+    shared, full = head_drops(s, data, shared_prefix=True), head_drops(s, data, shared_prefix=False)
+    assert torch.equal(shared.clean, full.clean) and torch.equal(shared.ablated, full.ablated)
+    assert shared.ablated.shape == (s.depth, s.num_heads, 20)

@@ -96,3 +96,30 @@ def test_sae_causal_intervals_from_per_image_accuracies():
     iv = selectivity_intervals(clean, only_row, "row")
     assert iv["row_drop_ci95"] == pytest.approx([0.5, 0.5]) and iv["selectivity_ci95"] == pytest.approx([1.0, 1.0])
     assert selectivity_intervals(clean, only_row, "col")["selectivity_ci95"] == pytest.approx([0.0, 0.0])
+
+
+def test_head_drop_intervals_are_the_per_head_paired_bootstrap():
+    """rope_heads' grid of drop intervals (one resample set for every head) equals the paired
+    bootstrap of each head alone, and the primary's margin against a head is the paired interval of
+    their two ablated runs; an identical head has margin [0, 0]."""
+    from vitpos.analysis.stats import paired_bootstrap_diff
+    from vitpos.experiments.rope_heads import HeadDrops
+
+    g = torch.Generator().manual_seed(3)
+    clean = torch.rand(300, generator=g) < 0.9
+    ablated = torch.rand(2, 3, 300, generator=g) < torch.tensor([0.8, 0.5, 0.85]).view(1, 3, 1)
+    ablated[1, 2] = ablated[0, 1]
+    m = HeadDrops(clean, ablated)
+    grid = m.drop_intervals()
+    margins = m.margin_intervals((0, 1))
+    for li in range(2):
+        for h in range(3):
+            want = paired_bootstrap_diff(clean.double(), ablated[li, h].double())
+            assert grid[li][h] == pytest.approx([100 * want[0], 100 * want[1]], abs=1e-9)
+            assert grid[li][h][0] <= m.drops()[li][h] <= grid[li][h][1]
+            if (li, h) != (0, 1):
+                w = paired_bootstrap_diff(ablated[li, h].double(), ablated[0, 1].double())
+                assert margins[li][h] == pytest.approx([100 * w[0], 100 * w[1]], abs=1e-9)
+    assert margins[0][1] is None
+    assert margins[1][2] == [0.0, 0.0]
+    assert margins[0][0][0] > 0  # head (0, 0) loses far less than the primary

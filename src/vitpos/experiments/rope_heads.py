@@ -7,21 +7,25 @@ Per (layer, head):
   rebuild_score  in the restore setting (axis removed in layers < R, restored from R on), the fall
               in mean recovery Rec over layers >= R when this head's rotation stays removed too
               (0 for heads in layers < R, whose rotation is removed anyway: reported as null)
-  drop_points  100 x (top-1 intact - top-1 with all of this head's rotations removed)
-primary_rebuilding_head = argmax rebuild_score; C5 holds when it also has the largest drop.
+  drop_points  100 x (top-1 intact - top-1 with all of this head's rotations removed), with
+              drop_ci95: paired bootstrap over the top-1 images (the same images intact and ablated)
+primary_rebuilding_head = argmax rebuild_score. primary_margin_ci95[layer][head]: interval of
+drop(primary) - drop(head), paired over the same images (null for the primary itself); C5 holds
+when every margin's interval lies above 0 (analysis/stats.py, docs/methods.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from vitpos import plots
 from vitpos.analysis.forward import predict
 from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
@@ -53,6 +57,7 @@ class RopeHeadsResult(Result):
     num_heads: int
     restore_from: int
     baseline_top1: float
+    baseline_top1_ci95: list[float] | None = None  # None in results written before the intervals
     n_top1_images: int
     n_probe_images: int
     recovery_restore: float
@@ -60,6 +65,8 @@ class RopeHeadsResult(Result):
     kl: dict[str, list[list[float]]]
     rebuild_score: list[list[float | None]]  # None for heads in layers < R
     drop_points: list[list[float]]
+    drop_ci95: list[list[list[float]]] | None = None  # [layer][head] -> [lo, hi] points
+    primary_margin_ci95: list[list[list[float] | None]] | None = None  # drop(primary) - drop(head), points
     primary_rebuilding_head: list[int] | None
     primary_head_drop_rank: int | None
     largest_drop_head: list[int]
@@ -110,25 +117,71 @@ def _ablate(surface: ModelSurface, layer: int, head: int):
     return remove_rope(surface, {"row": [head], "col": [head]}, layers=[layer])
 
 
+class HeadDrops(NamedTuple):
+    """Per-image top-1 correctness: intact (n,) and with each head's rotations removed (L, H, n)."""
+
+    clean: torch.Tensor
+    ablated: torch.Tensor
+
+    @property
+    def base_top1(self) -> float:
+        return float(self.clean.float().mean())
+
+    def drops(self) -> list[list[float]]:
+        """100 x (top-1 intact - top-1 ablated) per [layer][head]."""
+        base = self.base_top1
+        return [[100.0 * (base - float(row.float().mean())) for row in layer] for layer in self.ablated]
+
+    def drop_intervals(self, level: float = LEVEL) -> list[list[list[float]]]:
+        """Paired bootstrap interval of each head's drop (points): one set of image resamples for
+        every head, each resample's drop recomputed on the same images intact and ablated."""
+        L, H, n = self.ablated.shape
+        per_image = (self.clean.double().unsqueeze(0) - self.ablated.double().reshape(L * H, n)).T  # (n, L*H)
+        return _grid(_column_intervals(bootstrap_means(per_image), level), L, H)
+
+    def margin_intervals(self, primary: tuple[int, int], level: float = LEVEL) -> list[list[list[float] | None]]:
+        """Interval of drop(primary) - drop(head) per head (points; None at the primary): per
+        image that is correct_ablated(head) - correct_ablated(primary), the intact run cancels."""
+        L, H, n = self.ablated.shape
+        flat = self.ablated.double().reshape(L * H, n)
+        per_image = (flat - flat[primary[0] * H + primary[1]]).T  # (n, L*H)
+        grid: list[list[list[float] | None]] = list(
+            _grid(_column_intervals(bootstrap_means(per_image), level), L, H))
+        grid[primary[0]][primary[1]] = None
+        return grid
+
+
+def _column_intervals(samples: torch.Tensor, level: float) -> list[list[float]]:
+    out = []
+    for col in samples.T:
+        iv = scaled(percentile_interval(col, level), 100.0)
+        assert iv is not None  # means of 0/1 values are finite
+        out.append(iv)
+    return out
+
+
+def _grid(flat: list, L: int, H: int) -> list[list]:
+    return [flat[li * H:(li + 1) * H] for li in range(L)]
+
+
 @torch.no_grad()
 def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch_size: int = BATCH,
-               on_head: Callable[[int, int], None] | None = None) -> tuple[float, list[list[float]]]:
-    """Baseline top-1 and 100 x (top-1 intact - top-1 with all of a head's rotations removed) per head.
+               on_head: Callable[[int, int], None] | None = None) -> HeadDrops:
+    """Per-image top-1 correctness intact and with all of a head's rotations removed, per head.
 
     shared_prefix: per batch, the clean stream is computed once, block by block, and each head of
     layer l runs blocks >= l from it; False: a full forward of the data per head."""
     L, Hh = surface.depth, surface.num_heads
     if not shared_prefix:
         preds, labels = predict(surface, dataset, batch_size)
-        base_top1 = float((preds == labels).float().mean())
-        drops = [[0.0] * Hh for _ in range(L)]
+        ablated_rows = []
         for li in range(L):
             for h in range(Hh):
                 p, y = predict(surface, dataset, batch_size, context=lambda li=li, h=h: _ablate(surface, li, h))
-                drops[li][h] = 100.0 * (base_top1 - float((p == y).float().mean()))
+                ablated_rows.append(p == y)
                 if on_head:
                     on_head(li, h)
-        return base_top1, drops
+        return HeadDrops(preds == labels, torch.stack(ablated_rows).reshape(L, Hh, -1))
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
     dev = next(surface.model.parameters()).device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
@@ -143,13 +196,13 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
         clean.append(surface.head_from(t).argmax(-1).cpu())
         labels.append(y)
     y_all = torch.cat(labels)
-    base_top1 = float((torch.cat(clean) == y_all).float().mean())
-    drops = [[0.0] * Hh for _ in range(L)]
-    for (li, h), p in ablated.items():
-        drops[li][h] = 100.0 * (base_top1 - float((torch.cat(p) == y_all).float().mean()))
-        if on_head:
-            on_head(li, h)
-    return base_top1, drops
+    rows = []
+    for li in range(L):
+        for h in range(Hh):
+            rows.append(torch.cat(ablated[li, h]) == y_all)
+            if on_head:
+                on_head(li, h)
+    return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1))
 
 
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
@@ -211,10 +264,11 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
                 rebuild[li][h] = rec_restore - mean_rec(doc)
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
-        base_top1, drops = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
+        measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
             task, advance=1, description=f"rope-heads: ablate L{li}H{h}"))
+    base_top1, drops = measured.base_top1, measured.drops()
     flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
-    primary = max(flat)[1:] if flat else None
+    primary = (max(flat)[1], max(flat)[2]) if flat else None
     order = sorted(((drops[li][h], li, h) for li in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
@@ -222,9 +276,12 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     rank_late = None if primary is None else 1 + [o[1:] for o in order_late].index(primary)
     result = RopeHeadsResult.model_validate({
         "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
-        "restore_from": R, "baseline_top1": base_top1, "n_top1_images": len(top1_set),
+        "restore_from": R, "baseline_top1": base_top1, "baseline_top1_ci95": accuracy_interval(measured.clean),
+        "n_top1_images": len(top1_set),
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
+        "drop_ci95": measured.drop_intervals(),
+        "primary_margin_ci95": None if primary is None else measured.margin_intervals(primary),
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
         "primary_head_drop_rank_after_R": rank_late,

@@ -294,6 +294,31 @@ def _row_of(layers: list, layer: Any) -> int | None:
         return None
 
 
+TOP_HEADS = 12
+
+
+def _drop_bars(ax, doc: dict, layers: list, H: int, cis: Any) -> None:
+    """The TOP_HEADS largest per-head drops with their 95 % intervals (error bars), primary head marked."""
+    drops = _grid(doc["drop_points"], len(layers), H, "drop_points")
+    ranked = sorted(((drops[r][h], r, h) for r in range(len(layers)) for h in range(H)
+                     if drops[r][h] == drops[r][h]), reverse=True)
+    prim = doc.get("primary_rebuilding_head")
+    keep = ranked[:TOP_HEADS]
+    # the primary head is always drawn, in its rank order, whatever its rank
+    keep += [x for x in ranked[TOP_HEADS:] if isinstance(prim, (list, tuple)) and [layers[x[1]], x[2]] == list(prim)]
+    ranked = keep
+    for i, (d, r, h) in enumerate(ranked):
+        iv = cis[r][h]
+        is_prim = isinstance(prim, (list, tuple)) and [layers[r], h] == list(prim)
+        color = OKABE_ITO["vermillion"] if is_prim else "0.35"
+        ax.errorbar(d, i, xerr=[[d - iv[0]], [iv[1] - d]], fmt="o", color=color, capsize=3, ms=5)
+    ax.set_yticks(range(len(ranked)), [f"L{layers[r]} h{h}" for _, r, h in ranked], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0.0, color="0.6", lw=0.8)
+    ax.set_xlabel("top-1 drop (points), 95 % interval")
+    ax.set_title(f"largest {min(len(ranked), TOP_HEADS)} head drops (primary in vermillion)", fontsize=9)
+
+
 def plot_rope_heads(doc: dict, path: str | Path) -> Path:
     """Heat maps layer x head of axis_index (-1 col .. +1 row), rebuild_score and drop_points,
     with the primary rebuilding head (star) and the largest-drop head (square) marked."""
@@ -310,8 +335,10 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
                        dict(cmap="viridis")))
     panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
                    dict(cmap="cividis")))
-    fig = new_figure(4.0 * len(panels) + 0.6, max(3.8, 0.32 * L + 2.4))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    cis = doc.get("drop_ci95")
+    fig = new_figure(4.0 * (len(panels) + (cis is not None)) + 0.6, max(3.8, 0.32 * L + 2.4))
+    axes = fig.subplots(1, len(panels) + (cis is not None), squeeze=False)[0]
+    axes, bars = (axes[:-1], axes[-1]) if cis is not None else (axes, None)
     marks = []
     for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"],
                                        "primary rebuilding head"),
@@ -334,6 +361,8 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
     axes[0].set_ylabel("layer")
     if marks:
         fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=len(marks))
+    if cis is not None:
+        _drop_bars(bars, doc, layers, H, cis)
     rf = doc.get("restore_from")
     fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: per-head RoPE roles (axis {doc.get('axis', '?')}"
                                f"{'' if rf is None else f', restore from {rf}'}; "

@@ -111,9 +111,25 @@ def _summary_axis(doc: dict, claim: str) -> str:
 def _summary_heads(doc: dict) -> str:
     ph, lh = doc.get("primary_rebuilding_head"), doc.get("largest_drop_head")
     n = len(doc.get("layers") or []) * int(doc.get("num_heads") or 0)
-    return (f"primary rebuilding head {head_name(ph)}: drop {pts(at(doc.get('drop_points'), doc, ph))}, "
+    return (f"primary rebuilding head {head_name(ph)}: drop {_head_drop(doc, ph)}, "
             f"rank {doc.get('primary_head_drop_rank', '?')} of {n}; largest drop {head_name(lh)}: "
-            f"{pts(at(doc.get('drop_points'), doc, lh))}")
+            f"{_head_drop(doc, lh)}")
+
+
+def _head_drop(doc: dict, lh: Any) -> str:
+    """A head's top-1 drop with its interval, where measured."""
+    return f"{pts(at(doc.get('drop_points'), doc, lh))} {ci(at(doc.get('drop_ci95'), doc, lh))}".rstrip()
+
+
+def _closest_rival(doc: dict) -> str:
+    """The head whose paired margin against the primary has the lowest lower end, and that margin."""
+    margins = doc.get("primary_margin_ci95")
+    found = [([li, h], m) for li, row in enumerate(margins or []) for h, m in enumerate(row or [])
+             if isinstance(m, list) and len(m) == 2]
+    if not found:
+        return "n/a"
+    lh, m = min(found, key=lambda x: x[1][0])
+    return f"{head_name(lh)}: drop(primary) − drop({head_name(lh)}) {ci(m)} pts"
 
 
 def head_name(lh: Any) -> str:
@@ -326,13 +342,14 @@ def _sec_heads(doc: dict) -> str:
     ph, lh = doc.get("primary_rebuilding_head"), doc.get("largest_drop_head")
     n = len(doc.get("layers") or []) * int(doc.get("num_heads") or 0)
     pairs = [("axis removed / restore from", f"{doc.get('axis', '?')} / {doc.get('restore_from', '?')}"),
-             ("baseline top-1", pct(doc.get("baseline_top1"))),
+             ("baseline top-1", f"{pct(doc.get('baseline_top1'))} {ci(doc.get('baseline_top1_ci95'), 100)}".rstrip()),
              ("primary rebuilding head", head_name(ph)),
              ("its rebuilding score", fnum(at(doc.get("rebuild_score"), doc, ph))),
              ("its axis index S (+1 row, −1 col)", fnum(at(doc.get("axis_index"), doc, ph), 2)),
-             ("top-1 drop when its rotations are ablated", pts(at(doc.get("drop_points"), doc, ph))),
+             ("top-1 drop when its rotations are ablated", _head_drop(doc, ph)),
              ("its drop rank (1 = largest)", f"{doc.get('primary_head_drop_rank', '?')} of {n}"),
-             ("largest-drop head", f"{head_name(lh)}: {pts(at(doc.get('drop_points'), doc, lh))}")]
+             ("largest-drop head", f"{head_name(lh)}: {_head_drop(doc, lh)}"),
+             ("closest rival (paired 95 % interval of the margin)", _closest_rival(doc))]
     if doc.get("mean_ablate_drop_points") is not None:
         pairs.append(("primary head: drop when its output is mean-ablated",
                       pts(at(doc.get("mean_ablate_drop_points"), doc, ph))))

@@ -24,9 +24,11 @@ every measurement and control is defined in docs/methods.md):
             above-chance decodability, for both axes. (No intervals yet: point values.)
   C4 (RoPE) mean recovery after restoring is partial (0 < Rec < 1) for both axes, and the
             primary rebuilding head is axis-specialised (|S| >= 0.5). (No intervals yet.)
-  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads. (No per-head
-            intervals yet: the point ranking decides; with per-head `drop_ci95` intervals the
-            primary head's interval must lie above every other head's.)
+  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
+            head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
+            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
+            Results without margins fall back to the per-head `drop_ci95` intervals (the
+            primary's above every other's), then to the point ranking.
 Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
 `partly supported` when it holds for some but not all, `not supported` when it holds for none and
 fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
@@ -107,6 +109,15 @@ def largest(iv: Interval | None, others: list[Interval]) -> Outcome:
     if not others or iv[0] > max(o[1] for o in others):
         return HOLDS
     return FAILS if iv[1] < max(o[0] for o in others) else INCONCLUSIVE
+
+
+def all_positive(margins: list[Interval]) -> Outcome:
+    """Every difference is > 0 (each interval above 0: true), some is < 0 (an interval below 0:
+    false), else undecided. Requiring every interval at once is an intersection-union test, so
+    `holds` needs no multiplicity correction; `fails` is read per comparison."""
+    if any(m[1] < 0 for m in margins):
+        return FAILS
+    return HOLDS if all(m[0] > 0 for m in margins) else INCONCLUSIVE
 
 
 def known(ok: bool) -> Outcome:
@@ -267,24 +278,48 @@ def _head(lh: list[int] | None) -> str:
 def _c5(spec: str, rh: dict) -> dict:
     prim, rank = rh.get("primary_rebuilding_head"), rh.get("primary_head_drop_rank")
     drop = rh["drop_points"][prim[0]][prim[1]] if prim else None
+    cis = rh.get("drop_ci95")
     big = rh["largest_drop_head"]
     n_heads = len(rh["layers"]) * rh["num_heads"]
     n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
+    closest = _closest_margin(rh.get("primary_margin_ci95"))
+    rival = "" if closest is None else (f"; closest rival {_head(closest[0])}: margin {_ci(closest[1])} pts")
     return {"result": _c5_result(rh, prim),
-            "numbers": {"primary_head": prim, "primary_drop_points": drop, "drop_rank": rank, "largest_drop_head": big,
+            "numbers": {"primary_head": prim, "primary_drop_points": drop,
+                        "primary_drop_ci95": cis[prim[0]][prim[1]] if cis and prim else None,
+                        "drop_rank": rank, "largest_drop_head": big,
                         "drop_rank_among_layers_ge_R": rh.get("primary_head_drop_rank_after_R"),
-                        "largest_drop_points": rh["drop_points"][big[0]][big[1]], "n_heads": n_heads},
-            "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts, rank {rank} of "
-                    f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts); rank "
-                    f"{rh.get('primary_head_drop_rank_after_R')} among the {n_late} heads of layers >= "
+                        "largest_drop_points": rh["drop_points"][big[0]][big[1]],
+                        "largest_drop_ci95": cis[big[0]][big[1]] if cis else None,
+                        "closest_rival_head": None if closest is None else closest[0],
+                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads},
+            "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
+                    f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
+                    f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts){rival}; "
+                    f"rank {rh.get('primary_head_drop_rank_after_R')} among the {n_late} heads of layers >= "
                     f"R={rh['restore_from']}"}
 
 
+def _ci(iv: list[float]) -> str:
+    return f"[{iv[0]:.1f}, {iv[1]:.1f}]"
+
+
+def _closest_margin(margins: list[list[list[float] | None]] | None) -> tuple[list[int], list[float]] | None:
+    """The other head whose margin drop(primary) - drop(head) has the lowest lower end."""
+    found = [([layer, h], m) for layer, row in enumerate(margins or []) for h, m in enumerate(row) if m is not None]
+    return min(found, key=lambda hm: hm[1][0]) if found else None
+
+
 def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
-    """Point ranking (`primary_is_largest_drop`) until rope_heads measures per-head intervals; with a
-    `drop_ci95` grid ([layer][head] -> [lo, hi]) the primary head's interval must lie above all others'."""
+    """Paired margins (`primary_margin_ci95`) where measured; else the primary's `drop_ci95` above
+    every other head's; else the point ranking (`primary_is_largest_drop`)."""
+    if prim is None:
+        return FAILS
+    margins = rh.get("primary_margin_ci95")
+    if margins is not None:
+        return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
     cis = rh.get("drop_ci95")
-    if prim is None or cis is None:
+    if cis is None:
         return known(bool(rh.get("primary_is_largest_drop")))
     drops = rh["drop_points"]
     others = [iv for layer, row in enumerate(drops) for h, d in enumerate(row)
