@@ -99,6 +99,15 @@ def _attach(surface: ModelSurface, reg: _Registry, site: Site,
         mod = attn.get_submodule("q_norm" if name == "q_rot" else "k_norm")
         reg.handles.append(mod.register_forward_hook(
             lambda m, a, out: (fn(surface.apply_rope(out, seen.get("rope"))), None)[1]))
+    elif name == "z":
+        heads = surface.num_heads
+
+        def pre_proj(m, args):
+            x = args[0]  # (B, T, h * d): heads concatenated, as the projection reads them
+            B, T, C = x.shape
+            new = fn(x.reshape(B, T, heads, C // heads).transpose(1, 2))
+            return None if new is None else (new.transpose(1, 2).reshape(B, T, C), *args[1:])
+        reg.handles.append(attn.get_submodule("proj").register_forward_pre_hook(pre_proj))
     elif name == "attn_pattern":
         _unfuse(reg, attn)
         reg.handles.append(attn.get_submodule("attn_drop").register_forward_hook(_on_output(fn)))
@@ -155,11 +164,26 @@ def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu:
             if site.name == "pos_embed":
                 cache[key] = surface.patch_pos_embed().unsqueeze(0).clone()
                 continue
-            token_axis = 2 if site.name in ("q", "k", "q_rot", "k_rot", "attn_pattern") else 1
+            token_axis = 2 if site.name in ("q", "k", "q_rot", "k_rot", "attn_pattern", "z") else 1
             _attach(surface, reg, site, recorder(key, token_axis))
 
         out = CaptureCache(cache, parts)
         yield out
+    finally:
+        reg.close()
+
+
+@contextmanager
+def observe(surface: ModelSurface, observers: Mapping[Site, Callable[[torch.Tensor], None]]) -> Iterator[None]:
+    """Call fn(site tensor) on every forward during the context, keeping nothing: running
+    statistics over many images in bounded memory, where `capture` would hold every tensor."""
+    reg = _Registry()
+    try:
+        for site, fn in observers.items():
+            if site.name == "pos_embed":
+                raise VitposError("pos_embed is a table, not an activation of a forward: capture it instead")
+            _attach(surface, reg, site, lambda t, fn=fn: fn(t.detach()))
+        yield
     finally:
         reg.close()
 
@@ -174,7 +198,7 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
             for site in sites:
                 if site.name in CAPTURE_ONLY:
                     raise VitposError(f"site {site} can be captured but not edited; edit "
-                                      "resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/embed")
+                                      "resid_pre/resid_post/attn_out/mlp_out/q/k/attn_pattern/z/embed")
                 _attach(surface, reg, site, fn)
         yield
     finally:

@@ -19,7 +19,7 @@ def make(kind: str, key: str):
     return tiny_own(key) if kind == "own" else tiny_timm(key)
 
 
-EDITABLE = ["embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "q", "k"]
+EDITABLE = ["embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "q", "k", "z"]
 
 
 @pytest.mark.parametrize("kind,key", ALL_SURFACES)
@@ -240,3 +240,55 @@ def test_timm_loading_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on an offline machine: the hub cannot be reached
     with pytest.raises(VitposError, match="--checkpoint"):
         load_model("timm:vit_tiny_patch16_224", pretrained=True)
+
+
+@pytest.mark.parametrize("kind,key", [("own", "rope-axial"), ("timm", next(iter(TIMM_TINY)))])
+def test_z_is_what_the_output_projection_reads(kind, key):
+    """blocks.L.z holds every head's output: attn_out is affine in it (zero, intact and doubled z
+    lie on one line), and editing one head's slice changes attn_out while a no-op edit does not."""
+    s = make(kind, key)
+    x = images_for(s)
+    outs = []
+    for scale in (0.0, 1.0, 2.0):
+        with edit(s, {Site(0, "z"): lambda t, scale=scale: t * scale}), capture(s, [Site(0, "attn_out")]) as c:
+            s(x)
+        outs.append(c["blocks.0.attn_out"])
+    torch.testing.assert_close(outs[2] - outs[1], outs[1] - outs[0], atol=1e-5, rtol=1e-4)
+    with capture(s, [Site(0, "z")]) as c:
+        s(x)
+    z = c["blocks.0.z"]
+    assert z.shape[:3] == (x.shape[0], s.num_heads, s.num_prefix_tokens + s.num_patches)
+
+    def zero_head0(t):
+        t = t.clone()
+        t[:, 0] = 0
+        return t
+    with edit(s, {Site(0, "z"): zero_head0}), capture(s, [Site(0, "attn_out")]) as c:
+        s(x)
+    assert not torch.allclose(c["blocks.0.attn_out"], outs[1])
+
+
+def test_rope_heads_z_means_are_the_captured_means():
+    """The running means rope_heads mean-ablates with equal the mean of the captured z over
+    images and patch tokens, from the input or from a restore stream, and observing is a no-op."""
+    from vitpos.data.base import DatasetInfo, TensorImageDataset
+    from vitpos.experiments.common import capture_condition, condition_context
+    from vitpos.experiments.rope_heads import _z_means
+
+    s = tiny_own("rope-axial")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (5, 3, 16, 16), generator=g, dtype=torch.uint8)
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+    data = TensorImageDataset(images, torch.zeros(5, dtype=torch.long), info, "test")
+    x = next(iter(data.batches(5)))[0]
+
+    npt = s.num_prefix_tokens
+    ctx = condition_context(s, ("row",), 1)
+    with ctx(), capture(s, [Site(1, "z")]) as c:
+        plain = s(x)
+    want = c["blocks.1.z"][:, :, npt:].double().mean((0, 2)).float()
+    torch.testing.assert_close(_z_means(s, data, ctx, None, [1])[1], want)
+    *_, start = capture_condition(s, data, ctx, [Site(1, "resid_post")], keep_pre=1)
+    torch.testing.assert_close(_z_means(s, data, ctx, start, [1])[1], want)
+    with ctx():
+        assert torch.equal(s(x), plain)

@@ -17,6 +17,7 @@ when every margin's interval lies above 0 (analysis/stats.py, docs/methods.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,6 +33,8 @@ from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes
 from vitpos.experiments.common import (
     BATCH,
     SWEEP_TRAIN_TOKENS,
+    ContextFactory,
+    Start,
     advance,
     check_restore_points,
     condition_context,
@@ -39,7 +42,7 @@ from vitpos.experiments.common import (
     recovery,
     require_rope,
 )
-from vitpos.hooks import capture, remove_rope
+from vitpos.hooks import capture, edit, observe, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
@@ -64,6 +67,12 @@ class RopeHeadsResult(Result):
     axis_index: list[list[float]]
     kl: dict[str, list[list[float]]]
     rebuild_score: list[list[float | None]]  # None for heads in layers < R
+    # cross-check (None in results written before it): the fall in Rec when the head's output
+    # (blocks.L.z, patch tokens) is replaced by its mean under the restore condition
+    mean_ablate_score: list[list[float | None]] | None = None
+    top_heads: dict[str, list[list[int]]] | None = None  # TOP_K heads by each score
+    top_heads_overlap: int | None = None  # heads in both top lists
+    top_heads_recovery_fraction: dict[str, float | None] | None = None  # fall in Rec / Rec, top heads jointly
     drop_points: list[list[float]]
     drop_ci95: list[list[list[float]]] | None = None  # [layer][head] -> [lo, hi] points
     primary_margin_ci95: list[list[list[float] | None]] | None = None  # drop(primary) - drop(head), points
@@ -205,6 +214,74 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
     return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1))
 
 
+TOP_K = 5
+
+
+def _top(scores: list[list[float | None]], k: int) -> list[tuple[int, int]]:
+    flat = [(v, li, h) for li, row in enumerate(scores) for h, v in enumerate(row) if v is not None and v == v]
+    return [(li, h) for _, li, h in sorted(flat, reverse=True)[:k]]
+
+
+def _stacked(*factories: ContextFactory) -> ContextFactory:
+    def make():
+        es = ExitStack()
+        for f in factories:
+            es.enter_context(f())
+        return es
+    return make
+
+
+def _rotations_off(surface: ModelSurface, heads: Mapping[int, list[int]], axes: tuple[Axis, ...]) -> ContextFactory:
+    """The rotations of these heads ({layer: heads}) removed on `axes`."""
+    return condition_context(surface, (), extra={li: {a: list(hs) for a in axes} for li, hs in heads.items()})
+
+
+def _mean_ablated(surface: ModelSurface, heads: Mapping[int, list[int]],
+                  means: Mapping[int, torch.Tensor]) -> ContextFactory:
+    """These heads' outputs (blocks.L.z at patch tokens) replaced by their mean over images and
+    patches: whatever a head writes that depends on the image or the position is gone."""
+    npt = surface.num_prefix_tokens
+
+    def replace(li: int, hs: list[int]):
+        def fn(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()
+            z[:, hs, npt:] = means[li][hs].to(z.dtype).unsqueeze(1)
+            return z
+        return fn
+
+    return lambda: edit(surface, {Site(li, "z"): replace(li, list(hs)) for li, hs in heads.items()})
+
+
+@torch.no_grad()
+def _z_means(surface: ModelSurface, dataset, context: ContextFactory, start: Start | None,
+             layers: list[int]) -> dict[int, torch.Tensor]:
+    """Mean of blocks.L.z over images and patch tokens, (heads, d) per layer, under a condition
+    (from its stream at `start` when given): running sums, nothing per image is kept."""
+    npt = surface.num_prefix_tokens
+    sums: dict[int, torch.Tensor] = {}
+    count = [0]
+
+    def add(li: int):
+        def fn(z: torch.Tensor) -> None:
+            part = z[:, :, npt:].double().sum((0, 2)).cpu()
+            sums[li] = sums[li] + part if li in sums else part
+            if li == layers[0]:
+                count[0] += z.shape[0] * (z.shape[2] - npt)
+        return fn
+
+    sites = {Site(li, "z"): add(li) for li in layers}
+    dev = next(surface.model.parameters()).device
+    if start is None:
+        with context(), observe(surface, sites):
+            for x, _ in dataset.batches(BATCH):
+                surface(x.to(dev))
+    else:
+        with observe(surface, sites):
+            for t, _ in start.batches(BATCH):
+                surface.forward_from(start.layer, t.to(dev))
+    return {li: (sums[li] / count[0]).float() for li in layers}
+
+
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
@@ -227,7 +304,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
     later = list(range(R, L))
-    steps = 2 + L * Hh + len(later) * Hh + 1
+    steps = 3 + L * Hh + len(later) * Hh + 1
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-heads", total=steps)
         S, kl = axis_index(surface, attn_images, shared_prefix)
@@ -249,21 +326,43 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
 
         rec_restore = mean_rec(restored)
         rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
-        start = restored_fit.pop("start", None)
+        mean_abl: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        start_r = restored_fit.pop("start", None)
+        means = _z_means(surface, probe_set, condition_context(surface, axes, R), start_r, later)
+
+        def fall(intervention: ContextFactory, at: Start | None) -> float:
+            """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
+            condition: from a restore stream at or before its first hooked block, or from the input."""
+            if at is None:
+                context = _stacked(condition_context(surface, axes, R), intervention)
+                doc = probe_condition(surface, probe_set, context, base_probes, seed=seed, layers=later)["doc"]
+            else:
+                doc = probe_condition(surface, probe_set, intervention, base_probes, seed=seed, layers=later,
+                                      start=at, reuse=restored_fit)["doc"]
+            return rec_restore - mean_rec(doc)
+
+        start = start_r
         for li in later:
             if start is not None and li > start.layer:  # the restore condition has no hooks from R on
                 start = advance(surface, start, li)
             for h in range(Hh):
-                extra: dict[int, dict[Axis, list[int]]] = {li: {a: [h] for a in axes}}
-                if start is None:
-                    doc = probe_condition(surface, probe_set, condition_context(surface, axes, R, extra=extra),
-                                          base_probes, seed=seed, layers=later)["doc"]
-                else:
-                    doc = probe_condition(surface, probe_set, condition_context(surface, (), extra=extra), base_probes,
-                                          seed=seed, layers=later, start=start, reuse=restored_fit)["doc"]
-                rebuild[li][h] = rec_restore - mean_rec(doc)
+                rebuild[li][h] = fall(_rotations_off(surface, {li: [h]}, axes), start)
+                mean_abl[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
+        k = min(TOP_K, len(later) * Hh)
+        top = {"rebuild": _top(rebuild, k), "mean_ablate": _top(mean_abl, k)}
+        explained: dict[str, float | None] = {}
+        for method, heads in top.items():
+            by_layer: dict[int, list[int]] = {}
+            for li, h in heads:
+                by_layer.setdefault(li, []).append(h)
+            make = _rotations_off(surface, by_layer, axes) if method == "rebuild" else _mean_ablated(
+                surface, by_layer, means)
+            lost = fall(make, start_r)
+            explained[method] = lost / rec_restore if rec_restore > 0 else None  # no recovery: nothing to explain
+        bar.update(task, advance=1, description="rope-heads: top heads jointly")
+        del start_r
         measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
             task, advance=1, description=f"rope-heads: ablate L{li}H{h}"))
     base_top1, drops = measured.base_top1, measured.drops()
@@ -281,6 +380,9 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "drop_ci95": measured.drop_intervals(),
+        "mean_ablate_score": mean_abl, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},
+        "top_heads_overlap": len(set(top["rebuild"]) & set(top["mean_ablate"])),
+        "top_heads_recovery_fraction": explained,
         "primary_margin_ci95": None if primary is None else measured.margin_intervals(primary),
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
@@ -311,14 +413,19 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
     # clean / off / restored references
     probes = StagePlan.full(n_p, L, 3) + fits(len(later), len(DEFAULT_L2_GRID)) + fits(2 * len(later))
     if not shared_prefix:
+        # per later head two conditions (rotations off, output mean-ablated), plus the z means and
+        # the two joint top-k conditions, each a full forward fitting every later layer
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
-                + StagePlan.full(n_p, L, len(later) * Hh) + fits(len(later) ** 2 * Hh)
+                + StagePlan.full(n_p, L, 2 * len(later) * Hh + 3) + fits(2 * len(later) ** 2 * Hh + 2 * len(later))
                 + StagePlan.full(n_t, L, 1 + L * Hh))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
     tails = sum(L - li for li in later)
-    rebuild = StagePlan(blocks=n_p * ((L - 1 - R) + Hh * tails)) + fits(Hh * tails)
+    # and the mean-ablation cross-check alike; the z means and the two joint top-k conditions run
+    # blocks >= R from the restore stream
+    rebuild = (StagePlan(blocks=n_p * ((L - 1 - R) + 2 * Hh * tails + 3 * (L - R))) + fits(2 * Hh * tails)
+               + fits(2 * len(later)))
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
     drops = StagePlan(forwards=n_t, blocks=n_t * (L + Hh * L * (L + 1) // 2))
     return attn + probes + rebuild + drops

@@ -16,6 +16,8 @@ Site names (TransformerLens style), shapes for a batch of B images with T = pref
   blocks.L.q / .k          (B, h, T, d) per-head queries/keys before rotation (editable)
   blocks.L.q_rot / .k_rot  (B, h, T, d) after rotation; prefix tokens unrotated (capture only)
   blocks.L.attn_pattern    (B, h, T, T) softmax attention (editable; runs unfused attention)
+  blocks.L.z               (B, h, T, d) per-head attention outputs as the output projection reads
+                                        them (after timm's optional scale-norm; editable)
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from vitpos.models.head import Head
 
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
-               "attn_pattern")
+               "attn_pattern", "z")
 GLOBAL_SITES = ("embed", "pos_embed")
 CAPTURE_ONLY = ("resid_mid", "q_rot", "k_rot", "pos_embed")
 Scheme = Literal["ape", "rope", "rope+ape", "none"]

@@ -350,9 +350,15 @@ def _sec_heads(doc: dict) -> str:
              ("its drop rank (1 = largest)", f"{doc.get('primary_head_drop_rank', '?')} of {n}"),
              ("largest-drop head", f"{head_name(lh)}: {_head_drop(doc, lh)}"),
              ("closest rival (paired 95 % interval of the margin)", _closest_rival(doc))]
-    if doc.get("mean_ablate_drop_points") is not None:
-        pairs.append(("primary head: drop when its output is mean-ablated",
-                      pts(at(doc.get("mean_ablate_drop_points"), doc, ph))))
+    top = doc.get("top_heads")
+    if isinstance(top, dict):
+        frac = doc.get("top_heads_recovery_fraction") or {}
+        for method, label in (("rebuild", "rotations removed"), ("mean_ablate", "output mean-ablated")):
+            heads = ", ".join(head_name(lh) for lh in top.get(method) or []) or "n/a"
+            pairs.append((f"top heads by fall in recovery, {label}",
+                          f"{heads} (together: {pct(frac.get(method))} of the recovery)"))
+        pairs.append(("heads in both top lists", f"{doc.get('top_heads_overlap', '?')} of "
+                                                 f"{len(top.get('rebuild') or [])}"))
     return kv_table(pairs)
 
 

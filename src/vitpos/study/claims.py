@@ -23,7 +23,9 @@ every measurement and control is defined in docs/methods.md):
             baseline is >= 0.05 above chance) while the other axis keeps >= MIN_KEPT of its
             above-chance decodability, for both axes. (No intervals yet: point values.)
   C4 (RoPE) mean recovery after restoring is partial (0 < Rec < 1) for both axes, and the
-            primary rebuilding head is axis-specialised (|S| >= 0.5). (No intervals yet.)
+            primary rebuilding head is axis-specialised (|S| >= 0.5). (No intervals yet.) Reported
+            beside it, not in the rule: whether mean-ablating head outputs ranks the same heads
+            (overlap of the top five, and whether the primary head is also first there).
   C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
@@ -266,9 +268,20 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
     return {"result": known(partial and specialised),
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
                         "primary_axis_index": S,
-                        "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None},
+                        "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None,
+                        # cross-check, reported beside the rule: the same heads under mean-ablation?
+                        "top_heads_overlap": rh.get("top_heads_overlap") if rh else None,
+                        "primary_tops_mean_ablation": _first_under_mean_ablation(rh, prim)},
             "text": f"{spec}: median recovery row {_f(rec['row'])}, col {_f(rec['col'])}; primary rebuilding head "
                     f"{_head(prim)} axis index {_f(S)}"}
+
+
+def _first_under_mean_ablation(rh: dict | None, prim: list[int] | None) -> bool | None:
+    """Whether the primary rebuilding head also tops the mean-ablation ranking (None: not measured)."""
+    top = (rh or {}).get("top_heads")
+    if prim is None or not top or not top.get("mean_ablate"):
+        return None
+    return list(prim) == list(top["mean_ablate"][0])
 
 
 def _head(lh: list[int] | None) -> str:
