@@ -242,6 +242,26 @@ def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
         reg.close()
 
 
+@contextmanager
+def block_prefix(surface: ModelSurface, layers: Iterable[int] | None = None) -> Iterator[None]:
+    """Block patch -> prefix attention in `layers` (None = all): every patch query's attention to the
+    prefix tokens (CLS, registers) is set to 0 and its row renormalised over the patch keys, i.e. the
+    softmax over the patch keys alone. Prefix queries keep attending everywhere.
+
+    Runs unfused attention in those layers (it edits `blocks.L.attn_pattern`). With no prefix tokens
+    or no layers it registers nothing: the plain forward, bit for bit."""
+    layer_list = list(range(surface.depth)) if layers is None else sorted(set(layers))
+    for layer in layer_list:
+        if not 0 <= layer < surface.depth:
+            raise VitposError(f"layer {layer} is outside 0..{surface.depth - 1}")
+    npt = surface.num_prefix_tokens
+    if npt == 0 or not layer_list:
+        yield
+        return
+    with edit(surface, {Site(layer, "attn_pattern"): drop_prefix_keys(npt) for layer in layer_list}):
+        yield
+
+
 # --- edit functions ----------------------------------------------------------------------------
 
 def zero_ablate(tokens: slice | None = None) -> EditFn:
@@ -272,3 +292,15 @@ def stack(*managers) -> ExitStack:
     for m in managers:
         es.enter_context(m)
     return es
+
+
+def drop_prefix_keys(num_prefix: int) -> EditFn:
+    """Attention (B, h, T, T) with patch queries' weights on the first `num_prefix` keys set to 0 and
+    each patch query's row renormalised to sum to 1 over the patch keys; prefix queries unchanged."""
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        out[:, :, num_prefix:, :num_prefix] = 0
+        patch = out[:, :, num_prefix:, num_prefix:]
+        out[:, :, num_prefix:, num_prefix:] = patch / patch.sum(-1, keepdim=True)
+        return out
+    return fn

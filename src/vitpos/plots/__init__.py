@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers
     from vitpos.plots.features import plot_feature_maps
     from vitpos.plots.headline import plot_headline
+    from vitpos.plots.prefix import plot_rope_prefix
     from vitpos.plots.probe import plot_probe_curves
     from vitpos.plots.sweeps import mathtext_safe, plot_ape_permute, plot_recovery, plot_rope_axis, plot_rope_heads
 
@@ -19,11 +20,11 @@ _EXPORTS = {
     "plot_recovery": "vitpos.plots.sweeps", "plot_rope_heads": "vitpos.plots.sweeps",
     "mathtext_safe": "vitpos.plots.sweeps",
     "plot_probe_curves": "vitpos.plots.probe", "plot_headline": "vitpos.plots.headline",
-    "plot_feature_maps": "vitpos.plots.features",
+    "plot_feature_maps": "vitpos.plots.features", "plot_rope_prefix": "vitpos.plots.prefix",
 }
 # A literal list (type checkers cannot evaluate sorted(_EXPORTS)); test_report checks it matches _EXPORTS.
 __all__ = ["mathtext_safe", "plot_ape_permute", "plot_feature_maps", "plot_headline", "plot_probe_curves",
-           "plot_recovery", "plot_rope_axis", "plot_rope_heads"]
+           "plot_recovery", "plot_rope_axis", "plot_rope_heads", "plot_rope_prefix"]
 
 
 def __getattr__(name: str) -> Any:

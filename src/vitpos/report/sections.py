@@ -362,9 +362,49 @@ def _sec_heads(doc: dict) -> str:
     return kv_table(pairs)
 
 
+def _sec_prefix(doc: dict) -> str:
+    conds = dict_at(doc, "conditions")
+    base_top1 = num((conds.get("baseline") or {}).get("top1"))
+    rows = []
+    for name, c in conds.items():
+        if not isinstance(c, dict):
+            continue
+        t = num(c.get("top1"))
+        d = "—" if t is None or base_top1 is None or name == "baseline" else pts(100 * (t - base_top1), signed=True)
+        blocked = c.get("prefix_blocked_from")
+        rows.append([str(name), str(c.get("axis") or "—"),
+                     "—" if c.get("restore_from") is None else str(c["restore_from"]),
+                     "—" if blocked is None else f"≥ {blocked}", pct(t), d, pct(last(c.get("row_acc"))),
+                     pct(last(c.get("col_acc"))), pct(last(c.get("row_acc_orig_probe"))),
+                     pct(last(c.get("col_acc_orig_probe")))])
+    mass = ", ".join(f"L{i}: {pct(v)}" for i, v in enumerate(doc.get("prefix_attention") or []))
+    out = (f"<p>{e(doc.get('model', ''))} on {e(doc.get('data', ''))}, {e(doc.get('n_images', '?'))} images, probes "
+           f"at {e(doc.get('site', 'resid_post'))}; chance row {pct(doc.get('chance_row'))}, col "
+           f"{pct(doc.get('chance_col'))}. Blocking: every patch query's attention to the "
+           f"{e(doc.get('num_prefix_tokens', '?'))} prefix token(s) is set to 0 and renormalised over the patch keys; "
+           "prefix queries keep attending everywhere. Clean attention mass of patch queries on the prefix, per layer "
+           f"({e(doc.get('attn_images', '?'))} images): {e(mass or 'n/a')}. Probe accuracies at the final layer: "
+           "<i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
+    out += table(["condition", "axis removed", "restore from", "prefix blocked in layers", "top-1", "Δ top-1",
+                   "row (retrained)", "col (retrained)", "row (orig. probe)", "col (orig. probe)"], rows)
+    rec_rows = []
+    for axis, v in (doc.get("recovery") or {}).items():
+        v = v or {}
+        op, bl = num((v.get("open") or {}).get("mean_rec")), num((v.get("blocked") or {}).get("mean_rec"))
+        rec_rows.append([str(axis), str(doc.get("restore_from", "?")), fnum(op, 2), fnum(bl, 2),
+                         "n/a" if op is None or bl is None else fnum(op - bl, 2)])
+    if rec_rows:
+        out += ("<p>Recovery after R, Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off) with the clean model and "
+                "the axis removed everywhere as references in both columns: what blocking the prefix from R takes "
+                "away is the share of the rebuilding that goes through the prefix tokens.</p>")
+        out += table(["axis", "restore from R", "mean Rec, prefix open", "mean Rec, prefix blocked from R",
+                       "open − blocked"], rec_rows)
+    return out
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {  # experiment name -> its section body
     "eval": _sec_eval, "probe": _sec_probe, "sae": _sec_sae, "ape_permute": _sec_ape,
-    "rope_axis": _sec_axis, "rope_heads": _sec_heads,
+    "rope_axis": _sec_axis, "rope_heads": _sec_heads, "rope_prefix": _sec_prefix,
 }
 RENDER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, VitposError)
 

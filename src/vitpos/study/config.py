@@ -54,6 +54,13 @@ class RopeHeadsStage(_Strict):
     attn_images: int = Field(default=64, ge=1)
 
 
+class RopePrefixStage(_Strict):
+    images: int = Field(default=500, ge=2, description="test-split images, split by image into probe train/test")
+    restore_from: int | None = Field(default=None, ge=1, description="R of the restore conditions; None = depth // 2")
+    block_from: int = Field(default=0, ge=0, description="first layer with patch -> prefix attention blocked")
+    attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
+
+
 class HeadStage(_Strict):
     """The classifier the study fits on a model's pooled features when the model's own does not fit
     the data (headless backbones, another class count) and `heads` names none."""
@@ -75,6 +82,7 @@ class RunConfig(_Strict):
     ape_permute: ApePermuteStage = ApePermuteStage()
     rope_axis: RopeAxisStage = RopeAxisStage()
     rope_heads: RopeHeadsStage = RopeHeadsStage()
+    rope_prefix: RopePrefixStage = RopePrefixStage()
 
 
 QUICK = {
@@ -85,6 +93,7 @@ QUICK = {
     "ape_permute": {"images": 300, "seeds": 1},
     "rope_axis": {"images": 200},
     "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
+    "rope_prefix": {"images": 150, "attn_images": 16},
 }
 
 
