@@ -17,7 +17,7 @@ from vitpos.errors import VitposError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
                        "and RoPE ViTs.")
-intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads.")
+intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads, rope-prefix.")
 app.add_typer(intervene_app, name="intervene")
 console = Console(stderr=True)
 out_console = Console(markup=False, highlight=False)
@@ -414,6 +414,44 @@ def rope_heads(
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
                       f"{len(doc['layers']) * doc['num_heads']}); largest drop L{doc['largest_drop_head'][0]}H"
                       f"{doc['largest_drop_head'][1]} -> {out}" if p else f"no rebuilding head found -> {out}")
+
+
+@intervene_app.command("rope-prefix")
+def rope_prefix(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(500, "--images", min=2, help=">= 2"),
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
+                                            help="R of the restore conditions, 1..depth-1 (default depth//2)"),
+    block_from: int = typer.Option(0, "--block-from", min=0,
+                                   help="first layer with patch -> prefix attention blocked, 0..depth-1 (0: all)"),
+    attn_images: int = typer.Option(64, "--attn-images", min=1, help="images for the clean prefix attention (>= 1)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
+    progress: bool = ProgressOpt,
+):
+    """Block patch -> CLS/register attention under clean, axis-removed and restore conditions; OUT/rope_prefix.json."""
+    from vitpos.experiments.rope_prefix import run_rope_prefix
+
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
+    doc = run_rope_prefix(surface, data=data, n_images=images, restore_from=restore_from, block_from=block_from,
+                          n_attn_images=attn_images, seed=seed, out=out, progress=progress).to_json()
+    t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
+    for name, c in doc["conditions"].items():
+        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
+                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
+    out_console.print(t)
+    rec = "; ".join(f"{a} mean Rec open {_fmt(r['open']['mean_rec'])}, blocked {_fmt(r['blocked']['mean_rec'])}"
+                    for a, r in doc["recovery"].items())
+    mass = " ".join(f"{v:.3f}" for v in doc["prefix_attention"])
+    out_console.print(f"prefix attention by layer {mass}; R={doc['restore_from']}: {rec} -> {out}")
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
 
 
 @app.command()

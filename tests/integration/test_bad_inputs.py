@@ -111,6 +111,16 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "intervene rope-heads -m builtin:rope-axial --out {out} --restore-from 9",
     "intervene rope-heads -m builtin:rope-axial --out {out} --restore-from 0",
     "intervene rope-heads -m builtin:none --out {out}",
+    # intervene rope-prefix
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --images 1",
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --block-from -1",
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --block-from 6",
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --restore-from 0",
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --restore-from 6",
+    "intervene rope-prefix -m builtin:rope-axial --out {out} --attn-images 0",
+    "intervene rope-prefix -m builtin:ape --out {out}",
+    "intervene rope-prefix -m timm:vit_small_patch16_rope_224?img_size=32&patch_size=4&depth=1&embed_dim=32&num_heads=2"
+    "&num_classes=4&class_token=False&global_pool=avg --out {out}",
     "intervene bogus",
     # run
     "run --out {out} --models builtin:ape,builtin:nope",

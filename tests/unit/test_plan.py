@@ -15,6 +15,7 @@ from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, pro
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
 from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
+from vitpos.experiments.rope_prefix import plan_rope_prefix, run_rope_prefix
 from vitpos.study.config import RunConfig
 from vitpos.study.plan import Throughput, measure_throughput
 
@@ -103,10 +104,24 @@ def test_rope_heads_plan_counts_what_runs(rope4, monkeypatch, shared):
         assert_counts(plan, counts)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_rope_prefix_plan_counts_what_runs(rope4, monkeypatch, shared):
+    data = toy(300)
+    for restore_from, block_from in ((None, 0), (1, 3), (3, 1), (2, 2)):
+        settings = {"images": 60, "restore_from": restore_from, "block_from": block_from, "attn_images": 5}
+        plan = plan_rope_prefix(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
+        with counting(rope4, monkeypatch) as counts:
+            run_rope_prefix(rope4, data, n_images=60, restore_from=restore_from, block_from=block_from,
+                            n_attn_images=5, shared_prefix=shared)
+        assert_counts(plan, counts)
+
+
 def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
     sizes = SplitSizes(test=4000)
     heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
-    for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, {"images": 1000, "restore": None})):
+    prefix = {"images": 500, "restore_from": None, "block_from": 0, "attn_images": 64}
+    for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, {"images": 1000, "restore": None}),
+                         (plan_rope_prefix, prefix)):
         new, old = fn(settings, rope4, sizes), fn(settings, rope4, sizes, shared_prefix=False)
         assert new.blocks < old.blocks and new.fits < old.fits and new.forwards < old.forwards
 
@@ -120,13 +135,14 @@ def _stage(exp_name, surface, data, cfg, prior, tmp_path):
 
 
 def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
-    """eval, probe, sae and ape_permute on an APE model; the two RoPE stages through the study's settings."""
+    """eval, probe, sae and ape_permute on an APE model; the RoPE stages through the study's settings."""
     cfg = RunConfig.model_validate({
         "eval_images": 50, "probe": {"images": 40},
         "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
         "ape_permute": {"images": 20, "seeds": 1},
         "rope_axis": {"images": 30, "restore": [1]},
-        "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4}})
+        "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4},
+        "rope_prefix": {"images": 30, "attn_images": 4, "block_from": 1}})
     data = toy(300)
     sizes = SplitSizes(train=300, test=300)
     ape = tiny_own("ape")
@@ -152,7 +168,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         else:
             assert_counts(plan, counts, exact_work=True)
     rope = tiny_own("rope-axial")
-    for name in ("rope_axis", "rope_heads"):
+    for name in ("rope_axis", "rope_heads", "rope_prefix"):
         exp, settings, stage = _stage(name, rope, data, cfg, {}, tmp_path)
         plan = exp.plan(settings, rope, sizes)
         with counting(rope, monkeypatch) as counts:
