@@ -43,7 +43,7 @@ def plot_rope_prefix(doc: dict, path: str | Path) -> Path:
             for name, ls in ((open_name, "-"), (blocked_name, "--")):
                 c = conds.get(name)
                 ys = _floats(c.get(f"{axis}_acc"), len(layers)) if isinstance(c, dict) else None
-                if ys is None:
+                if not isinstance(c, dict) or ys is None:
                     continue
                 ax.plot(layers, ys, ls, color=color, marker="o" if ls == "-" else "s", ms=3, lw=1.6)
                 handles.append(Line2D([], [], color=color, ls=ls, label=f"{name} (top-1 {_pct(c.get('top1'))})"))
