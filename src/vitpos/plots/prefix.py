@@ -62,12 +62,14 @@ def plot_rope_prefix(doc: dict, path: str | Path) -> Path:
         ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     ax = axes[2]
     mass = _floats(doc.get("prefix_attention"), len(layers))
-    if mass is not None:
-        ax.bar(layers, mass, color=OKABE_ITO["purple"])
+    finite = [v for v in mass or [] if math.isfinite(v)]
+    if mass is not None and finite:
+        bars = ax.bar(layers, mass, color=OKABE_ITO["purple"])
+        ax.bar_label(bars, labels=[f"{v:.3f}" for v in mass], fontsize=7)
         ax.set_xticks(layers)
+        ax.set_ylim(0.0, min(1.0, max(0.05, 1.25 * max(finite))))  # small masses stay visible
     else:
         ax.text(0.5, 0.5, "no prefix attention data", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(0.0, 1.0)
     ax.set_title(f"clean attention of patch queries on the {doc.get('num_prefix_tokens', '?')} prefix token(s)",
                  fontsize=10)
     ax.set_xlabel("layer")
