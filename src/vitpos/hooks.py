@@ -1,4 +1,5 @@
-"""Hook engine: capture or edit any surface site, and remove RoPE axes per layer and head.
+"""Hook engine: capture or edit any surface site, remove RoPE axes per layer and head, block
+patch -> prefix attention.
 
 Every context manager registers torch hooks on entry and removes them on exit, also when the
 body raises; contexts nest and compose (edits apply in the order they were entered).
