@@ -117,10 +117,11 @@ def _rope4(pe: str = "rope-mixed"):
     return s
 
 
-def _toy(n: int, seed: int = 0) -> TensorImageDataset:
-    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
+def _toy(n: int, seed: int = 0, size: int = 16) -> TensorImageDataset:
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(size, size),
+                       in_chans=3)
     g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8)
+    images = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
     return TensorImageDataset(images, torch.randint(0, 4, (n,), generator=g), info, "test")
 
 
@@ -184,11 +185,28 @@ def test_shared_prefix_gives_the_same_numbers(R, B):
     old = run_rope_prefix(s, data, n_images=60, restore_from=R, block_from=B, n_attn_images=4,
                           shared_prefix=False).to_json()
     new = run_rope_prefix(s, data, n_images=60, restore_from=R, block_from=B, n_attn_images=4).to_json()
+    _assert_same(old, new)
+
+
+def _assert_same(old: dict, new: dict) -> None:
     want, got = _leaves(old), _leaves(new)
     assert [p for p, _ in want] == [p for p, _ in got]
     diffs = [(p, a, b) for (p, a), (_, b) in zip(want, got, strict=True)
              if not (a == b or isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-5)]
     assert not diffs, diffs[:10]
+
+
+@pytest.mark.parametrize("which", WITH_PREFIX[1:])
+def test_runs_on_timm_rope_families(which):
+    """naver rope ViTs (axial, mixed), EVA-02 and DINOv3 (CLS + registers): the study's conditions
+    run, and the shared-prefix path gives the per-condition path's numbers."""
+    s = _load(which)
+    data = _toy(40, size=s.input_size[1])
+    new = run_rope_prefix(s, data, n_images=40, n_attn_images=4).to_json()
+    old = run_rope_prefix(s, data, n_images=40, n_attn_images=4, shared_prefix=False).to_json()
+    _assert_same(old, new)
+    assert new["num_prefix_tokens"] == s.num_prefix_tokens and len(new["conditions"]) == 12
+    assert len(new["prefix_attention"]) == s.depth and all(0 < v < 1 for v in new["prefix_attention"])
 
 
 def test_refusals_and_applicability():
