@@ -16,7 +16,7 @@ def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
     main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
     text = capsys.readouterr().out
     assert not out.exists()
-    assert "rope_heads" in text and "image-forwards" in text and "plan: 1 model(s), 4 stage(s) to run" in text
+    assert "rope_prefix" in text and "image-forwards" in text and "plan: 1 model(s), 5 stage(s) to run" in text
     assert "estimated" in text
 
 
@@ -34,6 +34,9 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
     L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
     assert heads.blocks == 64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + H * 21) + 2000 * (L + H * 78)
+    prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
+    assert prefix is not None and prefix.forwards == 64 + 500 * 8
+    assert prefix.blocks == 64 * L + 500 * (8 * L + 4 * (L - R))
     head = rows["head"].plan
     assert rows["head"].status == "run" and head is not None and head.forwards == 4000 + 1000 + 1000
     assert plan.data_problems == {}
@@ -46,13 +49,14 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
     cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
                                     "rope_axis": {"images": 20, "restore": [1]},
-                                    "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2}})
+                                    "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2},
+                                    "rope_prefix": {"images": 20, "attn_images": 2}})
     before = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 4
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 5
     lines: list[str] = []
     run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
-    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 4 stage(s) to run, 0 cached")
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 5 stage(s) to run, 0 cached")
     after = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 4
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 5
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 4 stage(s) cached"
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 5 stage(s) cached"
