@@ -24,6 +24,7 @@ active on the held-out tokens) are reported at that point. Peers:
   ``/tmp/saelens-venv/bin/python``).
 * ``torch``: the textbook TopK loop written below (linear encoder/decoder, top-k + ReLU,
   MSE, Adam, decoder renorm, no AuxK).
+* ``vitpos-noaux``: vitpos with ``aux_coeff=0`` (sparsify's default), to show what AuxK costs.
 
 A peer whose interpreter or package is missing is skipped with the reason printed. Peers are fed
 activations pre-scaled to mean norm √D (what vitpos does internally), so an lr means the same step
@@ -180,13 +181,14 @@ def best_fvu(runs: list[dict]) -> float:
 # --- trainers --------------------------------------------------------------------------------
 
 
-def run_vitpos(train, eval_x, args, lr) -> dict:
+def run_vitpos(train, eval_x, args, lr, aux: bool = True) -> dict:
     from unittest import mock
 
     import vitpos.sae.train as vtrain
     from vitpos.sae import SAEConfig, train_sae
 
-    cfg = SAEConfig(arch="topk", d_in=train.shape[1], expansion=args.expansion, k=args.k, dead_steps=args.dead_tokens)
+    cfg = SAEConfig(arch="topk", d_in=train.shape[1], expansion=args.expansion, k=args.k, dead_steps=args.dead_tokens,
+                    **({} if aux else {"aux_coeff": 0.0}))
     batches = batches_of(train, args.batch)
     rec = Recorder(eval_x, len(batches) // args.evals_per_epoch, args.batch)
     made: list = []
@@ -205,7 +207,7 @@ def run_vitpos(train, eval_x, args, lr) -> dict:
     with mock.patch.object(vtrain, "SAE", Seen):
         train_sae(lambda: rec.feed(batches), cfg, epochs=args.epochs, lr=lr, device="cpu", progress=False)
     rec.point()
-    return {"trainer": "vitpos", "lr": lr, "points": rec.points}
+    return {"trainer": "vitpos" if aux else "vitpos, no AuxK", "lr": lr, "points": rec.points}
 
 
 def run_torch_peer(train, eval_x, args, lr) -> dict:
@@ -390,7 +392,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--source", choices=["auto", "model", "synthetic"], default="auto")
     ap.add_argument("--spec", default="builtin:ape")
-    ap.add_argument("--peers", default="sparsify,saelens,torch", help="comma list of: sparsify, saelens, torch")
+    ap.add_argument("--peers", default="sparsify,saelens,torch,vitpos-noaux",
+                    help="comma list of: sparsify, saelens, torch, vitpos-noaux (vitpos with aux_coeff 0, as "
+                         "sparsify's default auxk_alpha 0)")
     ap.add_argument("--saelens-python", default=os.environ.get("VITPOS_SAELENS_PYTHON", DEFAULT_SAELENS_PYTHON))
     ap.add_argument("--sparsify-python", default=os.environ.get("VITPOS_SPARSIFY_PYTHON", DEFAULT_SPARSIFY_PYTHON))
     ap.add_argument("--out", type=Path, default=None)
@@ -404,8 +408,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
-        if peer not in ("sparsify", "saelens", "torch"):
-            print(f"unknown peer {peer!r}; use sparsify, saelens or torch", file=sys.stderr)
+        if peer not in ("sparsify", "saelens", "torch", "vitpos-noaux"):
+            print(f"unknown peer {peer!r}; use sparsify, saelens, torch or vitpos-noaux", file=sys.stderr)
             return 2
     x, source = get_activations(args)
     train, eval_x = x[: args.tokens], x[args.tokens :]
@@ -418,8 +422,8 @@ def main(argv=None) -> int:
           f"epochs={args.epochs} threads={args.threads}; lrs {args.lrs} (SAELens {args.saelens_lrs})", flush=True)
 
     def run(name: str, lr: float) -> dict:
-        if name == "vitpos":
-            return run_vitpos(train, eval_x, args, lr)
+        if name in ("vitpos", "vitpos-noaux"):
+            return run_vitpos(train, eval_x, args, lr, aux=name == "vitpos")
         if name == "torch":
             return run_torch_peer(train * s, eval_x * s, args, lr)
         return run_in_interpreter(name, train * s, eval_x * s, args, lr)

@@ -97,7 +97,7 @@ class StepOutput(NamedTuple):
 
     loss: Tensor  # what training minimises: fvu + aux_coeff·aux_loss (TopK/BatchTopK) or fvu + l1_coeff·l1 (ReLU)
     fvu: Tensor  # Σ‖x̂ − x‖² / total variance of the batch
-    aux_loss: Tensor  # AuxK loss (0 without dead latents)
+    aux_loss: Tensor  # AuxK loss (0 without dead latents or with aux_coeff 0)
     l1: Tensor  # ReLU: mean over tokens of Σ_f z_f‖d_f‖ (0 otherwise)
     l0: Tensor  # mean number of active latents per token
     fired: Tensor  # bool (F,): latents active in this batch
@@ -411,7 +411,7 @@ class SAE(nn.Module):
         err = xs_hat - xs
         fvu = err.pow(2).sum() / tv
         aux = zero
-        if dead_mask is not None and sparse_path and bool(dead_mask.any()):
+        if dead_mask is not None and sparse_path and self.cfg.aux_coeff > 0 and bool(dead_mask.any()):
             aux = self._auxk_loss(pre, xc, err.detach(), dead_mask, tv)
         if self.cfg.arch == "relu":
             loss = fvu + self.cfg.l1_coeff * info["l1"]
@@ -422,14 +422,18 @@ class SAE(nn.Module):
                           min_act=info["min_act"], n=n, x_hat=x_hat, z=z.reshape(*lead, F) if z is not None else None)
 
     def _auxk_loss(self, pre: Tensor, xc: Tensor, err: Tensor, dead_mask: Tensor, tv: Tensor) -> Tensor:
-        """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂."""
+        """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂.
+
+        Runs on the dead latents' own rows (``index_select`` carries the gradient back), so its
+        backward costs O(N·dead·D) instead of a dense O(N·F·D) product over the whole dictionary."""
         dead = dead_mask.nonzero().squeeze(1)
         k_aux = min(self.cfg.aux_k_eff, dead.numel())
         with torch.no_grad():
             sel, j = topk_rows(pre.index_select(1, dead), k_aux)
-            sp = _Sparse.from_topk(dead[j], self.d_sae)
-        vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel.reshape(-1)).relu()
-        e_hat = _SparseDecode.apply(vals, self.W_dec, sp)
+            sp = _Sparse.from_topk(j, dead.numel())
+        W_enc, b_enc, W_dec = (p.index_select(0, dead) for p in (self.W_enc, self.b_enc, self.W_dec))
+        vals = _SparseEncode.apply(xc, W_enc, b_enc, sp, sel.reshape(-1)).relu()
+        e_hat = _SparseDecode.apply(vals, W_dec, sp)
         # Down-weight when fewer dead latents than aux_k exist, as sparsify does.
         weight = min(dead.numel() / self.cfg.aux_k_eff, 1.0)
         return weight * (e_hat + err).pow(2).sum() / tv  # err = x̂ - x, so target -err
