@@ -1,27 +1,37 @@
-"""Benchmark: vitpos' TopK SAE trainer vs peers on the same activations.
+"""Benchmark: vitpos' TopK SAE trainer vs peers, CPU time to reach equal held-out FVU.
 
-    python benchmarks/bench_sae.py [--tokens N] [--d 128] [--expansion 8] [--k 32] [--out FILE.json]
+    python benchmarks/bench_sae.py [--tokens N] [--epochs 8] [--lrs 1e-3,2e-3,4e-3,8e-3] [--out FILE.json]
 
-Every trainer gets the same training tokens (same order, batch size, epochs), the same TopK
-architecture, k, dictionary size and learning rate (``--saelens-lr`` gives SAELens its own: it
-starts its decoder at norm 0.1 and never renormalises it, so the same lr is a ~10x larger relative
-step there), and is scored with the same held-out FVU (Σ‖x − x̂‖² / Σ‖x − x̄‖² over tokens never
-trained on). Peers:
+Every trainer gets the same training tokens (same order, batch size), the same TopK architecture,
+k and dictionary size, and is scored by one function on the same held-out tokens (FVU =
+Σ‖x − x̂‖² / Σ‖x − x̄‖²). Each trainer runs its own small lr sweep (``--lrs``; ``--saelens-lrs``
+for SAELens, whose decoder starts at norm 0.1 and is not kept unit-norm, so its lr scale
+differs) for ``--epochs`` passes, and its held-out FVU is recorded ``--evals-per-epoch`` times
+per pass against the process CPU seconds spent training so far (the scoring itself is not
+counted). The comparison is at equal FVU: a target FVU is fixed (1 + ``--tol`` times the worse
+of the best FVUs reached, so both curves really pass it), and each trainer's CPU seconds to reach
+it are interpolated (linear in log FVU) on the curve of its fastest lr. Dead latents (never
+active on the held-out tokens) are reported at that point. Peers:
 
+* ``sparsify``: EleutherAI sparsify's ``SparseCoder`` (``eai-sparsify``), driven the way its
+  ``Trainer.fit`` drives it for ``loss_fn="fvu"`` (b_dec = first batch mean, decoder renormalised
+  before each step, parallel gradient removed), with Adam at a constant lr (its trainer's
+  1000-step warm-up is longer than these runs) and its default ``auxk_alpha = 0``. Runs in its
+  own interpreter (``--sparsify-python``, default ``/tmp/sparsify-venv/bin/python``) with
+  ``SPARSIFY_DISABLE_TRITON=1`` (the eager CPU decoder).
 * ``saelens``: SAELens' ``TopKTrainingSAE`` + ``SAETrainer`` (its defaults otherwise: AuxK,
-  decoder-norm rescaling). It runs in a separate interpreter (``--saelens-python``, default
-  ``/tmp/saelens-venv/bin/python``): SAELens pulls transformer-lens/transformers, which must
-  never go into the project venv. Skipped, with the reason printed, when that interpreter or
-  ``import sae_lens`` is missing.
+  decoder-norm rescaling), in its own interpreter (``--saelens-python``, default
+  ``/tmp/saelens-venv/bin/python``).
 * ``torch``: the textbook TopK loop written below (linear encoder/decoder, top-k + ReLU,
   MSE, Adam, decoder renorm, no AuxK).
+* ``vitpos-noaux``: vitpos with ``aux_coeff=0`` (sparsify's default), to show what AuxK costs.
 
-Peers are fed activations pre-scaled to mean norm √D (what vitpos does internally), so the
-learning rate means the same thing to all; FVU does not depend on that scale. Activations come
-from ``vitpos.analysis.forward.capture_patch_tokens`` (builtin:ape, resid_post, layer 2, shapes) when it
+A peer whose interpreter or package is missing is skipped with the reason printed. Peers are fed
+activations pre-scaled to mean norm √D (what vitpos does internally), so an lr means the same step
+to all; FVU does not depend on that scale. Activations come from
+``vitpos.analysis.forward.capture_patch_tokens`` (builtin:ape, resid_post, layer 2, shapes) when it
 works, otherwise from synthetic planted-sparse tokens of realistic size; the output says which.
-Threads default to 1 and speed is compared on CPU seconds (wall time is reported too): on a
-shared small machine wall time mostly measures waiting for a core.
+Threads default to 1: on a shared small machine wall time mostly measures waiting for a core.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from pathlib import Path
 import torch
 
 DEFAULT_SAELENS_PYTHON = "/tmp/saelens-venv/bin/python"
+DEFAULT_SPARSIFY_PYTHON = "/tmp/sparsify-venv/bin/python"
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -97,22 +108,106 @@ def fvu_of(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     return float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
 
 
+# --- held-out curves -------------------------------------------------------------------------
+
+
+class Recorder:
+    """Held-out FVU every ``every`` steps against the CPU/wall seconds spent training so far.
+
+    ``feed`` hands a trainer one pass of batches; a point is taken when the trainer asks for the
+    next batch, i.e. after the previous optimiser step. The scoring's own time is not counted."""
+
+    def __init__(self, eval_x: torch.Tensor, every: int, batch: int):
+        self.eval_x, self.every, self.batch = eval_x, max(1, every), batch
+        self.score = None  # set by the trainer: () -> (x_hat, active (N, F) bool)
+        self.points: list[dict] = []
+        self.handed = 0
+        self.c0 = self.w0 = 0.0
+        self.paused_cpu = self.paused_wall = 0.0
+
+    def start(self) -> None:
+        self.c0, self.w0 = time.process_time(), time.perf_counter()
+
+    @torch.no_grad()
+    def point(self) -> None:
+        if self.points and self.points[-1]["steps"] == self.handed:
+            return
+        c, w = time.process_time(), time.perf_counter()
+        x_hat, active = self.score()  # type: ignore[misc]
+        self.points.append({"steps": self.handed, "tokens": self.handed * self.batch,
+                            "cpu_seconds": c - self.c0 - self.paused_cpu, "seconds": w - self.w0 - self.paused_wall,
+                            "fvu": fvu_of(self.eval_x, x_hat), "l0": float(active.sum(1).float().mean()),
+                            "dead_frac": float((~active.any(0)).float().mean())})
+        self.paused_cpu += time.process_time() - c
+        self.paused_wall += time.perf_counter() - w
+
+    def feed(self, batches: list[torch.Tensor]):
+        for x in batches:
+            if self.handed and self.handed % self.every == 0:
+                self.point()
+            self.handed += 1
+            yield x
+
+
+def reach(points: list[dict], target: float) -> dict | None:
+    """CPU seconds at which a curve first reaches ``target`` FVU (linear in log FVU between the
+    two points around it), with the dead fraction of the first point at or below it."""
+    prev = None
+    for p in points:
+        if p["fvu"] <= target:
+            cpu = p["cpu_seconds"]
+            if prev is not None and prev["fvu"] > p["fvu"]:
+                t = math.log(prev["fvu"] / target) / math.log(prev["fvu"] / p["fvu"])
+                cpu = prev["cpu_seconds"] + t * (p["cpu_seconds"] - prev["cpu_seconds"])
+            return {"cpu_seconds": cpu, "dead_frac": p["dead_frac"], "l0": p["l0"], "fvu_at_point": p["fvu"]}
+        prev = p
+    return None
+
+
+def fastest(runs: list[dict], target: float) -> dict | None:
+    """The run (lr) of one trainer that reaches ``target`` in the fewest CPU seconds."""
+    best = None
+    for r in runs:
+        got = reach(r["points"], target)
+        if got is not None and (best is None or got["cpu_seconds"] < best["cpu_seconds"]):
+            best = dict(got, lr=r["lr"], trainer=r["trainer"])
+    return best
+
+
+def best_fvu(runs: list[dict]) -> float:
+    return min(p["fvu"] for r in runs for p in r["points"])
+
+
 # --- trainers --------------------------------------------------------------------------------
 
 
-def run_vitpos(train, eval_x, args, lr) -> dict:
-    from vitpos.sae import SAEConfig, sae_metrics, train_sae
+def run_vitpos(train, eval_x, args, lr, aux: bool = True) -> dict:
+    from unittest import mock
 
-    cfg = SAEConfig(arch="topk", d_in=train.shape[1], expansion=args.expansion, k=args.k, dead_steps=args.dead_tokens)
-    c0 = time.process_time()
-    sae, log = train_sae(batches_of(train, args.batch), cfg, epochs=args.epochs, lr=lr, device="cpu", progress=False)
-    cpu = time.process_time() - c0
-    m = sae_metrics(sae, batches_of(eval_x, 4096) or [eval_x])
-    with torch.no_grad():
-        check = fvu_of(eval_x, sae.decode(sae.encode(eval_x)))  # same scorer as the peers
-    return {"trainer": "vitpos", "lr": lr, "seconds": log.seconds, "cpu_seconds": cpu, "tokens": log.tokens,
-            "fvu": check, "l0": m["l0"],
-            "dead_frac": m["dead_frac"], "fvu_sae_metrics": m["fvu"]}
+    import vitpos.sae.train as vtrain
+    from vitpos.sae import SAEConfig, train_sae
+
+    cfg = SAEConfig(arch="topk", d_in=train.shape[1], expansion=args.expansion, k=args.k, dead_steps=args.dead_tokens,
+                    **({} if aux else {"aux_coeff": 0.0}))
+    batches = batches_of(train, args.batch)
+    rec = Recorder(eval_x, len(batches) // args.evals_per_epoch, args.batch)
+    made: list = []
+
+    class Seen(vtrain.SAE):  # the model train_sae builds, so the recorder can score it mid-run
+        def __init__(self, c):
+            super().__init__(c)
+            made.append(self)
+
+    def score():
+        z = made[0].encode(eval_x)
+        return made[0].decode(z), z != 0
+
+    rec.score = score
+    rec.start()
+    with mock.patch.object(vtrain, "SAE", Seen):
+        train_sae(lambda: rec.feed(batches), cfg, epochs=args.epochs, lr=lr, device="cpu", progress=False)
+    rec.point()
+    return {"trainer": "vitpos" if aux else "vitpos, no AuxK", "lr": lr, "points": rec.points}
 
 
 def run_torch_peer(train, eval_x, args, lr) -> dict:
@@ -134,10 +229,15 @@ def run_torch_peer(train, eval_x, args, lr) -> dict:
         z = torch.zeros_like(pre).scatter(1, idx, vals.relu())
         return z @ W_dec + b_dec, z
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    tokens = 0
+    def score():
+        x_hat, z = forward(eval_x)
+        return x_hat, z != 0
+
+    rec = Recorder(eval_x, len(batches) // args.evals_per_epoch, args.batch)
+    rec.score = score
+    rec.start()
     for _ in range(args.epochs):
-        for x in batches:
+        for x in rec.feed(batches):
             x_hat, _ = forward(x)
             loss = (x_hat - x).pow(2).sum(1).mean()
             opt.zero_grad(set_to_none=True)
@@ -145,89 +245,131 @@ def run_torch_peer(train, eval_x, args, lr) -> dict:
             opt.step()
             with torch.no_grad():
                 W_dec /= W_dec.norm(dim=1, keepdim=True)
-            tokens += x.shape[0]
             float(loss.detach())  # log it, as every trainer here does
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    with torch.no_grad():
-        x_hat, z = forward(eval_x)
-    return {"trainer": "torch (textbook TopK)", "lr": lr, "seconds": seconds, "cpu_seconds": cpu, "tokens": tokens,
-            "fvu": fvu_of(eval_x, x_hat),
-            "l0": float((z != 0).sum(1).float().mean()), "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
+    rec.point()
+    return {"trainer": "torch (textbook TopK)", "lr": lr, "points": rec.points}
 
 
-def saelens_worker(data_file: str, params_file: str, out_file: str) -> None:
+def sparsify_worker(p: dict, train, eval_x) -> dict:
+    """Runs inside the sparsify interpreter: SparseCoder driven as sparsify's Trainer.fit does."""
+    import importlib.metadata
+
+    from sparsify import SparseCoder, SparseCoderConfig
+
+    D = train.shape[1]
+    torch.manual_seed(0)
+    sae = SparseCoder(D, SparseCoderConfig(expansion_factor=p["expansion"], k=p["k"]), "cpu", dtype=torch.float32)
+    opt = torch.optim.Adam(sae.parameters(), lr=p["lr"])
+    batches = batches_of(train, p["batch"])
+
+    def score():
+        out = sae(eval_x)
+        active = torch.zeros(len(eval_x), sae.num_latents, dtype=torch.bool)
+        active.scatter_(1, out.latent_indices, out.latent_acts > 0)
+        return out.sae_out, active
+
+    rec = Recorder(eval_x, len(batches) // p["evals_per_epoch"], p["batch"])
+    rec.score = score
+    rec.start()
+    for _ in range(p["epochs"]):
+        for x in rec.feed(batches):
+            if rec.handed == 1:
+                sae.b_dec.data = x.mean(0)
+            sae.set_decoder_norm_to_unit_norm()
+            out = sae(x)
+            out.fvu.backward()
+            sae.remove_gradient_parallel_to_decoder_directions()
+            opt.step()
+            opt.zero_grad()
+            float(out.fvu.detach())
+    rec.point()
+    return {"trainer": f"sparsify {importlib.metadata.version('eai-sparsify')}", "lr": p["lr"], "points": rec.points}
+
+
+def saelens_worker(p: dict, train, eval_x) -> dict:
     """Runs inside the SAELens interpreter."""
     import logging
     import warnings
 
-    from safetensors.torch import load_file
-
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    p = json.loads(Path(params_file).read_text())
-    torch.set_num_threads(p["threads"])
     import sae_lens
     from sae_lens.config import LoggingConfig, SAETrainerConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.training.sae_trainer import SAETrainer
 
-    t = load_file(data_file)
-    train, eval_x = t["train"], t["eval"]
     D = train.shape[1]
-    cfg = TopKTrainingSAEConfig(d_in=D, d_sae=p["expansion"] * D, k=p["k"], dtype="float32", device="cpu",
-                                use_sparse_activations=p["sparse"])
+    cfg = TopKTrainingSAEConfig(d_in=D, d_sae=p["expansion"] * D, k=p["k"], dtype="float32", device="cpu")
     sae = TopKTrainingSAE(cfg)
-    batches = [train[i : i + p["batch"]] for i in range(0, len(train) - p["batch"] + 1, p["batch"])]
+    batches = batches_of(train, p["batch"])
     n_steps = len(batches) * p["epochs"]
+    rec = Recorder(eval_x, len(batches) // p["evals_per_epoch"], p["batch"])
+
+    def score():
+        z = sae.encode(eval_x)
+        z = z.to_dense() if z.is_sparse else z
+        return sae.decode(z), z != 0
 
     def provider():
         for _ in range(p["epochs"]):
-            yield from batches
+            yield from rec.feed(batches)
 
     tcfg = SAETrainerConfig(total_training_samples=n_steps * p["batch"], train_batch_size_samples=p["batch"],
-                            lr=p["lr"], lr_end=p["lr"] / 10,
-                            device="cpu", dead_feature_window=max(1, p["dead_tokens"] // p["batch"]),
+                            lr=p["lr"], lr_end=p["lr"] / 10, device="cpu",
+                            dead_feature_window=max(1, p["dead_tokens"] // p["batch"]),
                             feature_sampling_window=max(1, n_steps), logger=LoggingConfig(log_to_wandb=False))
     trainer = SAETrainer(tcfg, sae, provider())
-    t0, c0 = time.perf_counter(), time.process_time()
-    sae = trainer.fit()
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    with torch.no_grad():
-        z = sae.encode(eval_x)
-        z = z.to_dense() if z.is_sparse else z
-        x_hat = sae.decode(z)
-    res = {"trainer": f"saelens {sae_lens.__version__}" + (" (sparse acts)" if p["sparse"] else ""), "lr": p["lr"],
-           "seconds": seconds,
-           "cpu_seconds": cpu, "tokens": n_steps * p["batch"], "fvu": fvu_of(eval_x, x_hat),
-           "l0": float((z != 0).sum(1).float().mean()),
-           "dead_frac": float(((z != 0).sum(0) == 0).float().mean())}
-    Path(out_file).write_text(json.dumps(res))
+    rec.score = score
+    rec.start()
+    trainer.fit()
+    rec.point()
+    return {"trainer": f"saelens {sae_lens.__version__}", "lr": p["lr"], "points": rec.points}
 
 
-def run_saelens_peer(train, eval_x, args, lr, sparse: bool) -> dict:
-    py = args.saelens_python
+def worker_main(kind: str, data_file: str, params_file: str, out_file: str) -> None:
+    from safetensors.torch import load_file
+
+    p = json.loads(Path(params_file).read_text())
+    torch.set_num_threads(p["threads"])
+    t = load_file(data_file)
+    fn = sparsify_worker if kind == "sparsify" else saelens_worker
+    Path(out_file).write_text(json.dumps(fn(p, t["train"], t["eval"])))
+
+
+PEER_PYTHON = {"sparsify": ("sparsify_python", "pip install eai-sparsify"),
+               "saelens": ("saelens_python", "pip install sae-lens")}
+
+
+def run_in_interpreter(kind: str, train, eval_x, args, lr) -> dict:
+    attr, how = PEER_PYTHON[kind]
+    py = getattr(args, attr)
     if not Path(py).is_file():
-        return {"trainer": "saelens",
-                "skipped": f"no SAELens interpreter at {py} (make one: python3 -m venv, a .pth to "
-                                                 "the project site-packages for torch, pip install sae-lens)"}
+        return {"trainer": kind, "lr": lr,
+                "skipped": f"no {kind} interpreter at {py} (make one: python3 -m venv, a .pth naming the project "
+                           f"site-packages for torch, {how})"}
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory() as tmp:
         data, params, out = (os.path.join(tmp, n) for n in ("data.safetensors", "params.json", "out.json"))
         save_file({"train": train.contiguous(), "eval": eval_x.contiguous()}, data)
         Path(params).write_text(json.dumps({"expansion": args.expansion, "k": args.k, "batch": args.batch,
-                                            "epochs": args.epochs,
-                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens,
-                                            "sparse": sparse}))
-        proc = subprocess.run([py, __file__, "--_saelens-worker", data, params, out], capture_output=True, text=True)
+                                            "epochs": args.epochs, "evals_per_epoch": args.evals_per_epoch,
+                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens}))
+        env = dict(os.environ, SPARSIFY_DISABLE_TRITON="1")
+        proc = subprocess.run([py, __file__, "--_worker", kind, data, params, out], capture_output=True, text=True,
+                              env=env)
         if proc.returncode != 0 or not Path(out).is_file():
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             errs = [ln for ln in lines if "Error" in ln.split(":")[0]] or lines[-1:] or ["no output"]
-            return {"trainer": "saelens", "skipped": f"SAELens run failed: {errs[-1][:300]}"}
+            return {"trainer": kind, "lr": lr, "skipped": f"{kind} run failed: {errs[-1][:300]}"}
         return json.loads(Path(out).read_text())
 
 
 # --- main ------------------------------------------------------------------------------------
+
+
+def floats(s: str) -> list[float]:
+    return [float(v) for v in s.split(",") if v.strip()]
 
 
 def main(argv=None) -> int:
@@ -238,133 +380,116 @@ def main(argv=None) -> int:
     ap.add_argument("--expansion", type=int, default=8)
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="default: vitpos' default_lr(F) (2e-3 at F <= 768), used for every trainer")
-    ap.add_argument("--saelens-lr", type=float, default=None,
-                    help="SAELens' lr only (default: the same --lr); its own runner default is 3e-4: its decoder "
-                         "starts at norm 0.1 and is not kept unit-norm, so one lr is not one step size for it and "
-                         "the others")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--evals-per-epoch", type=int, default=4, help="held-out FVU points per pass")
+    ap.add_argument("--lrs", type=floats, default=floats("1e-3,2e-3,4e-3,8e-3"),
+                    help="lr sweep of vitpos, sparsify and the torch loop")
+    ap.add_argument("--saelens-lrs", type=floats, default=floats("5e-4,1e-3,2e-3,4e-3"),
+                    help="SAELens' lr sweep (its decoder starts at norm 0.1 and is not renormalised)")
+    ap.add_argument("--tol", type=float, default=0.05,
+                    help="target FVU = (1 + tol) x the worse of the best FVUs reached")
     ap.add_argument("--dead-tokens", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per trainer, interleaved; best CPU / median wall time reported")
     ap.add_argument("--source", choices=["auto", "model", "synthetic"], default="auto")
     ap.add_argument("--spec", default="builtin:ape")
-    ap.add_argument("--peers", default="saelens,torch", help="comma list of: saelens, saelens-sparse, torch")
+    ap.add_argument("--peers", default="sparsify,saelens,torch,vitpos-noaux",
+                    help="comma list of: sparsify, saelens, torch, vitpos-noaux (vitpos with aux_coeff 0, as "
+                         "sparsify's default auxk_alpha 0)")
     ap.add_argument("--saelens-python", default=os.environ.get("VITPOS_SAELENS_PYTHON", DEFAULT_SAELENS_PYTHON))
+    ap.add_argument("--sparsify-python", default=os.environ.get("VITPOS_SPARSIFY_PYTHON", DEFAULT_SPARSIFY_PYTHON))
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--_saelens-worker", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args._saelens_worker:
-        saelens_worker(*args._saelens_worker)
+    if args._worker:
+        worker_main(*args._worker)
         return 0
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers:
+        if peer not in ("sparsify", "saelens", "torch", "vitpos-noaux"):
+            print(f"unknown peer {peer!r}; use sparsify, saelens, torch or vitpos-noaux", file=sys.stderr)
+            return 2
     x, source = get_activations(args)
     train, eval_x = x[: args.tokens], x[args.tokens :]
     D = train.shape[1]
     F = args.expansion * D
-    from vitpos.sae.train import default_lr
-
-    lr = args.lr if args.lr is not None else default_lr(F)
     # Peers see what vitpos sees after its own input scaling (mean norm √D on the first batch).
     s = math.sqrt(D) / float(train[: args.batch].norm(dim=1).mean())
     print(f"activations: {source}")
     print(f"train {len(train)} x {D}, held-out {len(eval_x)}; TopK F={F} k={args.k} batch={args.batch} "
-          f"epochs={args.epochs} lr={lr:.2e} threads={args.threads}", flush=True)
+          f"epochs={args.epochs} threads={args.threads}; lrs {args.lrs} (SAELens {args.saelens_lrs})", flush=True)
 
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    for peer in peers:
-        if peer not in ("saelens", "saelens-sparse", "torch"):
-            print(f"unknown peer {peer!r}; use saelens, saelens-sparse or torch", file=sys.stderr)
-            return 2
-
-    def run(name: str) -> dict:
-        if name == "vitpos":
-            return run_vitpos(train, eval_x, args, lr)
+    def run(name: str, lr: float) -> dict:
+        if name in ("vitpos", "vitpos-noaux"):
+            return run_vitpos(train, eval_x, args, lr, aux=name == "vitpos")
         if name == "torch":
             return run_torch_peer(train * s, eval_x * s, args, lr)
-        return run_saelens_peer(train * s, eval_x * s, args, args.saelens_lr or lr, sparse=name == "saelens-sparse")
+        return run_in_interpreter(name, train * s, eval_x * s, args, lr)
 
-    # Interleaved repeats: load on a shared machine drifts, so no trainer gets all the quiet minutes.
-    runs: dict[str, list[dict]] = {name: [] for name in ["vitpos", *peers]}
-    for rep in range(args.repeat):
-        for name in runs:
-            if runs[name] and "skipped" in runs[name][-1]:
+    # Interleaved over lrs: load on a shared machine drifts, so no trainer gets all the quiet minutes.
+    names = ["vitpos", *peers]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    skipped: dict[str, str] = {}
+    n_lrs = max(len(args.lrs), len(args.saelens_lrs))
+    for i in range(n_lrs):
+        for name in names:
+            lrs = args.saelens_lrs if name == "saelens" else args.lrs
+            if name in skipped or i >= len(lrs):
                 continue
-            r = run(name)
+            r = run(name, lrs[i])
+            if "skipped" in r:
+                skipped[name] = r["skipped"]
+                print(f"  {name}: skipped: {r['skipped']}", flush=True)
+                continue
             runs[name].append(r)
-            outcome = (f"{r['cpu_seconds']:.1f} CPU s, {r['seconds']:.1f} s wall, FVU {r['fvu']:.4f}" if "seconds" in r
-                       else r["skipped"])
-            print(f"  [{rep + 1}/{args.repeat}] {r['trainer']}: " + outcome, flush=True)
-    results = []
-    for rs in runs.values():
-        if "skipped" in rs[-1]:
-            results.append(rs[-1])
-            continue
-        # Best-of-N CPU time (the least disturbed run, as timeit does); median wall time.
-        results.append(dict(rs[-1], seconds=sorted(r["seconds"] for r in rs)[len(rs) // 2],
-                            cpu_seconds=min(r["cpu_seconds"] for r in rs),
-                            all_seconds=[r["seconds"] for r in rs], all_cpu_seconds=[r["cpu_seconds"] for r in rs]))
+            last = r["points"][-1]
+            print(f"  {r['trainer']} lr {r['lr']:.1e}: {last['cpu_seconds']:.1f} CPU s, {last['seconds']:.1f} s wall, "
+                  f"final FVU {last['fvu']:.4f}, best {min(p['fvu'] for p in r['points']):.4f}, "
+                  f"dead {last['dead_frac']:.1%}", flush=True)
+    done = [n for n in names if runs[n]]
+    if "vitpos" not in done:
+        print("vitpos produced no run", file=sys.stderr)
+        return 1
+    bests = {n: best_fvu(runs[n]) for n in done}
 
-    # Speed is judged on CPU seconds (one thread each): on a shared machine wall time mostly
-    # measures waiting for a core. Wall numbers are reported too.
-    ours = results[0]
-    print(f"\n{'trainer':26s} {'lr':>7s} {'tok/CPU-s':>10s} {'tok/s wall':>10s} {'CPU s':>7s} {'wall s':>7s} "
-          f"{'FVU':>7s} {'L0':>5s} {'dead':>6s} {'vitpos speed-up':>15s}")
-    for r in results:
-        if "skipped" in r:
-            print(f"{r['trainer']:26s} skipped: {r['skipped']}")
-            continue
-        r["tokens_per_s"] = r["tokens"] / r["seconds"]
-        r["tokens_per_cpu_s"] = r["tokens"] / r["cpu_seconds"]
-        if r is not ours:
-            r["vitpos_speedup_cpu"] = r["cpu_seconds"] / ours["cpu_seconds"]  # >1: vitpos is faster
-            r["vitpos_speedup_wall"] = r["seconds"] / ours["seconds"]
-        speedup = f"{r['vitpos_speedup_cpu']:.2f}x ({r['vitpos_speedup_wall']:.2f}x wall)" if r is not ours else ""
-        print(f"{r['trainer']:26s} {r['lr']:7.1e} {r['tokens_per_cpu_s']:10.0f} {r['tokens_per_s']:10.0f} "
-              f"{r['cpu_seconds']:7.1f} {r['seconds']:7.1f} {r['fvu']:7.4f} {r['l0']:5.1f} {r['dead_frac']:6.1%} "
-              f"{speedup:>15s}")
-    verdicts = []
-    for r in results[1:]:
-        if "skipped" in r:
-            continue
-        same = abs(ours["fvu"] - r["fvu"]) <= 0.01
-        better = ours["fvu"] < r["fvu"] - 0.01
-        faster = ours["cpu_seconds"] < r["cpu_seconds"]
-        fvu_word = "equal within 0.01" if same else (f"better by {r['fvu'] - ours['fvu']:.3f}" if better
-                                                     else f"WORSE by {ours['fvu'] - r['fvu']:.3f}")
-        verdicts.append(f"vs {r['trainer']}: {'faster' if faster else 'SLOWER'} ({r['vitpos_speedup_cpu']:.2f}x CPU "
-                        f"time), held-out FVU {fvu_word}")
-    # Equal-FVU comparison: the same vitpos setup (same lr) trained for the fewest epochs whose
-    # held-out FVU is at least as good as the peer's final one, against the peer's CPU time.
-    for r in results[1:]:
-        if "skipped" in r or abs(r["fvu"] - ours["fvu"]) <= 0.01:  # already equal by the ±0.01 rule
-            continue
-        first = 1 if r["fvu"] > ours["fvu"] else args.epochs + 1
-        for e in range(first, 4 * args.epochs + 1):
-            q = run_vitpos(train, eval_x, argparse.Namespace(**{**vars(args), "epochs": e}), lr)
-            print(f"  vitpos {e} epoch(s): {q['cpu_seconds']:.1f} CPU s, FVU {q['fvu']:.4f} (target {r['fvu']:.4f})",
-                  flush=True)
-            if q["fvu"] <= r["fvu"]:
-                r["vitpos_at_equal_fvu"] = {"epochs": e, "fvu": q["fvu"], "cpu_seconds": q["cpu_seconds"],
-                                            "seconds": q["seconds"], "speedup_cpu": r["cpu_seconds"] / q["cpu_seconds"]}
-                verdicts.append(f"vs {r['trainer']} at equal FVU: vitpos reaches FVU {q['fvu']:.4f} <= {r['fvu']:.4f} "
-                                f"after {e} epoch(s) in {q['cpu_seconds']:.1f} CPU s: "
-                                f"{r['cpu_seconds'] / q['cpu_seconds']:.2f}x faster")
-                break
-        else:
-            verdicts.append(f"vs {r['trainer']} at equal FVU: vitpos did not reach FVU {r['fvu']:.4f} within "
-                            f"{4 * args.epochs} epochs")
-    for v in verdicts:
-        print(v)
+    def row(name: str, target: float) -> dict:
+        got = fastest(runs[name], target)
+        return {"trainer": runs[name][0]["trainer"], "target_fvu": target, "best_fvu": bests[name],
+                **(got or {"cpu_seconds": None})}
+
+    # One common target every trainer reaches, then each peer against vitpos at the lowest FVU both reach.
+    common = (1 + args.tol) * max(bests.values())
+    table = [row(n, common) for n in done]
+    ours = table[0]
+    print(f"\nEqual held-out FVU {common:.4f} (= {1 + args.tol:g} x the worst trainer's best "
+          f"{max(bests.values()):.4f}):")
+    print(f"{'trainer':24s} {'best lr':>8s} {'CPU s':>7s} {'vitpos speed-up':>15s} {'dead':>6s} {'L0':>5s} "
+          f"{'best FVU':>8s}")
+    for r in table:
+        up = r["cpu_seconds"] / ours["cpu_seconds"] if r is not ours else None
+        r["vitpos_speedup_cpu"] = up
+        print(f"{r['trainer']:24s} {r['lr']:8.1e} {r['cpu_seconds']:7.2f} {'' if up is None else f'{up:.2f}x':>15s} "
+              f"{r['dead_frac']:6.1%} {r['l0']:5.1f} {r['best_fvu']:8.4f}")
+    pairs = []
+    for n in done[1:]:
+        target = (1 + args.tol) * max(bests["vitpos"], bests[n])
+        a, b = row("vitpos", target), row(n, target)
+        up = b["cpu_seconds"] / a["cpu_seconds"]
+        pairs.append({"peer": b["trainer"], "target_fvu": target, "vitpos": a, "peer_run": b, "vitpos_speedup_cpu": up})
+        print(f"vs {b['trainer']} at FVU {target:.4f}: vitpos {a['cpu_seconds']:.2f} CPU s (lr {a['lr']:.0e}, dead "
+              f"{a['dead_frac']:.1%}), peer {b['cpu_seconds']:.2f} CPU s (lr {b['lr']:.0e}, dead "
+              f"{b['dead_frac']:.1%}): "
+              f"vitpos {up:.2f}x {'faster' if up >= 1 else 'SLOWER'}")
+    for n, why in skipped.items():
+        print(f"{n}: skipped: {why}")
     if args.out:
-        settings = {k: v for k, v in vars(args).items() if k not in ("out", "_saelens_worker")}
-        payload = {"source": source, "settings": settings, "lr": lr, "d_in": D, "d_sae": F, "torch": torch.__version__,
-                   "results": results, "verdicts": verdicts}
-        payload["settings"]["saelens_python"] = str(args.saelens_python)
+        settings = {k: v for k, v in vars(args).items() if k not in ("out", "_worker")}
+        settings.update(saelens_python=str(args.saelens_python), sparsify_python=str(args.sparsify_python))
+        payload = {"source": source, "settings": settings, "d_in": D, "d_sae": F, "torch": torch.__version__,
+                   "load_avg": os.getloadavg(), "common_fvu": common, "table": table, "pairs": pairs,
+                   "skipped": skipped, "runs": runs}
         from vitpos.io import write_json
 
         write_json(args.out, payload)

@@ -161,3 +161,27 @@ def test_c5_reads_the_paired_margins_first(margins, result):
     c = claim({"m": {"rope_heads": doc}}, "C5")
     assert c["numbers"]["m"]["result"] == result
     assert c["numbers"]["m"]["closest_rival_head"] == [1, 0]
+
+
+def test_seeds_of_a_family_are_counted_and_averaged():
+    """`NAME`, `NAME-seed1`, `NAME-seed2` form one family: the claim states on how many seeds it
+    holds and the mean of its headline number (C1: the smaller selectivity) with a t interval;
+    a family with one seed gets no summary, another family is kept apart."""
+    from vitpos.analysis.stats import seed_interval
+    from vitpos.study.claims import model_family
+
+    assert model_family("builtin:ape-seed2") == model_family("builtin:ape") == "builtin:ape"
+    models = {"builtin:ape": {"sae": sae((0.7, 0.9), (0.65, 0.95))},  # holds, min selectivity 0.8
+              "builtin:ape-seed1": {"sae": sae((0.5, 0.8), (0.65, 0.95))},  # inconclusive, 0.65
+              "builtin:ape-seed2": {"sae": sae((0.7, 0.9), (0.9, 1.0))},  # holds, 0.8
+              "other:ape": {"sae": sae((0.7, 0.9), (0.65, 0.95))}}
+    c = claim(models, "C1")
+    fam = c["seeds"]["builtin:ape"]
+    assert fam["models"] == ["builtin:ape", "builtin:ape-seed1", "builtin:ape-seed2"]
+    assert fam["holds"] == 2 and fam["results"] == [HOLDS, INCONCLUSIVE, HOLDS]
+    assert fam["values"] == pytest.approx([0.8, 0.65, 0.8])
+    mean, ci = seed_interval([0.8, 0.65, 0.8])
+    assert fam["mean"] == pytest.approx(mean) and fam["ci95"] == pytest.approx(ci)
+    assert "other:ape" not in c["seeds"]
+    assert c["verdict"] == "partly supported"
+    assert "holds on 2 of 3 seeds" in c["evidence"]

@@ -11,6 +11,7 @@ import torch
 from conftest import toy_set
 from vitpos.errors import VitposError
 from vitpos.sae import SAE, FeatureThresholds, SAEConfig, sae_metrics, score_codes, score_features, train_sae
+from vitpos.sae.model import ENC_INIT_SCALE
 
 
 @pytest.fixture(autouse=True)
@@ -60,17 +61,33 @@ def hand_sae(arch="topk", k=1):
 # --- model -----------------------------------------------------------------------------------
 
 
-def test_init_encoder_is_decoder_transpose_and_unit_norm():
-    cfg = SAEConfig(d_in=16, expansion=4, k=4, seed=3)
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "relu"])
+def test_init_encoder_is_scaled_decoder_transpose_and_unit_norm(arch):
+    cfg = SAEConfig(arch=arch, d_in=16, expansion=4, k=4, seed=3)
     sae = SAE(cfg)
     assert sae.W_dec.shape == (64, 16) and sae.d_sae == 64
     encoder = sae.W_enc  # (F, D): pre = encoder @ x
     decoder = sae.W_dec.T  # (D, F): x_hat = decoder @ z
-    assert torch.equal(encoder, decoder.T)
+    c = 1.0 if arch == "relu" else ENC_INIT_SCALE
+    torch.testing.assert_close(encoder, c * decoder.T, rtol=0, atol=0)
     torch.testing.assert_close(sae.W_dec.norm(dim=1), torch.ones(64))
+    torch.testing.assert_close(sae.W_enc.norm(dim=1), torch.full((64,), c))
     assert torch.equal(SAE(cfg).W_dec, sae.W_dec)
     assert not torch.equal(SAE(cfg.model_copy(update={"seed": 4})).W_dec, sae.W_dec)
 
+
+
+def test_scaled_encoder_init_does_not_overshoot(planted):
+    """At k/D = 1/4 the unit tied init reconstructs the first batch with FVU above 1 (the top-k
+    projections add up past x); the TopK init scale brings it well below."""
+    _, x, _ = planted
+    sae = SAE(SAEConfig(d_in=32, expansion=4, k=8))
+    sae.initialize(x[:256])
+    with torch.no_grad():
+        scaled = float(sae.step(x[:256]).fvu)
+        sae.W_enc.div_(ENC_INIT_SCALE)
+        unit = float(sae.step(x[:256]).fvu)
+    assert scaled < 0.4 and unit > 1.0
 
 def test_config_validation_and_defaults():
     cfg = SAEConfig(d_in=10)

@@ -15,6 +15,9 @@
   (n,) or (S, n): an (S, n) input (S seeds of the same images) is first averaged over seeds per
   image, so the statistic is the mean over seeds and the bootstrap is over images.
 
+* ``seed_interval(values)``: the mean over independently trained models (seeds) of one number and
+  its Student-t interval (n - 1 degrees of freedom): with 3 seeds it is wide, as it should be.
+
 Everything returns plain floats, [lo, hi] (JSON-ready).
 """
 
@@ -121,10 +124,24 @@ def paired_bootstrap_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int = N_BOOT
     return bootstrap_mean_interval(a - b, n_boot, seed, level)
 
 
+def seed_interval(values: list[float], level: float = LEVEL) -> tuple[float, list[float] | None]:
+    """(mean, Student-t interval of the mean) over seeds; the interval is None for one seed."""
+    from scipy.stats import t as student_t  # the t quantile: scipy's, not a re-typed series
+
+    if not values:
+        raise VitposError("no values to summarise over seeds")
+    x = torch.tensor(values, dtype=torch.float64)
+    mean = float(x.mean())
+    if len(values) < 2:
+        return mean, None
+    half = float(student_t.ppf((1 + level) / 2, len(values) - 1)) * float(x.std(unbiased=True)) / math.sqrt(len(values))
+    return mean, [mean - half, mean + half]
+
+
 def scaled(iv: list[float] | None, factor: float) -> list[float] | None:
     """An interval times a positive factor (e.g. fractions -> points)."""
     return None if iv is None else [factor * iv[0], factor * iv[1]]
 
 
 __all__ = ["LEVEL", "N_BOOT", "accuracy_interval", "bootstrap_mean_interval", "bootstrap_means",
-           "paired_bootstrap_diff", "percentile_interval", "scaled", "wilson_interval"]
+           "paired_bootstrap_diff", "percentile_interval", "scaled", "seed_interval", "wilson_interval"]

@@ -300,6 +300,10 @@ TOP_HEADS = 12
 def _drop_bars(ax, doc: dict, layers: list, H: int, cis: Any) -> None:
     """The TOP_HEADS largest per-head drops with their 95 % intervals (error bars), primary head marked."""
     drops = _grid(doc["drop_points"], len(layers), H, "drop_points")
+    if not (isinstance(cis, list) and len(cis) == len(layers) and all(
+            isinstance(row, list) and len(row) == H and all(isinstance(iv, list) and len(iv) == 2 for iv in row)
+            for row in cis)):
+        raise VitposError(f"rope_heads['drop_ci95'] must be {len(layers)}x{H} intervals [lo, hi]; regenerate it")
     ranked = sorted(((drops[r][h], r, h) for r in range(len(layers)) for h in range(H)
                      if drops[r][h] == drops[r][h]), reverse=True)
     prim = doc.get("primary_rebuilding_head")

@@ -51,7 +51,9 @@ def _numbers_item(spec: str, numbers: Any) -> str:
     """One model's numbers behind a verdict: a nested list of readable name = value pairs."""
     if not isinstance(numbers, dict):
         return f"<li><code>{e(spec)}</code> = {e(fmt_value(numbers))}</li>"
-    rows = "".join(f"<li>{e(str(k).replace('_', ' '))}: {e(_readable(v))}</li>" for k, v in numbers.items())
+    # an unmeasured number (None) says nothing to a reader: left out rather than printed as "None"
+    rows = "".join(f"<li>{e(str(k).replace('_', ' '))}: {e(_readable(v))}</li>" for k, v in numbers.items()
+                   if v is not None)
     return f'<li><b>{e(spec)}</b><ul class="nums">{rows}</ul></li>'
 
 

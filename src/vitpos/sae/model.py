@@ -4,7 +4,8 @@ Conventions (shared with EleutherAI sparsify / SAELens):
 
 * ``W_dec`` is (F, D): row f is the decoder direction d_f, kept unit-norm during training.
 * ``W_enc`` is (F, D) in ``nn.Linear`` weight layout, so the encoder matrix is ``W_enc`` and the
-  decoder matrix is ``W_dec.T``; the standard init "encoder = decoderᵀ" means ``W_enc == W_dec``.
+  decoder matrix is ``W_dec.T``; the init "encoder = decoderᵀ" means ``W_enc ∝ W_dec``: equal for
+  ReLU, scaled by ``ENC_INIT_SCALE`` for TopK/BatchTopK (see there).
 * Inputs are multiplied by a stored scalar ``scale`` (mean token norm -> √D when ``normalize``),
   then ``b_dec`` is subtracted before encoding and added back after decoding. Codes ``z`` live in
   those normalised units; ``encode``/``decode``/``feature_contribution`` take and return
@@ -35,6 +36,18 @@ from vitpos.io import write_safetensors
 WEIGHTS_FILE = "sae.safetensors"
 FORMAT = "vitpos.sae/1"
 _TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "scale", "threshold")
+
+ENC_INIT_SCALE = 3**-0.5
+"""TopK/BatchTopK initial encoder rows: ``W_enc = ENC_INIT_SCALE · W_dec`` (unit-norm decoder rows).
+
+This is EleutherAI sparsify's init: its encoder is a default ``nn.Linear`` (uniform ±1/√D rows, of
+norm ≈ 1/√3) and its decoder the unit-normalised copy. Top-k selection does not see the scale, but
+Adam's steps are absolute, so a smaller encoder turns faster relative to its size; and at 1.0 the
+first reconstructions overshoot (first-batch FVU above 1 at k/D = 1/3). Measured on builtin:ape
+layer-2 tokens (benchmarks/bench_sae.py, F = 768, k = 32, lr 4e-3): held-out FVU after 1/2/4/8
+epochs 0.0271/0.0146/0.0074/0.0036 at 1.0 and 0.0173/0.0098/0.0054/0.0030 at 1/√3, the curve of
+sparsify itself (0.0186/0.0104/0.0053/0.0031); more latents go dead on the way (41 % vs 14 % after
+8 epochs; sparsify 45 %). ReLU/L1 keeps 1.0: there the encoder scale trades against ``l1_coeff``."""
 
 
 class SAEConfig(BaseModel):
@@ -84,7 +97,7 @@ class StepOutput(NamedTuple):
 
     loss: Tensor  # what training minimises: fvu + aux_coeff·aux_loss (TopK/BatchTopK) or fvu + l1_coeff·l1 (ReLU)
     fvu: Tensor  # Σ‖x̂ − x‖² / total variance of the batch
-    aux_loss: Tensor  # AuxK loss (0 without dead latents)
+    aux_loss: Tensor  # AuxK loss (0 without dead latents or with aux_coeff 0)
     l1: Tensor  # ReLU: mean over tokens of Σ_f z_f‖d_f‖ (0 otherwise)
     l0: Tensor  # mean number of active latents per token
     fired: Tensor  # bool (F,): latents active in this batch
@@ -251,7 +264,7 @@ class SAE(nn.Module):
         W = torch.randn(F, D, generator=gen)
         W = W / W.norm(dim=1, keepdim=True)
         self.W_dec = nn.Parameter(W)
-        self.W_enc = nn.Parameter(W.clone())
+        self.W_enc = nn.Parameter(W * (1.0 if cfg.arch == "relu" else ENC_INIT_SCALE))
         self.b_enc = nn.Parameter(torch.zeros(F))
         self.b_dec = nn.Parameter(torch.zeros(D))
         self.register_buffer("scale", torch.tensor(1.0))
@@ -398,7 +411,7 @@ class SAE(nn.Module):
         err = xs_hat - xs
         fvu = err.pow(2).sum() / tv
         aux = zero
-        if dead_mask is not None and sparse_path and bool(dead_mask.any()):
+        if dead_mask is not None and sparse_path and self.cfg.aux_coeff > 0 and bool(dead_mask.any()):
             aux = self._auxk_loss(pre, xc, err.detach(), dead_mask, tv)
         if self.cfg.arch == "relu":
             loss = fvu + self.cfg.l1_coeff * info["l1"]
@@ -409,14 +422,18 @@ class SAE(nn.Module):
                           min_act=info["min_act"], n=n, x_hat=x_hat, z=z.reshape(*lead, F) if z is not None else None)
 
     def _auxk_loss(self, pre: Tensor, xc: Tensor, err: Tensor, dead_mask: Tensor, tv: Tensor) -> Tensor:
-        """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂."""
+        """AuxK (Gao et al. 2024): the top aux_k dead latents predict the residual x - x̂.
+
+        Runs on the dead latents' own rows (``index_select`` carries the gradient back), so its
+        backward costs O(N·dead·D) instead of a dense O(N·F·D) product over the whole dictionary."""
         dead = dead_mask.nonzero().squeeze(1)
         k_aux = min(self.cfg.aux_k_eff, dead.numel())
         with torch.no_grad():
             sel, j = topk_rows(pre.index_select(1, dead), k_aux)
-            sp = _Sparse.from_topk(dead[j], self.d_sae)
-        vals = _SparseEncode.apply(xc, self.W_enc, self.b_enc, sp, sel.reshape(-1)).relu()
-        e_hat = _SparseDecode.apply(vals, self.W_dec, sp)
+            sp = _Sparse.from_topk(j, dead.numel())
+        W_enc, b_enc, W_dec = (p.index_select(0, dead) for p in (self.W_enc, self.b_enc, self.W_dec))
+        vals = _SparseEncode.apply(xc, W_enc, b_enc, sp, sel.reshape(-1)).relu()
+        e_hat = _SparseDecode.apply(vals, W_dec, sp)
         # Down-weight when fewer dead latents than aux_k exist, as sparsify does.
         weight = min(dead.numel() / self.cfg.aux_k_eff, 1.0)
         return weight * (e_hat + err).pow(2).sum() / tv  # err = x̂ - x, so target -err

@@ -63,9 +63,10 @@ def default_lr(d_sae: int) -> float:
     The 1/√F scaling is sparsify's; its constant (2e-4 at 16384 latents, i.e. 9.2e-4 at 768) is
     tuned for long LLM runs and under-trains the few-epoch runs on a few hundred thousand tokens
     done here. Measured on builtin:ape layer-2 resid_post tokens (benchmarks/bench_sae.py: 100k tokens,
-    F = 768, k = 32, 4 epochs, held-out FVU / dead latents): 9.2e-4 -> 0.0226 / 1%, 2e-3 -> 0.0119 /
-    2%, 4e-3 -> 0.0072 / 7%, 8e-3 -> 0.0060 / 29%. 2e-3 keeps the dictionary alive; the cap stops
-    smaller dictionaries from climbing into the dead-latent regime."""
+    F = 768, k = 32, 384 steps of 1024 tokens, about 4 epochs, with the TopK encoder init
+    ``vitpos.sae.model.ENC_INIT_SCALE``; held-out FVU / dead latents): 1e-3 -> 0.0118 / 5%,
+    2e-3 -> 0.0065 / 11%, 4e-3 -> 0.0052 / 26%, 8e-3 -> 0.0065 / 56%. 2e-3 keeps most of the
+    dictionary alive; the cap stops smaller dictionaries from climbing into the dead-latent regime."""
     return 2e-3 * min(1.0, math.sqrt(768 / d_sae))
 
 

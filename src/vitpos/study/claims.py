@@ -40,10 +40,12 @@ fails / inconclusive) and `holds` (result == holds).
 
 from __future__ import annotations
 
+import re
 from statistics import median
 from typing import Any, Literal
 
-from vitpos.study.results import ClaimVerdict, Summary
+from vitpos.analysis.stats import seed_interval
+from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
 
 SELECTIVE = 0.6
 MIN_DROP = 10.0
@@ -340,6 +342,53 @@ def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
     return largest(bounds(drops[prim[0]][prim[1]], cis[prim[0]][prim[1]]), others)
 
 
+SEED_SUFFIX = re.compile(r"-seed(\d+)$")
+# the number each claim's seed summary averages (a key of the claim's per-model numbers)
+HEADLINE_NUMBER = {"C1": "min_selectivity", "C2": "all_positional_drop", "C3": "min_removed",
+                   "C4": "mean_median_recovery", "C5": "primary_drop_points"}
+
+
+def model_family(spec: str) -> str:
+    """Seeds of one model share a family: `NAME-seed<k>` belongs to `NAME` (seed 0 is `NAME`)."""
+    return SEED_SUFFIX.sub("", spec)
+
+
+def _headline(cid: str, nums: dict) -> float | None:
+    pairs = {"C1": ("row_selectivity", "col_selectivity"), "C3": ("no_row_row_removed", "no_col_col_removed"),
+             "C4": ("median_recovery_row", "median_recovery_col")}
+    keys = pairs.get(cid, (HEADLINE_NUMBER[cid],))
+    vals = [nums.get(k) for k in keys]
+    xs = [float(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+    if len(xs) < len(keys):
+        return None  # a number the summary needs is missing or undefined on this seed
+    return sum(xs) / 2 if cid == "C4" else min(xs)
+
+
+def seed_summaries(cid: str, found: list[tuple[str, dict]]) -> dict[str, SeedSummary]:
+    """Per model family with >= 2 seeds: on how many the claim holds, and the headline number's
+    mean with a Student-t interval over the seeds."""
+    families: dict[str, list[tuple[str, dict]]] = {}
+    for spec, r in found:
+        families.setdefault(model_family(spec), []).append((spec, r))
+    out = {}
+    for fam, members in families.items():
+        if len(members) < 2:
+            continue
+        values = [_headline(cid, r["numbers"]) for _, r in members]
+        known_values = [v for v in values if v is not None]
+        mean, ci = seed_interval(known_values) if known_values else (None, None)
+        out[fam] = SeedSummary(models=[spec for spec, _ in members],
+                               holds=sum(r["result"] == HOLDS for _, r in members),
+                               results=[r["result"] for _, r in members], number=HEADLINE_NUMBER[cid], values=values,
+                               mean=mean, ci95=ci)
+    return out
+
+
+def _seed_text(seeds: dict[str, SeedSummary]) -> str:
+    return "; ".join(f"{fam}: holds on {s.holds} of {len(s.models)} seeds, {s.number} {_f(s.mean)}"
+                     f"{'' if s.ci95 is None else f' [{s.ci95[0]:.2f}, {s.ci95[1]:.2f}]'}" for fam, s in seeds.items())
+
+
 def summarise(models: dict[str, dict]) -> Summary:
     """Verdicts per claim from the models' results (each entry as results.json holds it)."""
     claims: list[dict[str, Any]] = []
@@ -357,9 +406,11 @@ def summarise(models: dict[str, dict]) -> Summary:
     for cid, text in CLAIM_TEXT.items():
         scheme = CLAIM_SCHEME[cid]
         found = per[cid]
+        seeds = seed_summaries(cid, found)
+        evidence = "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run"
         claims.append({
             "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
-            "evidence": "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run",
+            "evidence": (f"over seeds: {_seed_text(seeds)}. " if seeds else "") + evidence, "seeds": seeds,
             "numbers": {spec: {**r["numbers"], "holds": r["result"] == HOLDS, "result": r["result"]}
                         for spec, r in found},
             "models": [spec for spec, _ in found],

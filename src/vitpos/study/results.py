@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Result, Skipped
@@ -91,6 +91,19 @@ class ModelEntry(BaseModel):
                    not_applicable=dict(doc.get("not_applicable") or {}), results=results, head=head)
 
 
+class SeedSummary(BaseModel):
+    """One claim over the independently trained seeds of one model family (`NAME`, `NAME-seed1`, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+    models: list[str]
+    holds: int  # seeds on which the claim holds
+    results: list[str]  # holds / fails / inconclusive per model, in `models` order
+    number: str  # the headline number summarised
+    values: list[float | None]
+    mean: float | None
+    ci95: list[float] | None  # Student-t over the seeds with a value
+
+
 class ClaimVerdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -100,6 +113,7 @@ class ClaimVerdict(BaseModel):
     evidence: str
     numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
+    seeds: dict[str, SeedSummary] = Field(default_factory=dict)  # model family -> its seeds, where >= 2 ran
 
 
 class Summary(BaseModel):
