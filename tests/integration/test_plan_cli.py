@@ -33,7 +33,10 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     heads = rows["rope_heads"].plan
     assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
     L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
-    assert heads.blocks == 64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + H * 21) + 2000 * (L + H * 78)
+    # rebuild: per later head rotations off and output mean-ablated (blocks >= its layer: 21 per head
+    # over layers 6..11), plus the z means and the two joint top-5 conditions from the restore stream
+    assert heads.blocks == (64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + 2 * H * 21 + 3 * (L - R))
+                            + 2000 * (L + H * 78))
     prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
     assert prefix is not None and prefix.forwards == 64 + 500 * 8
     assert prefix.blocks == 64 * L + 500 * (8 * L + 4 * (L - R))

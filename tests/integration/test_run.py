@@ -60,7 +60,8 @@ def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
     assert ape["rope_prefix"] is None and "rope_prefix" in ape["not_applicable"]
     assert 0 <= ape["eval"]["top1"] <= 1 and "baseline_top1" in ape["ape_permute"]
     assert [c["id"] for c in res["summary"]["claims"]] == ["C1", "C2", "C3", "C4", "C5"]
-    assert all(c["verdict"] in ("supported", "not supported", "partly supported", "not applicable")
+    assert all(c["verdict"] in ("supported", "not supported", "partly supported", "inconclusive",
+                                  "not applicable")
                for c in res["summary"]["claims"])
     assert res["torch_version"] and res["timm_version"] and res["config"]["seed"] == 0
     page = (out / "report.html").read_text()
