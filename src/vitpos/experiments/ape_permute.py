@@ -137,6 +137,9 @@ def random_perms(kind: str, B: int, grid: tuple[int, int], g: torch.Generator) -
     return torch.stack(out)
 
 
+MASS_TOLERANCE = 0.10  # a control whose total activation mass is further off than this is flagged
+
+
 def _pick_matched(mass: torch.Tensor, targets: list[int], cands: list[int], g: torch.Generator, pool: int) -> list[int]:
     """For each target latent in turn, a random still-free candidate among the `pool` closest in mass."""
     chosen: list[int] = []
@@ -166,7 +169,12 @@ def matched_control(mass: torch.Tensor, targets: list[int], positional: list[int
     pos = set(positional)
     cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
     if len(cands) >= len(targets):
-        return _pick_matched(mass, targets, cands, g, pool), None
+        ids = _pick_matched(mass, targets, cands, g, pool)
+        want, got = float(mass[targets].sum()), float(mass[ids].sum())
+        if want > 0 and abs(got / want - 1) > MASS_TOLERANCE:  # the candidates' masses cannot match: said so
+            return ids, (f"mass not matched within {MASS_TOLERANCE:.0%}: the control's {got:.3g} vs the set's "
+                         f"{want:.3g} (the closest live non-positional latents)")
+        return ids, None
     if not cands:
         return [], "no live non-positional latents"
     cands.sort(key=lambda c: -float(mass[c]))
