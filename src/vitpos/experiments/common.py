@@ -139,7 +139,7 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
-                    keep_pre: int | None = None) -> dict:
+                    keep_pre: int | None = None, batch_size: int = BATCH) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
 
     With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
@@ -149,7 +149,7 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     condition that agrees with this one before start.layer; layers below it hold that condition's
     activations exactly, so their entries (fits on identical features) are copied from `reuse`,
     that condition's probe_condition result over the same `layers`. `keep_pre` adds
-    result["start"], the Start of this condition at that layer.
+    result["start"], the Start of this condition at that layer. `batch_size`: images per forward.
 
     Memory: the capture keeps only what the fits read (the probe sample is drawn from the seed
     before the forward; its val / test images go through an on-disk store, one layer loaded at a
@@ -171,7 +171,7 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
 
     keep = {Site(layer, "resid_post"): Keep.probe(sample, base_test(layer)) for layer in fitted}
     kept, labels, logits, kept_start = capture_condition(surface, dataset, context, keep, start=start,
-                                                         keep_pre=keep_pre)
+                                                         keep_pre=keep_pre, batch_size=batch_size)
     keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")
     doc: dict = {k: [] for k in keys}
     probes = {}

@@ -5,7 +5,8 @@ Training streams from an on-disk activation store (``vitpos.store``): either one
 captured by ``run_sae`` itself into ``OUT/acts/`` (resumable; a temp folder when there is no OUT).
 Memory during training is the store reader's bounded shuffle buffer plus one batch, whatever the
 number of training images. Held-out metrics, feature scores and the causal check run on the
-``n_eval_images`` test images in memory.
+``n_eval_images`` test images; their capture keeps only what those read (``evaluate_sae``): the SAE
+site through an on-disk store, the later layers' probe tokens, so memory does not grow with layers.
 
 Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
 position downstream with the clean model's probes: row accuracy should drop while column holds;
@@ -34,7 +35,7 @@ from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit
+from vitpos.experiments.common import BATCH, SWEEP_TRAIN_TOKENS, capture_condition, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -275,9 +276,11 @@ class HeldOut:
     causal: dict | None
 
 
-def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool) -> HeldOut:
+def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
+                 batch_size: int = BATCH) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
-    causal check of `sae` at site `s` on `eval_set`.
+    causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
+    (the study's 256; fewer lower the transient memory of a batch, the numbers move in the last bits).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
@@ -285,26 +288,29 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     later = list(range(s.layer + 1, surface.depth)) if s.layer is not None else []
     sample = probe_sample(len(eval_set), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
     keep = {s: Keep.whole(range(len(eval_set))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
-    kept, labels, clean_logits, _ = capture_condition(surface, eval_set, None, keep, check_classifier=logits)
+    kept, labels, clean_logits, _ = capture_condition(surface, eval_set, None, keep, check_classifier=logits,
+                                                      batch_size=batch_size)
     with kept:
-        metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1]) for a in kept.iter_images(str(s), 256)))
-        scores = score_features(sae, kept.iter_images(str(s), 256), surface.grid)
+        metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
+                                            for a in kept.iter_images(str(s), batch_size)))
+        scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
         kl = top1 = top1_spliced = change = None
         if logits:
             # splice the reconstruction in (patch tokens only): how much does the model notice?
             base_logp = clean_logits.log_softmax(-1)
             with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
-                spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
+                spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
             preds = spliced_logits.argmax(-1)
             kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
             top1 = float((clean_logits.argmax(-1) == labels).float().mean())
             top1_spliced = float((preds == labels).float().mean())
             change = 100 * (top1_spliced - top1)
-        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores) if later else None
+        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size) if later else None
     return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal)
 
 
-def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores) -> dict:
+def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
+                 batch_size: int = BATCH) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers.
 
     `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
@@ -331,7 +337,7 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
         keep = {Site(layer, "resid_post"): Keep.whole(test) for layer in later}
         acts, _, _, _ = capture_condition(surface, dataset, lambda fn=fn: edit(surface, {site: fn}), keep,
-                                          check_classifier=False)
+                                          check_classifier=False, batch_size=batch_size)
         row, col, ablated_per_layer = [], [], []
         with acts:
             for layer in later:
