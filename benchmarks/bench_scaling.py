@@ -25,6 +25,25 @@ column (target <= 1.25 for memory; time per step within the machine's noise).
     python benchmarks/bench_scaling.py [--model builtin:ape] [--data synthetic] [--site blocks.1.resid_post]
         [--malloc fixed|default] [--images 1024] [--scales 1,4,16] [--batch-size 64] [--shard-images 128]
         [--batch-tokens 2048] [--buffer-tokens 16384] [--threads 1] [--clock cpu|wall] [--workdir DIR] [--out FILE.json]
+
+`--case vits16` measures instead the peak RSS of two study stages on a ViT-S/16 at 224 px (random
+weights, 14x14 grid, 12 layers, D 384) over --eval-images (default 1000) synthetic images, each in a
+fresh subprocess (target: peak RSS <= 2 GiB, whatever the number of layers and images):
+
+  sae-eval   the SAE stage's held-out part (`vitpos.experiments.sae_run.evaluate_sae`) of a random
+             TopK SAE (--sae-expansion, k 32) at blocks.<--sae-layer>.resid_post of
+             timm:vit_small_patch16_224: capture, SAE metrics and feature scores, splice, and the
+             causal check (clean probes on every later layer, one ablated forward per feature set;
+             a random SAE may find no row / col features, so the 8 latents with the highest eta^2 of
+             each axis stand in, to measure the ablations)
+  rope-axis  `run_rope_axis` on timm:vit_small_patch16_rope_224 with --restore (default 6, as --quick)
+
+    python benchmarks/bench_scaling.py --case vits16 [--eval-images 1000] [--batch-size 64] [--sae-layer 0]
+        [--sae-expansion 4] [--restore 6] [--stages sae-eval,rope-axis] [--threads 1] [--out FILE.json]
+
+--batch-size is the images per forward and per SAE batch (the study uses 256): a batch's own
+transients (a ViT-S/16 forward of 256 images at 224 px peaks ~0.9 GiB, an SAE pass over them more)
+do not grow with the images or layers, but at 256 they alone exceed the 2 GiB target.
 """
 
 from __future__ import annotations
@@ -139,6 +158,96 @@ def worker(args) -> dict:
             "peak_over_baseline_mib": ((peak or 0) - (base or 0)) / 1024, "peak_exact": exact}
 
 
+VITS16 = {"sae-eval": "timm:vit_small_patch16_224", "rope-axis": "timm:vit_small_patch16_rope_224"}
+
+
+def _positional_stand_ins(scores, k: int = 8):
+    """The scores with row / col features filled by the k highest-eta^2 latents where none passed the
+    thresholds (a random SAE): the causal check then runs its ablated forwards, the memory under test."""
+    import dataclasses
+
+    if scores.row_features and scores.col_features:
+        return scores
+    top = {a: getattr(scores, f"eta2_{a}").argsort(descending=True)[:k].tolist() for a in ("row", "col")}
+    return dataclasses.replace(scores, row_features=scores.row_features or top["row"],
+                               col_features=scores.col_features or top["col"])
+
+
+def vits16_worker(args) -> dict:
+    """One study stage on a random-weight ViT-S/16 at 224 px over args.eval_images synthetic images."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from vitpos.data import dataset_info
+    from vitpos.models import load_model
+    from vitpos.models.surface import Site
+
+    info = dataset_info("shapes")
+    # class count = the data's, so the logits pass the classifier check and top-1 / splice run as in a study
+    surface = load_model(f"{VITS16[args.stage]}?num_classes={info.num_classes}")
+    ds = SyntheticImages(args.eval_images, surface.input_size, info)
+    if args.stage == "sae-eval":
+        from vitpos.experiments import sae_run
+        from vitpos.sae import SAE, SAEConfig
+
+        torch.manual_seed(0)
+        sae = SAE(SAEConfig(d_in=surface.width, expansion=args.sae_expansion, k=32))
+        scores_fn = sae_run.score_features
+        sae_run.score_features = lambda *a, **k: _positional_stand_ins(scores_fn(*a, **k))
+        site = Site(args.sae_layer, "resid_post")
+
+        def run():
+            return sae_run.evaluate_sae(surface, sae, site, ds, seed=0, logits=True, batch_size=args.batch_size)
+    else:
+        from vitpos.experiments.rope_axis import run_rope_axis
+
+        def run():
+            return run_rope_axis(surface, ds, n_images=args.eval_images, restore_points=[args.restore], seed=0,
+                                 batch_size=args.batch_size)
+    base = _rss_kib("VmRSS")
+    exact = _reset_peak()
+    c0, w0 = time.process_time(), time.perf_counter()
+    run()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    peak = _rss_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"stage": args.stage, "model": surface.spec, "images": args.eval_images, "batch": args.batch_size,
+            "grid": list(surface.grid),
+            "layers": surface.depth, "cpu_s": cpu, "wall_s": wall, "baseline_rss_mib": (base or 0) / 1024,
+            "peak_rss_mib": (peak or 0) / 1024, "peak_over_baseline_mib": ((peak or 0) - (base or 0)) / 1024,
+            "peak_exact": exact, "loadavg_1m": os.getloadavg()[0]}
+
+
+def run_vits16(args, env: dict) -> list[dict]:
+    """Each --stages entry in a fresh subprocess; prints a table and the verdict against 2 GiB."""
+    rows = []
+    for stage in args.stages.split(","):
+        cmd = [sys.executable, __file__, "--case", "vits16", "--worker", stage, "--eval-images", str(args.eval_images),
+               "--sae-layer", str(args.sae_layer), "--sae-expansion", str(args.sae_expansion),
+               "--restore", str(args.restore), "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+        load0 = os.getloadavg()[0]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr)
+            raise SystemExit(f"{stage} failed")
+        row = json.loads(r.stdout.strip().splitlines()[-1])
+        row["loadavg_1m_before"] = load0
+        rows.append(row)
+        print(f"{stage:9s} {row['images']} images (batch {row['batch']})  peak RSS {row['peak_rss_mib']:7.0f} MiB "
+              f"(+{row['peak_over_baseline_mib']:.0f} over {row['baseline_rss_mib']:.0f})  CPU {row['cpu_s']:.0f} s  "
+              f"wall {row['wall_s']:.0f} s  load {load0:.1f} -> {row['loadavg_1m']:.1f}", flush=True)
+    print()
+    print("| stage | model | images | batch | peak RSS (MiB) | over baseline (MiB) | CPU s | wall s | load 1 min |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['stage']} | {r['model']} | {r['images']} | {r['batch']} | {r['peak_rss_mib']:.0f} | "
+              f"{r['peak_over_baseline_mib']:.0f} | {r['cpu_s']:.0f} | {r['wall_s']:.0f} | "
+              f"{r['loadavg_1m_before']:.1f}-{r['loadavg_1m']:.1f} |")
+    for r in rows:
+        ok = r["peak_rss_mib"] <= 2048
+        print(f"{r['stage']}: peak RSS {r['peak_rss_mib']:.0f} MiB ({'<=' if ok else '>'} 2 GiB target)")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="builtin:ape")
@@ -159,15 +268,37 @@ def main() -> None:
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     p.add_argument("--workdir", default=None, help="where the stores go (default: a temp folder, removed after)")
     p.add_argument("--out", default=None)
-    p.add_argument("--worker", choices=["capture", "sae"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--case", choices=["stream", "vits16"], default="stream",
+                   help="stream: capture + SAE training at 1x..16x (default); vits16: study stages on ViT-S/16")
+    p.add_argument("--eval-images", type=int, default=1000, help="vits16: images per stage")
+    p.add_argument("--stages", default="sae-eval,rope-axis", help="vits16: stages to run")
+    p.add_argument("--sae-layer", type=int, default=0, help="vits16: SAE site layer (0: the most later layers)")
+    p.add_argument("--sae-expansion", type=int, default=4, help="vits16: SAE latents per model width")
+    p.add_argument("--restore", type=int, default=6, help="vits16: rope-axis restore point")
+    p.add_argument("--worker", choices=["capture", "sae", "sae-eval", "rope-axis"], default=None,
+                   help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         args.stage = args.worker
-        print(json.dumps(worker(args)))
+        print(json.dumps(vits16_worker(args) if args.case == "vits16" else worker(args)))
         return
 
     import torch
+
+    if args.case == "vits16":
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+        if args.malloc == "fixed":
+            env["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
+        rows = run_vits16(args, env)
+        if args.out:
+            from vitpos.io import write_json
+
+            keys = ("eval_images", "batch_size", "stages", "sae_layer", "sae_expansion", "restore", "threads", "malloc")
+            write_json(args.out, {"benchmark": "scaling-vits16", "settings": {k: getattr(args, k) for k in keys},
+                                  "rows": rows, "torch": torch.__version__, "python": platform.python_version(),
+                                  "machine": platform.machine(), "cpus": os.cpu_count()})
+        return
 
     scales = [int(s) for s in args.scales.split(",")]
     tmp = None

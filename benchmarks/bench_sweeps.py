@@ -43,7 +43,7 @@ VIT_B = "timm:vit_base_patch16_rope_mixed_224"
 def counting(surface):
     """Images through the patch embedding, image x block evaluations and probe fits, as they happen."""
     counts = {"forwards": 0, "blocks": 0, "fits": 0}
-    real_fit = common.fit_position_probes
+    real_fit = common.fit_probe_tokens  # the sweeps fit on what their bounded captures kept
 
     def fit(*args, **kw):
         counts["fits"] += 1
@@ -52,13 +52,13 @@ def counting(surface):
     def add(key, n):
         counts[key] += n
 
-    common.fit_position_probes = fit
+    common.fit_probe_tokens = fit
     handles = [surface.model.patch_embed.register_forward_hook(lambda m, a, out: add("forwards", a[0].shape[0]))]
     handles += [b.register_forward_pre_hook(lambda m, a: add("blocks", a[0].shape[0])) for b in surface.model.blocks]
     try:
         yield counts
     finally:
-        common.fit_position_probes = real_fit
+        common.fit_probe_tokens = real_fit
         for h in handles:
             h.remove()
 

@@ -143,10 +143,13 @@ class CaptureCache(dict[str, torch.Tensor]):
 
 @contextmanager
 def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu: bool = True,
-            tokens: slice | None = None) -> Iterator[CaptureCache]:
+            tokens: slice | None = None,
+            sink: Callable[[str, torch.Tensor], None] | None = None) -> Iterator[CaptureCache]:
     """Record sites into a dict keyed by site name; repeated forwards append along the batch.
 
-    tokens: optional slice over the token axis (e.g. patches only) to keep memory down."""
+    tokens: optional slice over the token axis (e.g. patches only) to keep memory down.
+    sink: called with (site name, tensor) as each site is computed, instead of recording it: the
+    caller keeps what it needs of every batch and nothing accumulates here."""
     cache: dict[str, torch.Tensor] = {}
     parts: dict[str, list[torch.Tensor]] = {}
     reg = _Registry()
@@ -156,7 +159,11 @@ def capture(surface: ModelSurface, sites: Iterable[str | Site] | str, *, to_cpu:
             t = t.detach()
             if tokens is not None:
                 t = t[(slice(None),) * token_axis + (tokens,)]
-            parts.setdefault(key, []).append(t.cpu() if to_cpu else t)
+            t = t.cpu() if to_cpu else t
+            if sink is not None:
+                sink(key, t)
+            else:
+                parts.setdefault(key, []).append(t)
         return fn
 
     try:

@@ -38,17 +38,23 @@ def counting(surface, monkeypatch):
 
     seen = StagePlan()
     counts = {"forwards": 0, "blocks": 0, "fits": 0, "fit_work": 0}
-    real_fit = probes_mod.fit_position_probes
+    real_fit, real_fit_tokens = probes_mod.fit_position_probes, probes_mod.fit_probe_tokens
 
-    def fit(*args, **kw):
-        res = real_fit(*args, **kw)
-        heads = 2 * len(set(kw.get("l2_grid", probes_mod.DEFAULT_L2_GRID))) + (4 if kw.get("control", True) else 2)
-        counts["fits"] += 1
-        counts["fit_work"] += heads * res.n_train_tokens
-        return res
+    def counted(real):
+        def fit(*args, **kw):
+            res = real(*args, **kw)
+            heads = 2 * len(set(kw.get("l2_grid", probes_mod.DEFAULT_L2_GRID))) + (4 if kw.get("control", True) else 2)
+            counts["fits"] += 1
+            counts["fit_work"] += heads * res.n_train_tokens
+            return res
+        return fit
 
-    for mod in (probes_mod, common, probe_mod, sae_mod):
-        monkeypatch.setattr(mod, "fit_position_probes", fit)
+    # fits on full features, and fits on what a bounded capture kept (fit_position_probes calls
+    # probes' own fit_probe_tokens, which stays unpatched: one count per fit)
+    for mod in (probes_mod, probe_mod):
+        monkeypatch.setattr(mod, "fit_position_probes", counted(real_fit))
+    for mod in (common, sae_mod):
+        monkeypatch.setattr(mod, "fit_probe_tokens", counted(real_fit_tokens))
     handles = [surface.model.patch_embed.register_forward_hook(
         lambda m, a, out: counts.__setitem__("forwards", counts["forwards"] + a[0].shape[0]))]
     for blk in surface.model.blocks:

@@ -355,6 +355,74 @@ def _head_accuracies(
 
 
 
+@dataclass(frozen=True)
+class ProbeSample:
+    """Which tokens a `fit_position_probes` call reads, fixed from the image ids and the seed alone
+    (before any activation exists): the training tokens (`train_images`, `train_patches`, one pair
+    per token, in the order the fit stacks them) and every token of the split's val and test images.
+
+    A capture can therefore keep only these (`ProbeTokens`) instead of every token of every image."""
+
+    ids: list[Any]
+    num_patches: int
+    seed: int
+    split: ProbeSplit
+    train_images: torch.Tensor
+    train_patches: torch.Tensor
+
+    @property
+    def whole_images(self) -> torch.Tensor:
+        """Sorted rows whose every token the fit reads (validation and test images)."""
+        return torch.cat([self.split.val, self.split.test]).sort().values
+
+
+def probe_sample(image_ids: Sequence[Any] | torch.Tensor | int, num_patches: int, *, seed: int = 0,
+                 test_frac: float = 0.25, val_frac: float = 0.2,
+                 max_train_tokens: int | None = DEFAULT_MAX_TRAIN_TOKENS) -> ProbeSample:
+    """The `ProbeSample` of fit_position_probes(features, ..., image_ids, seed, test_frac, val_frac,
+    max_train_tokens) on features with `num_patches` patches (image_ids: ids per row, or a row count)."""
+    ids = list(range(image_ids)) if isinstance(image_ids, int) else (
+        image_ids.reshape(-1).tolist() if isinstance(image_ids, torch.Tensor) else list(image_ids))
+    split = split_images(ids, seed=seed, test_frac=test_frac, val_frac=val_frac)
+    img_idx, patch_idx = sample_train_tokens(split.train, num_patches, max_train_tokens, seed=seed)
+    return ProbeSample(ids=ids, num_patches=int(num_patches), seed=int(seed), split=split, train_images=img_idx,
+                       train_patches=patch_idx)
+
+
+@dataclass(frozen=True)
+class ProbeTokens:
+    """Everything a fit reads of one layer's (num_images, N, D) features: `train` (T, D), the sampled
+    training tokens in `sample` order, and `val` / `test` (images, N, D), every token of the split's
+    validation / test images in split order. A fit on these equals the fit on the full features."""
+
+    sample: ProbeSample
+    train: torch.Tensor
+    val: torch.Tensor
+    test: torch.Tensor
+
+    @classmethod
+    def gather(cls, features: torch.Tensor, sample: ProbeSample) -> ProbeTokens:
+        """The tokens `sample` names, taken from the full (num_images, N, D) features."""
+        split = sample.split
+        return cls(sample, features[sample.train_images, sample.train_patches], features[split.val],
+                   features[split.test])
+
+    @classmethod
+    def from_whole(cls, sample: ProbeSample, train: torch.Tensor, whole: torch.Tensor,
+                   whole_rows: torch.Tensor) -> ProbeTokens:
+        """`train` plus val / test picked out of `whole` (images, N, D), the images `whole_rows` (sorted)."""
+        return cls(sample, train, whole[rows_in(whole_rows, sample.split.val)],
+                   whole[rows_in(whole_rows, sample.split.test)])
+
+
+def rows_in(kept_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Positions of `rows` within the sorted `kept_rows` (every row must be kept)."""
+    pos = torch.searchsorted(kept_rows, rows)
+    if rows.numel() and (int(pos.max()) >= kept_rows.numel() or not bool((kept_rows[pos] == rows).all())):
+        raise VitposError("rows asked for were not kept by the capture; keep them (Keep.images) before the forward")
+    return pos
+
+
 @full_precision  # the fit stays float32 under an outer --amp autocast (model forwards)
 def fit_position_probes(
     features: torch.Tensor,
@@ -378,7 +446,8 @@ def fit_position_probes(
     max_train_tokens: cap on training tokens, drawn position-balanced from the training images
         only (None: use all). Validation and test always use every token of their images.
     The control probes use the l2 chosen for the real probe (same probe, control task).
-    Deterministic given `seed`.
+    Deterministic given `seed`. The same fit from only the tokens it reads: `probe_sample`, then
+    `fit_probe_tokens`.
     """
     features = _check_features(features)
     h, w = _check_grid(grid)
@@ -387,7 +456,21 @@ def fit_position_probes(
             f"features must be (num_images, num_patches, D), got shape {tuple(features.shape)}; "
             "stack per-image patch tokens (prefix tokens stripped)"
         )
-    n_img, n_patch, d = features.shape
+    n_img, n_patch, _ = features.shape
+    _check_patches(n_patch, h, w)
+    if image_ids is None:
+        image_ids = list(range(n_img))
+    ids = image_ids.reshape(-1).tolist() if isinstance(image_ids, torch.Tensor) else list(image_ids)
+    if len(ids) != n_img:
+        raise VitposError(f"image_ids has {len(ids)} entries but features have {n_img} images")
+    l2_values = _check_l2_grid(l2_grid)
+    sample = probe_sample(ids, n_patch, seed=seed, test_frac=test_frac, val_frac=val_frac,
+                          max_train_tokens=max_train_tokens)
+    return fit_probe_tokens(ProbeTokens.gather(features, sample), grid, l2_grid=l2_values, control=control,
+                            device=device, max_iter=max_iter, tol=tol)
+
+
+def _check_patches(n_patch: int, h: int, w: int) -> None:
     if n_patch != h * w:
         raise VitposError(
             f"features have {n_patch} patches per image but grid {h}x{w} has {h * w}; "
@@ -395,22 +478,44 @@ def fit_position_probes(
         )
     if h < 2 or w < 2:
         raise VitposError(f"grid {h}x{w} needs at least 2 rows and 2 columns to probe both axes")
-    l2_grid = tuple(float(v) for v in l2_grid)
-    if not l2_grid or any(not (v > 0) for v in l2_grid):
-        raise VitposError(f"l2_grid must be a non-empty sequence of positive numbers, got {l2_grid}")
-    if image_ids is None:
-        image_ids = list(range(n_img))
-    ids = image_ids.reshape(-1).tolist() if isinstance(image_ids, torch.Tensor) else list(image_ids)
-    if len(ids) != n_img:
-        raise VitposError(f"image_ids has {len(ids)} entries but features have {n_img} images")
-    dev = resolve_device(device) if device is not None else features.device  # accepts auto|cpu|cuda
 
-    split = split_images(ids, seed=seed, test_frac=test_frac, val_frac=val_frac)
-    img_idx, patch_idx = sample_train_tokens(split.train, n_patch, max_train_tokens, seed=seed)
+
+def _check_l2_grid(l2_grid: Sequence[float]) -> tuple[float, ...]:
+    values = tuple(float(v) for v in l2_grid)
+    if not values or any(not (v > 0) for v in values):
+        raise VitposError(f"l2_grid must be a non-empty sequence of positive numbers, got {values}")
+    return values
+
+
+@full_precision
+def fit_probe_tokens(
+    tokens: ProbeTokens,
+    grid: Sequence[int],
+    *,
+    l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    control: bool = True,
+    device: str | torch.device | None = None,
+    max_iter: int = 200,
+    tol: float = 1e-4,
+) -> ProbeResult:
+    """`fit_position_probes` from the tokens it reads (`ProbeTokens`; split, seed and token cap are
+    the sample's): the same result, bit for bit, as the fit on the full features."""
+    h, w = _check_grid(grid)
+    sample, split = tokens.sample, tokens.sample.split
+    n_patch = sample.num_patches
+    _check_patches(n_patch, h, w)
+    for name, part in (("train", tokens.train), ("val", tokens.val), ("test", tokens.test)):
+        _check_features(part, f"{name} tokens")
+    l2_grid = _check_l2_grid(l2_grid)
+    ids, seed = sample.ids, sample.seed
+    dev = resolve_device(device) if device is not None else tokens.train.device  # accepts auto|cpu|cuda
+    img_idx, patch_idx = sample.train_images, sample.train_patches
+    # the val / test tensors hold exactly the split's images, in split order
+    val_rows, test_rows = torch.arange(split.val.numel()), torch.arange(split.test.numel())
     targets = {"row": position_labels(grid, "row"), "col": position_labels(grid, "col")}
     ctrl = {"row": control_labels(grid, "row", seed), "col": control_labels(grid, "col", seed)}
 
-    x_train = features[img_idx, patch_idx].to(dev, torch.float32)
+    x_train = tokens.train.to(dev, torch.float32)
     if not all_finite(x_train):
         raise VitposError("features contain NaN or inf; fix the activations before probing")
     patch_dev = patch_idx.to(dev)
@@ -430,7 +535,7 @@ def fit_position_probes(
         heads = fit_softmax_heads(
             xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
         )
-        accs = _head_accuracies(features, split.val, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
+        accs = _head_accuracies(tokens.val, val_rows, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
         for t, acc, head in zip(("row", "col"), accs, heads, strict=True):
             val_by_l2[t][l2] = acc
             # Strict '>' keeps the larger (safer) l2 on ties.
@@ -451,7 +556,7 @@ def fit_position_probes(
         xs_train, [y.to(dev)[patch_dev] for y in labels], sizes, l2s, init, max_iter=max_iter, tol=tol
     )
     del xs_train
-    test_acc = dict(zip(names, _head_accuracies(features, split.test, final, labels, mean, std, dev), strict=True))
+    test_acc = dict(zip(names, _head_accuracies(tokens.test, test_rows, final, labels, mean, std, dev), strict=True))
 
     probes = {}
     for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s, strict=True):

@@ -10,8 +10,9 @@ from typing import Any, cast
 
 import torch
 
-from vitpos.analysis.forward import accuracy_report, capture_layers, forward_batches
-from vitpos.analysis.probes import fit_position_probes
+from vitpos.analysis.forward import accuracy_report, forward_batches
+from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
+from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -96,45 +97,49 @@ def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFac
     return Start(layer, torch.cat(out), start.labels)
 
 
-def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | None, sites: list[Site], *,
-                      start: Start | None = None, keep_pre: int | None = None, batch_size: int = BATCH
-                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, Start | None]:
-    """capture_layers (patch tokens per site, labels, logits) under a hook context, optionally run
-    from a stored residual stream (`start`: only blocks >= start.layer run) and optionally keeping
-    every token of `blocks.<keep_pre>.resid_pre` as a Start for later partial forwards."""
-    if start is None and keep_pre is None:
-        acts, labels, logits = capture_layers(surface, dataset, sites, batch_size=batch_size, context=context)
-        return acts, labels, logits, None
+def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | None, keep: Mapping[Site, Keep], *,
+                      start: Start | None = None, keep_pre: int | None = None, batch_size: int = BATCH,
+                      check_classifier: bool = True) -> tuple[KeptTokens, torch.Tensor, torch.Tensor, Start | None]:
+    """What `keep` names of each site's patch tokens (`vitpos.analysis.kept`: nothing more is held),
+    labels and logits, under a hook context, optionally run from a stored residual stream (`start`:
+    only blocks >= start.layer run) and optionally keeping every token of `blocks.<keep_pre>.resid_pre`
+    as a Start for later partial forwards. check_classifier=False: the logits are the raw outputs."""
+    sites = list(keep)
     if start is not None and any(s.layer is None or s.layer < start.layer for s in sites):
         raise VitposError(f"a forward from layer {start.layer} cannot capture {', '.join(map(str, sites))}")
     npt = surface.num_prefix_tokens
     dev = next(surface.model.parameters()).device
-    keep = [Site(keep_pre, "resid_pre")] if keep_pre is not None else []
+    pre_sites = [Site(keep_pre, "resid_pre")] if keep_pre is not None else []
+    keeper = TokenKeeper({str(s): k for s, k in keep.items()}, surface.grid)
     labels, logits = [], []
-    with ExitStack() as es:
-        if context is not None:
-            es.enter_context(context())
-        cache = es.enter_context(capture(surface, sites, tokens=slice(npt, None)))
-        pre = es.enter_context(capture(surface, keep))
-        if start is None:
-            for _, y, out in forward_batches(surface, dataset, batch_size):
-                labels.append(y)
-                logits.append(out)
-        else:
-            surface.check_classifier(dataset.info)  # as forward_batches: the logits give the top-1
-            for t, y in start.batches(batch_size):
-                labels.append(y)
-                logits.append(surface.forward_from(start.layer, t.to(dev)))
-        acts = {str(s): cache[str(s)] for s in sites}
-        labels_t = torch.cat(labels)
-        kept = Start(keep_pre, pre[str(keep[0])], labels_t) if keep_pre is not None else None
-    return acts, labels_t, torch.cat(logits), kept
+    try:
+        with ExitStack() as es:
+            if context is not None:
+                es.enter_context(context())
+            es.enter_context(capture(surface, sites, tokens=slice(npt, None), sink=keeper))
+            pre = es.enter_context(capture(surface, pre_sites))
+            if start is None:
+                for _, y, out in forward_batches(surface, dataset, batch_size, check_classifier=check_classifier):
+                    labels.append(y)
+                    logits.append(out)
+            else:
+                if check_classifier:  # as forward_batches: the logits give the top-1
+                    surface.check_classifier(dataset.info)
+                for t, y in start.batches(batch_size):
+                    labels.append(y)
+                    logits.append(surface.forward_from(start.layer, t.to(dev)))
+            labels_t = torch.cat(labels)
+            kept_start = Start(keep_pre, pre[str(pre_sites[0])], labels_t) if keep_pre is not None else None
+    except BaseException:
+        keeper.abort()
+        raise
+    return keeper.finish(), labels_t, torch.cat(logits), kept_start
 
 
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
-                    keep_pre: int | None = None) -> dict:
+                    keep_pre: int | None = None, batch_size: int = BATCH) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
 
     With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
@@ -144,7 +149,11 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     condition that agrees with this one before start.layer; layers below it hold that condition's
     activations exactly, so their entries (fits on identical features) are copied from `reuse`,
     that condition's probe_condition result over the same `layers`. `keep_pre` adds
-    result["start"], the Start of this condition at that layer."""
+    result["start"], the Start of this condition at that layer. `batch_size`: images per forward.
+
+    Memory: the capture keeps only what the fits read (the probe sample is drawn from the seed
+    before the forward; its val / test images go through an on-disk store, one layer loaded at a
+    time), the same floats as a full capture, so the same numbers."""
     layers = list(range(surface.depth)) if layers is None else layers
     first = 0 if start is None else start.layer
     fitted = [layer for layer in layers if layer >= first]
@@ -152,40 +161,54 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     if copied and (reuse is None or list(reuse["layers"]) != layers):
         raise VitposError(f"layers {copied} lie before the start layer {first}: pass the result they are shared with "
                           "(reuse=, over the same layers)")
-    sites = [Site(layer, "resid_post") for layer in fitted]
-    acts, labels, logits, kept = capture_condition(surface, dataset, context, sites, start=start, keep_pre=keep_pre)
+    n_images = len(start.labels) if start is not None else len(dataset)
+    sample = probe_sample(n_images, surface.num_patches, seed=seed, max_train_tokens=max_train_tokens)
+
+    def base_test(layer: int) -> torch.Tensor | None:
+        if base_probes is None or layer not in base_probes:
+            return None
+        return torch.as_tensor(base_probes[layer].test_image_ids, dtype=torch.long)
+
+    keep = {Site(layer, "resid_post"): Keep.probe(sample, base_test(layer)) for layer in fitted}
+    kept, labels, logits, kept_start = capture_condition(surface, dataset, context, keep, start=start,
+                                                         keep_pre=keep_pre, batch_size=batch_size)
     keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")
     doc: dict = {k: [] for k in keys}
     probes = {}
-    for i, layer in enumerate(layers):
-        if layer < first:
-            assert reuse is not None
-            for k in keys:
-                doc[k].append(reuse["doc"][k][i])
-            probes[layer] = reuse["probes"][layer]
-            continue
-        feats = acts[str(Site(layer, "resid_post"))]
-        kw = {}
-        if base_probes is not None and layer in base_probes:
-            kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
-        res = fit_position_probes(feats, surface.grid, seed=seed, control=False, max_train_tokens=max_train_tokens,
-                                  **kw)
-        probes[layer] = res
-        doc["row_acc"].append(res.row_acc)
-        doc["col_acc"].append(res.col_acc)
-        if base_probes is not None:
-            test = torch.as_tensor(base_probes[layer].test_image_ids)
-            doc["row_acc_orig_probe"].append(base_probes[layer].row_probe.accuracy(feats[test]))
-            doc["col_acc_orig_probe"].append(base_probes[layer].col_probe.accuracy(feats[test]))
-        else:
-            doc["row_acc_orig_probe"].append(res.row_acc)
-            doc["col_acc_orig_probe"].append(res.col_acc)
+    with kept:
+        for i, layer in enumerate(layers):
+            if layer < first:
+                assert reuse is not None
+                for k in keys:
+                    doc[k].append(reuse["doc"][k][i])
+                probes[layer] = reuse["probes"][layer]
+                continue
+            site = Site(layer, "resid_post")
+            rows = keep[site].images
+            whole = kept.images(str(site))  # this layer's val / test images (and the base probes' test images)
+            kw = {}
+            if base_probes is not None and layer in base_probes:
+                kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
+            res = fit_probe_tokens(ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows), surface.grid,
+                                   control=False, **kw)
+            probes[layer] = res
+            doc["row_acc"].append(res.row_acc)
+            doc["col_acc"].append(res.col_acc)
+            test = base_test(layer)
+            if base_probes is not None and test is not None:
+                feats = whole[rows_in(rows, test)]
+                doc["row_acc_orig_probe"].append(base_probes[layer].row_probe.accuracy(feats))
+                doc["col_acc_orig_probe"].append(base_probes[layer].col_probe.accuracy(feats))
+            else:
+                doc["row_acc_orig_probe"].append(res.row_acc)
+                doc["col_acc_orig_probe"].append(res.col_acc)
+            del whole
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
     doc["top1"] = rep["top1"]
     doc["per_group"] = rep["per_group"]
     out = {"doc": doc, "probes": probes, "layers": list(layers)}
-    if kept is not None:
-        out["start"] = kept
+    if kept_start is not None:
+        out["start"] = kept_start
     return out
 
 

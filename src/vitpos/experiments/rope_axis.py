@@ -22,6 +22,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
+    BATCH,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
     advance,
@@ -71,10 +72,11 @@ class RopeAxisResult(Result):
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
-                  progress: bool = False, shared_prefix: bool = True) -> RopeAxisResult:
+                  progress: bool = False, shared_prefix: bool = True, batch_size: int = BATCH) -> RopeAxisResult:
     """shared_prefix (default): restore_<axis>_R<k> agrees with no_<axis> before layer k, so it runs
     only blocks >= k from no_<axis>'s residual stream at k and copies no_<axis>'s fits of layers < k
-    (the same numbers, fewer forwards and fits); False: every condition from the input."""
+    (the same numbers, fewer forwards and fits); False: every condition from the input.
+    batch_size: images per forward (the study's 256; fewer lower the transient memory of a batch)."""
     require_rope(surface)
     dataset = dataset_for(surface, data, split, limit=n_images)
     layers = list(range(surface.depth))
@@ -89,7 +91,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     done: dict[str, dict] = {}
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)
-        base = probe_condition(surface, dataset, None, seed=seed)
+        base = probe_condition(surface, dataset, None, seed=seed, batch_size=batch_size)
         base_probes = base["probes"]
         done["baseline"] = {**base["doc"], "axis": None, "restore_from": None}
         bar.update(task, advance=1)
@@ -97,17 +99,20 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         for name, axes, R in plan:
             axis = axes[0] if len(axes) == 1 else "both"
             if not shared_prefix or axis == "both":
-                res = probe_condition(surface, dataset, condition_context(surface, axes, R), base_probes, seed=seed)
+                res = probe_condition(surface, dataset, condition_context(surface, axes, R), base_probes, seed=seed,
+                                      batch_size=batch_size)
             elif R is None:
                 for earlier in no_axis.values():  # the other axis' restores are done: free its stream
                     earlier.pop("start", None)
                 res = no_axis[axis] = probe_condition(surface, dataset, condition_context(surface, axes), base_probes,
-                                                  seed=seed, keep_pre=Rs[0] if Rs else None)
+                                                  seed=seed, keep_pre=Rs[0] if Rs else None, batch_size=batch_size)
             else:
                 start = no_axis[axis]["start"]
                 if R > start.layer:  # no_<axis>'s blocks start.layer..R-1, as its full forward ran them
-                    start = no_axis[axis]["start"] = advance(surface, start, R, condition_context(surface, axes))
-                res = probe_condition(surface, dataset, None, base_probes, seed=seed, start=start, reuse=no_axis[axis])
+                    start = no_axis[axis]["start"] = advance(surface, start, R, condition_context(surface, axes),
+                                                             batch_size)
+                res = probe_condition(surface, dataset, None, base_probes, seed=seed, start=start, reuse=no_axis[axis],
+                                      batch_size=batch_size)
             done[name] = {**res["doc"], "axis": axis, "restore_from": R}
             bar.update(task, advance=1, description=f"rope-axis {name}")
     no_axis.clear()

@@ -5,7 +5,8 @@ Training streams from an on-disk activation store (``vitpos.store``): either one
 captured by ``run_sae`` itself into ``OUT/acts/`` (resumable; a temp folder when there is no OUT).
 Memory during training is the store reader's bounded shuffle buffer plus one batch, whatever the
 number of training images. Held-out metrics, feature scores and the causal check run on the
-``n_eval_images`` test images in memory.
+``n_eval_images`` test images; their capture keeps only what those read (``evaluate_sae``): the SAE
+site through an on-disk store, the later layers' probe tokens, so memory does not grow with layers.
 
 Causal check (METHODS): subtract the row features' contribution at the SAE's layer and re-read
 position downstream with the clean model's probes: row accuracy should drop while column holds;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +28,19 @@ import torch
 from pydantic import BaseModel
 
 from vitpos import plots
-from vitpos.analysis.forward import capture_layers, forward_batches
-from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes
+from vitpos.analysis.forward import forward_batches
+from vitpos.analysis.kept import Keep, KeptTokens
+from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_edit
+from vitpos.experiments.common import BATCH, SWEEP_TRAIN_TOKENS, capture_condition, sae_edit
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
@@ -233,28 +236,11 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
-    later = list(range(layer + 1, surface.depth))
-    eval_sites = [s] + [Site(layer, "resid_post") for layer in later]
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
-    eval_acts, labels, logits = capture_layers(surface, eval_set, eval_sites, check_classifier=no_logits is None)
-    acts = eval_acts[str(s)]
-    metrics = sae_metrics(sae, [acts[i:i + 256].reshape(-1, acts.shape[-1]) for i in range(0, len(acts), 256)])
-    scores = score_features(sae, (acts[i:i + 256] for i in range(0, len(acts), 256)), surface.grid)
-
-    kl = top1 = top1_spliced = change = None
-    if no_logits is None:
-        # splice the reconstruction in (patch tokens only): how much does the model notice?
-        base_logp = logits.log_softmax(-1)
-        with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
-            spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set)])
-        preds = spliced_logits.argmax(-1)
-        kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
-        top1 = float((logits.argmax(-1) == labels).float().mean())
-        top1_spliced = float((preds == labels).float().mean())
-        change = 100 * (top1_spliced - top1)
-
-    causal = causal_check(surface, sae, s, eval_set, eval_acts, later, scores, seed) if later else None
+    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None)
+    metrics, scores, causal = held.metrics, held.scores, held.causal
+    kl, top1, top1_spliced, change = held.logit_kl, held.top1, held.top1_spliced, held.top1_change_points
     result = SAEResult.model_validate({
         "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch,
         "k": k, "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1,
@@ -276,38 +262,109 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     return result, sae
 
 
-def causal_check(surface, sae, site, dataset, clean_acts, later, scores, seed) -> dict:
-    """Subtract row (col) features at the SAE site; clean probes read position at later layers."""
-    probes = {layer: fit_position_probes(clean_acts[str(Site(layer, "resid_post"))], surface.grid, seed=seed,
-                                         control=False, max_train_tokens=SWEEP_TRAIN_TOKENS) for layer in later}
+@dataclass(frozen=True)
+class HeldOut:
+    """What run_sae measures on the held-out images: SAE metrics, feature scores, the splice's
+    effect on the logits (None without class logits) and the causal check (None at the last layer)."""
+
+    metrics: dict[str, float]
+    scores: FeatureScores
+    logit_kl: float | None
+    top1: float | None
+    top1_spliced: float | None
+    top1_change_points: float | None
+    causal: dict | None
+
+
+def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
+                 batch_size: int = BATCH) -> HeldOut:
+    """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
+    causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
+    (the study's 256; fewer lower the transient memory of a batch, the numbers move in the last bits).
+
+    Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
+    256-image batches, and at later layers only the clean probes' sampled tokens and val / test
+    images; nothing grows with layers x images x grid."""
+    later = list(range(s.layer + 1, surface.depth)) if s.layer is not None else []
+    sample = probe_sample(len(eval_set), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
+    keep = {s: Keep.whole(range(len(eval_set))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
+    kept, labels, clean_logits, _ = capture_condition(surface, eval_set, None, keep, check_classifier=logits,
+                                                      batch_size=batch_size)
+    with kept:
+        metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
+                                            for a in kept.iter_images(str(s), batch_size)))
+        scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
+        kl = top1 = top1_spliced = change = None
+        if logits:
+            # splice the reconstruction in (patch tokens only): how much does the model notice?
+            base_logp = clean_logits.log_softmax(-1)
+            with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+                spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
+            preds = spliced_logits.argmax(-1)
+            kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
+            top1 = float((clean_logits.argmax(-1) == labels).float().mean())
+            top1_spliced = float((preds == labels).float().mean())
+            change = 100 * (top1_spliced - top1)
+        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size) if later else None
+    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal)
+
+
+def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
+                 batch_size: int = BATCH) -> dict:
+    """Subtract row (col) features at the SAE site; clean probes read position at later layers.
+
+    `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
+    ablated forwards keep only the probes' test images. One layer's images are loaded at a time."""
+    keys = {layer: str(Site(layer, "resid_post")) for layer in later}
+    probes = {}
+    clean_per_layer = []
+    test = sample.split.test  # one split for every layer (same ids, same seed)
+    for layer in later:
+        rows = clean.keep[keys[layer]].images
+        whole = clean.images(keys[layer])
+        probes[layer] = fit_probe_tokens(ProbeTokens.from_whole(sample, clean.tokens(keys[layer]), whole, rows),
+                                         surface.grid, control=False)
+        clean_per_layer.append(_layer_image_accuracy(probes[layer], whole[rows_in(rows, test)]))
+        del whole
     out = {"layers": later, "clean_row_acc": [probes[layer].row_acc for layer in later],
            "clean_col_acc": [probes[layer].col_acc for layer in later]}
-    test = torch.as_tensor(probes[later[0]].test_image_ids)  # one split for every layer (same ids, same seed)
-
-    def per_image(acts_by_site: dict) -> dict[str, torch.Tensor]:
-        """(layers, test images) token accuracy of the clean probes per image."""
-        return {a: torch.stack([_image_accuracy(getattr(probes[layer], f"{a}_probe"),
-                                                acts_by_site[str(Site(layer, "resid_post"))][test]) for layer in later])
-                for a in ("row", "col")}
-
-    clean_per_image = per_image(clean_acts)
+    clean_per_image = _stack_layers(clean_per_layer)
+    seed = sample.seed
     for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
         if not ids:
             out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
             continue
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
-        acts, _, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in later],
-                                    context=lambda fn=fn: edit(surface, {site: fn}), check_classifier=False)
-        row = [probes[layer].row_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
-        col = [probes[layer].col_probe.accuracy(acts[str(Site(layer, "resid_post"))][test]) for layer in later]
+        keep = {Site(layer, "resid_post"): Keep.whole(test) for layer in later}
+        acts, _, _, _ = capture_condition(surface, dataset, lambda fn=fn: edit(surface, {site: fn}), keep,
+                                          check_classifier=False, batch_size=batch_size)
+        row, col, ablated_per_layer = [], [], []
+        with acts:
+            for layer in later:
+                feats = acts.images(keys[layer])[rows_in(keep[Site(layer, "resid_post")].images, test)]
+                row.append(probes[layer].row_probe.accuracy(feats))
+                col.append(probes[layer].col_probe.accuracy(feats))
+                ablated_per_layer.append(_layer_image_accuracy(probes[layer], feats))
+                del feats
         d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
         d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
         denom = abs(mine) + abs(other)
         out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
                                  "selectivity": mine / denom if denom > 1e-9 else None,
-                                 **selectivity_intervals(clean_per_image, per_image(acts), kind, seed)}
+                                 **selectivity_intervals(clean_per_image, _stack_layers(ablated_per_layer), kind,
+                                                         seed)}
     return out
+
+
+def _layer_image_accuracy(probes, feats: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"row", "col"} -> (images,) token accuracy of one layer's clean probes per image."""
+    return {a: _image_accuracy(getattr(probes, f"{a}_probe"), feats) for a in ("row", "col")}
+
+
+def _stack_layers(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """{"row", "col"} -> (layers, images) from one {"row", "col"} -> (images,) per layer."""
+    return {a: torch.stack([p[a] for p in per_layer]) for a in ("row", "col")}
 
 
 def _image_accuracy(probe, feats: torch.Tensor) -> torch.Tensor:
