@@ -271,6 +271,7 @@ def test_z_is_what_the_output_projection_reads(kind, key):
 def test_rope_heads_z_means_are_the_captured_means():
     """The running means rope_heads mean-ablates with equal the mean of the captured z over
     images and patch tokens, from the input or from a restore stream, and observing is a no-op."""
+    from vitpos.analysis.kept import Keep
     from vitpos.data.base import DatasetInfo, TensorImageDataset
     from vitpos.experiments.common import capture_condition, condition_context
     from vitpos.experiments.rope_heads import _z_means
@@ -288,7 +289,7 @@ def test_rope_heads_z_means_are_the_captured_means():
         plain = s(x)
     want = c["blocks.1.z"][:, :, npt:].double().mean((0, 2)).float()
     torch.testing.assert_close(_z_means(s, data, ctx, None, [1])[1], want)
-    *_, start = capture_condition(s, data, ctx, [Site(1, "resid_post")], keep_pre=1)
+    *_, start = capture_condition(s, data, ctx, {Site(1, "resid_post"): Keep.whole(range(1))}, keep_pre=1)
     torch.testing.assert_close(_z_means(s, data, ctx, start, [1])[1], want)
     with ctx():
         assert torch.equal(s(x), plain)
