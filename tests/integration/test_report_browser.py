@@ -31,7 +31,8 @@ def test_relative_out_from_another_directory_inlines_every_figure(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = (cwd / "rel" / "report.html").read_text()
     assert "figure missing" not in page
-    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 7
+    # headline + APE probe, ape_permute + RoPE probe, rope_axis, recovery, rope_heads, rope_prefix
+    assert page.count('src="data:image/png;base64,') == len(results["figures"]) == 8
 
 
 @pytest.mark.slow
