@@ -185,7 +185,7 @@ def test_draw_figures_names_and_skips(rendered):
     results, figs, _, out = rendered
     expected = {figure_key(APE, "probe"), figure_key(APE, "ape_permute"), figure_key(ROPE, "probe"),
                 figure_key(ROPE, "rope_axis"), figure_key(ROPE, "rope_recovery"), figure_key(ROPE, "rope_heads"),
-                HEADLINE_FIGURE}
+                figure_key(ROPE, "rope_prefix"), HEADLINE_FIGURE}
     assert set(figs) == expected  # the XSS model has no results that draw: nothing drawn
     for key, path in figs.items():
         assert results["figures"][key] == f"figures/{key}.png" and path == out / "figures" / f"{key}.png"
