@@ -21,6 +21,8 @@ MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to r
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
 BATCH = 256  # images per forward in the sweeps (capture_layers' and predict's default)
 ContextFactory = Callable[[], AbstractContextManager]
+# an --axis value -> the rotary axes it removes
+AXIS_SETS: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
 RemoveSpec = dict[Axis, list[int] | None]  # remove_rope's axis -> heads (None: all heads)
 
 

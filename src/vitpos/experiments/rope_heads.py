@@ -31,6 +31,7 @@ from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
+    AXIS_SETS,
     BATCH,
     SWEEP_TRAIN_TOKENS,
     ContextFactory,
@@ -217,6 +218,14 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
 TOP_K = 5
 
 
+def closest_rival(margins: Any) -> tuple[list[int], list[float]] | None:
+    """([layer, head], margin) of the other head whose margin drop(primary) - drop(head) has the
+    lowest lower end (a `primary_margin_ci95` grid, as results.json holds it); None without one."""
+    found = [([li, h], m) for li, row in enumerate(margins or []) for h, m in enumerate(row or [])
+             if isinstance(m, list) and len(m) == 2]
+    return min(found, key=lambda hm: hm[1][0]) if found else None
+
+
 def _top(scores: list[list[float | None]], k: int) -> list[tuple[int, int]]:
     flat = [(v, li, h) for li, row in enumerate(scores) for h, v in enumerate(row) if v is not None and v == v]
     return [(li, h) for _, li, h in sorted(flat, reverse=True)[:k]]
@@ -297,8 +306,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     if restore_from is not None:
         check_restore_points(surface, [restore_from], "--restore-from")
     R = restore_from if restore_from is not None else max(1, L // 2)
-    axes_of: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
-    axes = axes_of[axis]
+    axes = AXIS_SETS[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
     surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1

@@ -39,6 +39,7 @@ from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
+    AXIS_SETS,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
     advance,
@@ -49,10 +50,8 @@ from vitpos.experiments.common import (
     require_rope,
 )
 from vitpos.hooks import block_prefix, observe
-from vitpos.models.surface import AXES, Axis, ModelSurface, Site
+from vitpos.models.surface import AXES, ModelSurface, Site
 from vitpos.progress import progress_bar
-
-AXIS_SETS: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
 
 
 class Condition(BaseModel):

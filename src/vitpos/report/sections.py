@@ -15,6 +15,7 @@ from vitpos.experiments.ape_permute import CONTROLS as APE_CONTROLS
 from vitpos.experiments.ape_permute import variant_names
 from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.experiments.rope_heads import closest_rival
 from vitpos.report.format import (
     ci,
     describe,
@@ -123,12 +124,10 @@ def _head_drop(doc: dict, lh: Any) -> str:
 
 def _closest_rival(doc: dict) -> str:
     """The head whose paired margin against the primary has the lowest lower end, and that margin."""
-    margins = doc.get("primary_margin_ci95")
-    found = [([li, h], m) for li, row in enumerate(margins or []) for h, m in enumerate(row or [])
-             if isinstance(m, list) and len(m) == 2]
-    if not found:
+    rival = closest_rival(doc.get("primary_margin_ci95"))
+    if rival is None:
         return "n/a"
-    lh, m = min(found, key=lambda x: x[1][0])
+    lh, m = rival
     return f"{head_name(lh)}: drop(primary) − drop({head_name(lh)}) {ci(m)} pts"
 
 

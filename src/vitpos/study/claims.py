@@ -45,6 +45,7 @@ from statistics import median
 from typing import Any, Literal
 
 from vitpos.analysis.stats import seed_interval
+from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
 
 SELECTIVE = 0.6
@@ -297,7 +298,7 @@ def _c5(spec: str, rh: dict) -> dict:
     big = rh["largest_drop_head"]
     n_heads = len(rh["layers"]) * rh["num_heads"]
     n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
-    closest = _closest_margin(rh.get("primary_margin_ci95"))
+    closest = closest_rival(rh.get("primary_margin_ci95"))
     rival = "" if closest is None else (f"; closest rival {_head(closest[0])}: margin {_ci(closest[1])} pts")
     return {"result": _c5_result(rh, prim),
             "numbers": {"primary_head": prim, "primary_drop_points": drop,
@@ -317,12 +318,6 @@ def _c5(spec: str, rh: dict) -> dict:
 
 def _ci(iv: list[float]) -> str:
     return f"[{iv[0]:.1f}, {iv[1]:.1f}]"
-
-
-def _closest_margin(margins: list[list[list[float] | None]] | None) -> tuple[list[int], list[float]] | None:
-    """The other head whose margin drop(primary) - drop(head) has the lowest lower end."""
-    found = [([layer, h], m) for layer, row in enumerate(margins or []) for h, m in enumerate(row) if m is not None]
-    return min(found, key=lambda hm: hm[1][0]) if found else None
 
 
 def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
