@@ -109,3 +109,29 @@ def test_a_control_with_too_few_latents_says_so(model_and_sae):
     ctrl = res["random_all_positional"]
     assert ctrl["n_features"] < 120 and ctrl["note"].startswith(f"only {ctrl['n_features']} live")
     assert "skipped" in res["random_features"]  # format 1's control: all or nothing, as before
+
+
+@pytest.fixture(scope="module")
+def varied_ape():
+    """A tiny APE model whose predictions vary from image to image (at timm's init every image gets
+    one class, and then no edit could move a top-1)."""
+    s = tiny_own("ape")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in s.model.parameters():
+            p.normal_(0, 0.3)
+    return s
+
+
+@pytest.mark.parametrize("layer,site", [(0, "resid_post"), (1, "resid_pre"), (1, "resid_post")])
+def test_shared_prefix_gives_the_numbers_of_full_forwards(varied_ape, layer, site):
+    """The SAE variants run from the clean stream at the site (codes encoded once per batch) and
+    give the very numbers of per-variant full forwards with a hook, across two batches (each
+    variant's generator carries over from batch to batch either way)."""
+    s, sae = varied_ape, toy_sae()
+    doc = {"layer": layer, "site": site, "row_features": [1, 2], "col_features": [3], "mixed_features": [4, 5, 6]}
+    data = toy_images(300, seed=3)  # two batches of the sweeps' 256
+    shared = run_ape_permute(s, sae, doc, data=data, n_images=300, seeds=(0, 1)).to_json()
+    full = run_ape_permute(s, sae, doc, data=data, n_images=300, seeds=(0, 1), shared_prefix=False).to_json()
+    assert shared == full
+    assert any(abs(shared[v]["drop_points"]) > 0.1 for v in variant_names(shared))  # the edits moved predictions

@@ -11,6 +11,7 @@ import torch
 
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
+from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
 from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
@@ -122,6 +123,24 @@ def test_rope_prefix_plan_counts_what_runs(rope4, monkeypatch, shared):
         assert_counts(plan, counts)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("layer,site", [(0, "resid_post"), (1, "resid_pre"), (0, "mlp_out")])
+def test_ape_permute_plan_counts_what_runs(monkeypatch, shared, layer, site):
+    """Every variant has features and a full control here, so the upper bound is exact."""
+    from vitpos.sae import SAE, SAEConfig
+
+    ape = tiny_own("ape")
+    torch.manual_seed(0)
+    sae = SAE(SAEConfig.model_validate({"d_in": ape.width, "expansion": 4, "k": 64})).eval()
+    doc = {"layer": layer, "site": site, "row_features": [1, 2], "col_features": [3], "mixed_features": [4]}
+    settings = {"images": 40, "seeds": 2, "sae": {"layer": layer, "site": site}}
+    plan = plan_ape_permute(settings, ape, SplitSizes(test=300), shared_prefix=shared)
+    with counting(ape, monkeypatch) as counts:
+        res = run_ape_permute(ape, sae, doc, data=toy(300), n_images=40, seeds=(0, 1), shared_prefix=shared)
+    assert not any("skipped" in v for v in json.loads(res.model_dump_json()).values() if isinstance(v, dict))
+    assert (counts["forwards"], counts["blocks"]) == (plan.forwards, plan.blocks)
+
+
 def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
     sizes = SplitSizes(test=4000)
     heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
@@ -161,8 +180,8 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         prior[name] = Done(result, settings)
         if name == "ape_permute":  # variants without features are skipped: the plan is an upper bound
             skipped = sum("skipped" in v for v in json.loads(result.model_dump_json()).values() if isinstance(v, dict))
-            assert counts["forwards"] == plan.forwards - skipped * 20
-            assert counts["blocks"] == plan.blocks - skipped * 20 * ape.depth
+            assert counts["forwards"] == plan.forwards  # SAE variants run from the shared stream after layer 0
+            assert counts["blocks"] == plan.blocks - skipped * 20 * (ape.depth - 1)
             assert counts["fits"] == plan.fits == 0
         elif name == "sae":
             causal = result.causal

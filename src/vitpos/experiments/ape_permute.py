@@ -29,19 +29,19 @@ memory and is not written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel
 
 from vitpos import plots
-from vitpos.analysis.forward import accuracy_report, capture_layers, predict
+from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import require_ape, sae_edit
+from vitpos.experiments.common import BATCH, require_ape, sae_edit
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -205,10 +205,27 @@ def check_sae_matches(surface: ModelSurface, sae_doc: Mapping) -> None:
                           f"{surface.weights_digest()}); retrain it with `vitpos sae --model {surface.spec} ...`")
 
 
+PatchEdit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (patch tokens x, SAE codes z) -> new x
+
+
+def _start_after(site: Site) -> int | None:
+    """The block a forward resumes from once `site` is edited (its input is the edited stream), or
+    None where the site sits inside a block (then every variant runs the whole model)."""
+    if site.layer is None:
+        return None
+    return {"resid_pre": site.layer, "resid_post": site.layer + 1}.get(site.name)
+
+
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
-                    progress: bool = False) -> ApePermuteResult:
-    """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists)."""
+                    progress: bool = False, shared_prefix: bool = True) -> ApePermuteResult:
+    """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists).
+
+    shared_prefix (default): per batch the clean stream up to the SAE's site and its SAE codes are
+    computed once, and every variant runs only the blocks after the site; shared_prefix=False runs
+    each variant as a full forward with a hook at the site. The numbers are the same (each variant
+    keeps its own generator across batches, so the permutations drawn are too); mean ablation is
+    deterministic, so it runs once and counts for every seed."""
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
@@ -220,75 +237,101 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     mean_code, fire = feature_mass(surface, sae, site, dataset)
     live = fire >= 0.005
     info = dataset.info
-    preds, labels = predict(surface, dataset)
-    base = accuracy_report(preds, labels, info)
-    base_correct = preds == labels
     npt = surface.num_prefix_tokens
     positional = row + col + mixed
     sets = {"all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
             "all_positional": (positional, "all")}
     control_of = {c: s for s, c in CONTROLS.items()}
 
-    def run_edit(sites_fns: dict) -> tuple[dict, torch.Tensor]:
-        p, y = predict(surface, dataset, context=lambda: edit(surface, sites_fns))
-        return accuracy_report(p, y, info), p == y
-
-    def permuting(ids: list[int], kind: str, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        return sae_edit(surface, sae, lambda x, z: permute_features(
-            x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g)))
+    def permuting(ids: list[int], kind: str, seed: int) -> PatchEdit:
+        g = torch.Generator().manual_seed(seed)  # one per (variant, seed), advanced batch by batch
+        return lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g))
 
     def mass_of(ids: list[int]) -> float:
         return float(mean_code[ids].sum()) if ids else 0.0
 
-    per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
+    # every run, planned before the forwards: (variant, seed) -> its edit of the site's patch tokens
+    sae_runs: dict[tuple[str, int], PatchEdit] = {}
     masses: dict[str, list[float]] = {v: [] for v in ALL_VARIANTS}
     n_moved: dict[str, int] = {}
     skipped: dict[str, str] = {}
     notes: dict[str, str] = {}
-    with progress_bar(enabled=progress) as bar:
-        task = bar.add_task("ape-permute", total=len(ALL_VARIANTS) * len(seeds))
-        for seed in seeds:
-            g = torch.Generator().manual_seed(10_000 + seed)
-            plan = {**sets, "random_features": (matched_random_features(mean_code, row + col, live, g), "all")}
-            for v in CONTROL_VARIANTS:  # each control its own stream: the older variants' draws do not move
-                gc = torch.Generator().manual_seed(_CONTROL_STREAM[v] + 10_000 + seed)
-                targets, kind = sets[control_of[v]]
-                if not targets:
-                    skipped[v] = f"no features in {control_of[v]} to match"
-                    plan[v] = ([], kind)
-                    continue
-                ids, note = matched_control(mean_code, targets, positional, live, gc)
-                if note:
-                    notes[v] = note
-                plan[v] = (ids, kind)
-            for v, (ids, kind) in plan.items():
-                if not ids:
-                    skipped.setdefault(v, "no features of this kind" if v not in control_of
-                                       else notes.get(v, "not enough live non-positional latents"))
-                else:
-                    per_variant[v].append(run_edit({site: permuting(ids, kind, seed)}))
-                    masses[v].append(mass_of(ids))
-                    n_moved[v] = len(ids)
-                bar.update(task, advance=1)
-            if row + col:
-                ids = row + col
-                mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
-                fn = sae_edit(surface, sae, lambda x, z, ids=ids, m=mean_c: x - sae.feature_contribution(z, ids) + m)
-                per_variant["mean_ablate"].append(run_edit({site: fn}))
-                masses["mean_ablate"].append(mass_of(ids))
+    for seed in seeds:
+        g = torch.Generator().manual_seed(10_000 + seed)
+        plan = {**sets, "random_features": (matched_random_features(mean_code, row + col, live, g), "all")}
+        for v in CONTROL_VARIANTS:  # each control its own stream: the older variants' draws do not move
+            gc = torch.Generator().manual_seed(_CONTROL_STREAM[v] + 10_000 + seed)
+            targets, kind = sets[control_of[v]]
+            if not targets:
+                skipped[v] = f"no features in {control_of[v]} to match"
+                plan[v] = ([], kind)
+                continue
+            ids, note = matched_control(mean_code, targets, positional, live, gc)
+            if note:
+                notes[v] = note
+            plan[v] = (ids, kind)
+        for v, (ids, kind) in plan.items():
+            if not ids:
+                skipped.setdefault(v, "no features of this kind" if v not in control_of
+                                   else notes.get(v, "not enough live non-positional latents"))
             else:
-                skipped["mean_ablate"] = "no positional features"
-            bar.update(task, advance=1)
-            pe = surface.patch_pos_embed()
-            gp = torch.Generator().manual_seed(20_000 + seed)
+                sae_runs[(v, seed)] = permuting(ids, kind, seed)
+                masses[v].append(mass_of(ids))
+                n_moved[v] = len(ids)
+        if row + col:
+            masses["mean_ablate"].append(mass_of(row + col))
+    if row + col:
+        ids = row + col
+        mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
+        sae_runs[("mean_ablate", seeds[0])] = lambda x, z: x - sae.feature_contribution(z, ids) + mean_c
+    else:
+        skipped["mean_ablate"] = "no positional features"
+    pe = surface.patch_pos_embed()
+    pe_gens = {seed: torch.Generator().manual_seed(20_000 + seed) for seed in seeds}
 
-            def shuffle_pe(t, pe=pe, gp=gp):
-                perm = random_perms("all", t.shape[0], surface.grid, gp)
-                moved = pe[perm]  # (B, N, D)
-                return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
-            per_variant["pos_embed_shuffle"].append(run_edit({Site(None, "embed"): shuffle_pe}))
-            bar.update(task, advance=1)
+    def shuffle_pe(seed: int):
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            moved = pe[random_perms("all", t.shape[0], surface.grid, pe_gens[seed])]  # (B, N, D)
+            return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
+        return fn
+
+    resume = _start_after(site) if shared_prefix else None
+    dev = next(surface.model.parameters()).device
+    preds: dict[tuple[str, int], list[torch.Tensor]] = {k: [] for k in sae_runs}
+    preds.update({("pos_embed_shuffle", seed): [] for seed in seeds})
+    base_preds, label_parts = [], []
+    with progress_bar(enabled=progress) as bar, torch.no_grad():
+        task = bar.add_task("ape-permute", total=len(dataset))
+        for x, y in dataset.batches(BATCH):
+            x = x.to(dev)
+            label_parts.append(y)
+            if resume is not None:  # the clean stream at the site and its codes, shared by every SAE variant
+                t = surface.run_blocks(surface.embed_tokens(x), 0, resume)
+                base_preds.append(surface.forward_from(resume, t).argmax(-1).cpu())
+                xp = t[:, npt:]
+                z = sae.encode(xp)
+                for key, fn in sae_runs.items():
+                    new = torch.cat([t[:, :npt], fn(xp, z).to(t.dtype)], dim=1)
+                    preds[key].append(surface.forward_from(resume, new).argmax(-1).cpu())
+            else:
+                base_preds.append(surface(x).argmax(-1).cpu())
+                for key, fn in sae_runs.items():
+                    with edit(surface, {site: sae_edit(surface, sae, fn)}):
+                        preds[key].append(surface(x).argmax(-1).cpu())
+            for seed in seeds:
+                with edit(surface, {Site(None, "embed"): shuffle_pe(seed)}):
+                    preds[("pos_embed_shuffle", seed)].append(surface(x).argmax(-1).cpu())
+            bar.update(task, advance=len(y))
+    labels = torch.cat(label_parts)
+    base = accuracy_report(torch.cat(base_preds), labels, info)
+    base_correct = torch.cat(base_preds) == labels
+    per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
+    for seed in seeds:
+        for v in ALL_VARIANTS:
+            key = (v, seeds[0]) if v == "mean_ablate" else (v, seed)  # mean ablation: one run for every seed
+            if key in preds:
+                p = torch.cat(preds[key])
+                per_variant[v].append((accuracy_report(p, labels, info), p == labels))
 
     doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
            "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
@@ -322,6 +365,25 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     return result
 
 
+def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes,
+                     shared_prefix: bool = True) -> StagePlan:
+    """What run_ape_permute computes: an upper bound (a variant without features is skipped; the
+    SAE layer, when the probes choose it, is counted at depth // 2 as the sae stage counts it)."""
+    n, L, seeds = sizes.n("test", settings["images"]), surface.depth, settings["seeds"]
+    sae = settings.get("sae") or {}
+    layer = sae.get("layer")
+    layer = L // 2 if layer is None else int(layer)
+    resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
+    sae_runs = (len(ALL_VARIANTS) - 2) * seeds + 1  # every permuted set and control per seed; mean ablation once
+    # feature mass, then per seed the APE-table shuffle (a full forward: it edits the input)
+    plan = StagePlan.full(min(MASS_IMAGES, n), L) + StagePlan.full(n, L, seeds)
+    if resume is None:
+        plan = plan + StagePlan.full(n, L, 1 + sae_runs)
+    else:  # the clean prefix once, then the blocks after the site for the baseline and every SAE variant
+        plan = plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + sae_runs))
+    return plan + StagePlan(note="upper bound: every variant has features")
+
+
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
     title = "APE positional-feature permutation (C2)"
@@ -339,11 +401,7 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
         return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {}))}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-        n = sizes.n("test", settings["images"])
-        # feature mass, the baseline, then every variant once per seed (fewer when a feature set is empty)
-        return (StagePlan.full(min(MASS_IMAGES, n), surface.depth)
-                + StagePlan.full(n, surface.depth, 1 + len(ALL_VARIANTS) * settings["seeds"])
-                + StagePlan(note="upper bound: every variant has features"))
+        return plan_ape_permute(settings, surface, sizes)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
