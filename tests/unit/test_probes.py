@@ -249,3 +249,14 @@ def test_plot_probe_curves_writes_png(tmp_path, row_only):
         plot_probe_curves({"layers": [0]}, tmp_path / "x.png")
     with pytest.raises(VitposError, match="3 values for 2 layers"):
         plot_probe_curves({**js, "layers": [0, 1]}, tmp_path / "x.png")
+
+
+def test_direct_weight_is_the_logit_change_of_an_added_component():
+    """Probe logits are affine in the features: adding c moves them by c @ direct_weight()."""
+    from vitpos.analysis.probes import LinearProbe
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(200, 6, generator=g), torch.randint(0, 3, (200,), generator=g)
+    probe = LinearProbe(3).fit(x, y)
+    c = torch.randn(200, 6, generator=g)
+    torch.testing.assert_close(probe.logits(x + c) - probe.logits(x), c @ probe.direct_weight(), atol=1e-4, rtol=1e-4)

@@ -165,6 +165,15 @@ def test_rope_heads_shared_prefix_equals_the_old_path(which):
         assert len({round(v, 6) for v in scores}) > 2 and len({round(v, 6) for r in new["axis_index"] for v in r}) > 2
         if which == ("own", "rope-axial"):
             assert max(max(r) for r in new["drop_points"]) > 1  # top-1 moves too
+        # the direct effect (iii): null before R, a number with an interval around it from R on
+        for li, (row, cis) in enumerate(zip(new["direct_effect_score"], new["direct_effect_ci95"], strict=True)):
+            for v, ci in zip(row, cis, strict=True):
+                assert (v is None and ci is None) if li < restore_from else ci[0] - 1e-9 <= v <= ci[1] + 1e-9
+        assert len({round(v, 6) for row in new["direct_effect_score"] for v in row if v is not None}) > 2
+        assert set(new["top_heads"]) == {"rebuild", "mean_ablate", "direct_effect"}
+        assert set(new["top_heads_agreement"]) == {"rebuild~mean_ablate", "rebuild~direct_effect",
+                                                   "mean_ablate~direct_effect"}
+        assert new["top_heads_agreement"]["rebuild~mean_ablate"] == new["top_heads_overlap"]
 
 
 def test_differences_sees_a_changed_number():

@@ -268,13 +268,32 @@ def test_z_is_what_the_output_projection_reads(kind, key):
     assert not torch.allclose(c["blocks.0.attn_out"], outs[1])
 
 
-def test_rope_heads_z_means_are_the_captured_means():
+@pytest.mark.parametrize("kind,key", [("own", "rope-axial"), ("own", "ape"), ("timm", next(iter(TIMM_TINY)))])
+def test_head_projections_split_attn_out_into_heads(kind, key):
+    """Each head's share z_h @ P[h], summed over heads, plus the projection's bias is attn_out."""
+    s = make(kind, key)
+    x = images_for(s)
+    with capture(s, [Site(1, "z"), Site(1, "attn_out")]) as c:
+        s(x)
+    P = s.head_projections(1)
+    assert P.shape == (s.num_heads, s.width // s.num_heads, s.width)
+    shares = torch.einsum("bhtd,hdD->bhtD", c["blocks.1.z"], P)
+    bias = s.attention(1).get_submodule("proj").bias
+    torch.testing.assert_close(shares.sum(1) + bias, c["blocks.1.attn_out"], atol=1e-5, rtol=1e-4)
+
+
+def test_rope_heads_restore_stats_are_the_captured_means_and_probe_readouts():
     """The running means rope_heads mean-ablates with equal the mean of the captured z over
-    images and patch tokens, from the input or from a restore stream, and observing is a no-op."""
+    images and patch tokens, from the input or from a restore stream, and observing is a no-op;
+    each head's direct effect equals the probe's own logits of the head's share of attn_out (minus
+    the logits of zero), as the true coordinate's logit minus the mean logit."""
+    from types import SimpleNamespace
+
     from vitpos.analysis.kept import Keep
+    from vitpos.analysis.probes import LinearProbe, position_labels
     from vitpos.data.base import DatasetInfo, TensorImageDataset
     from vitpos.experiments.common import capture_condition, condition_context
-    from vitpos.experiments.rope_heads import _z_means
+    from vitpos.experiments.rope_heads import _restore_stats
 
     s = tiny_own("rope-axial")
     g = torch.Generator().manual_seed(0)
@@ -282,14 +301,28 @@ def test_rope_heads_z_means_are_the_captured_means():
     info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
     data = TensorImageDataset(images, torch.zeros(5, dtype=torch.long), info, "test")
     x = next(iter(data.batches(5)))[0]
+    H, W = s.grid
+    probe = LinearProbe(H)
+    probe._set(torch.randn(s.width, H, generator=g), torch.randn(H, generator=g), torch.randn(s.width, generator=g),
+               torch.rand(s.width, generator=g) + 0.5)
+    probes = {1: SimpleNamespace(row_probe=probe)}
 
     npt = s.num_prefix_tokens
     ctx = condition_context(s, ("row",), 1)
     with ctx(), capture(s, [Site(1, "z")]) as c:
         plain = s(x)
-    want = c["blocks.1.z"][:, :, npt:].double().mean((0, 2)).float()
-    torch.testing.assert_close(_z_means(s, data, ctx, None, [1])[1], want)
+    z = c["blocks.1.z"][:, :, npt:]
+    want = z.double().mean((0, 2)).float()
+    shares = torch.einsum("bhnd,hdD->bhnD", z, s.head_projections(1))
+    logits = probe.logits(shares) - probe.logits(torch.zeros(s.width))
+    true = logits.gather(-1, position_labels(s.grid, "row").view(1, 1, -1, 1).expand(*logits.shape[:3], 1))[..., 0]
+    want_direct = (true - logits.mean(-1)).mean(-1)  # (images, heads)
+    stats = _restore_stats(s, data, ctx, None, [1], probes, ("row",))
+    torch.testing.assert_close(stats.z_means[1], want)
+    torch.testing.assert_close(stats.direct[:, 0].float(), want_direct, atol=1e-4, rtol=1e-4)
     *_, start = capture_condition(s, data, ctx, {Site(1, "resid_post"): Keep.whole(range(1))}, keep_pre=1)
-    torch.testing.assert_close(_z_means(s, data, ctx, start, [1])[1], want)
+    from_stream = _restore_stats(s, data, ctx, start, [1], probes, ("row",))
+    torch.testing.assert_close(from_stream.z_means[1], want)
+    torch.testing.assert_close(from_stream.direct, stats.direct)
     with ctx():
         assert torch.equal(s(x), plain)

@@ -283,6 +283,12 @@ class LinearProbe:
         ) if x.shape[0] else x.new_zeros(0, self.num_classes, dtype=torch.float32)
         return out.reshape(*features.shape[:-1], self.num_classes)
 
+    def direct_weight(self) -> torch.Tensor:
+        """(D, K) weights acting on raw features without the offset: logits are linear in the
+        features, so a component c of them (one head's output, say) moves the logits by
+        c @ direct_weight(): its direct effect on the probe."""
+        return _folded(*self._require_fitted(None))[0]
+
     def predict(self, features: torch.Tensor) -> torch.Tensor:
         """(...) predicted labels for (..., D) features."""
         return self.logits(features).argmax(-1)

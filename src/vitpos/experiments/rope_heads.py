@@ -25,7 +25,7 @@ import torch
 
 from vitpos import plots
 from vitpos.analysis.forward import predict
-from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.analysis.probes import DEFAULT_L2_GRID, position_labels
 from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
@@ -71,8 +71,13 @@ class RopeHeadsResult(Result):
     # cross-check (None in results written before it): the fall in Rec when the head's output
     # (blocks.L.z, patch tokens) is replaced by its mean under the restore condition
     mean_ablate_score: list[list[float | None]] | None = None
-    top_heads: dict[str, list[list[int]]] | None = None  # TOP_K heads by each score
-    top_heads_overlap: int | None = None  # heads in both top lists
+    top_heads: dict[str, list[list[int]]] | None = None  # TOP_K heads by each method
+    top_heads_overlap: int | None = None  # heads in both the rebuild and the mean_ablate top lists
+    # (iii) direct effect under the restore condition: the head's output through the output projection,
+    # read by the layer's clean axis probe (logit of the true coordinate minus the mean logit); None before R
+    direct_effect_score: list[list[float | None]] | None = None
+    direct_effect_ci95: list[list[list[float] | None]] | None = None  # bootstrap over the probe images
+    top_heads_agreement: dict[str, int] | None = None  # "a~b": heads in both methods' top lists
     top_heads_recovery_fraction: dict[str, float | None] | None = None  # fall in Rec / Rec, top heads jointly
     drop_points: list[list[float]]
     drop_ci95: list[list[list[float]]] | None = None  # [layer][head] -> [lo, hi] points
@@ -161,10 +166,10 @@ class HeadDrops(NamedTuple):
         return grid
 
 
-def _column_intervals(samples: torch.Tensor, level: float) -> list[list[float]]:
+def _column_intervals(samples: torch.Tensor, level: float, factor: float = 100.0) -> list[list[float]]:
     out = []
     for col in samples.T:
-        iv = scaled(percentile_interval(col, level), 100.0)
+        iv = scaled(percentile_interval(col, level), factor)
         assert iv is not None  # means of 0/1 values are finite
         out.append(iv)
     return out
@@ -261,21 +266,44 @@ def _mean_ablated(surface: ModelSurface, heads: Mapping[int, list[int]],
     return lambda: edit(surface, {Site(li, "z"): replace(li, list(hs)) for li, hs in heads.items()})
 
 
+class RestoreStats(NamedTuple):
+    """One pass of the probe images under the restore condition, over layers >= R."""
+
+    z_means: dict[int, torch.Tensor]  # per layer (heads, d): blocks.L.z over images and patch tokens
+    direct: torch.Tensor  # (images, layers, heads) per-image direct effect (logit units)
+
+
 @torch.no_grad()
-def _z_means(surface: ModelSurface, dataset, context: ContextFactory, start: Start | None,
-             layers: list[int]) -> dict[int, torch.Tensor]:
-    """Mean of blocks.L.z over images and patch tokens, (heads, d) per layer, under a condition
-    (from its stream at `start` when given): running sums, nothing per image is kept."""
+def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, start: Start | None,
+                   layers: list[int], probes: Mapping[int, Any], axes: tuple[Axis, ...]) -> RestoreStats:
+    """Mean of blocks.L.z over images and patch tokens per layer (running sums), and each head's
+    direct effect: its output through its slice of the output projection (`head_projections`),
+    read by the layer's clean axis probe (`direct_weight`: the probe's logits are linear in the
+    residual stream, which is a sum of such outputs) as the logit of the true row (col) minus the
+    mean logit, averaged over patch tokens and `axes`; per image. From the condition's stream at
+    `start` when given."""
     npt = surface.num_prefix_tokens
     sums: dict[int, torch.Tensor] = {}
     count = [0]
+    labels = {a: position_labels(surface.grid, a) for a in axes}
+    # per layer and axis (h, d, K): the head's projection slice times the probe's raw weights
+    read = {li: {a: torch.einsum("hdD,DK->hdK", surface.head_projections(li).float().cpu(),
+                                 getattr(probes[li], f"{a}_probe").direct_weight()) for a in axes} for li in layers}
+    direct: dict[int, list[torch.Tensor]] = {li: [] for li in layers}
 
     def add(li: int):
         def fn(z: torch.Tensor) -> None:
-            part = z[:, :, npt:].double().sum((0, 2)).cpu()
+            zp = z[:, :, npt:].float().cpu()  # (B, h, N, d)
+            part = zp.double().sum((0, 2))
             sums[li] = sums[li] + part if li in sums else part
             if li == layers[0]:
-                count[0] += z.shape[0] * (z.shape[2] - npt)
+                count[0] += z.shape[0] * zp.shape[2]
+            effect = torch.zeros(zp.shape[0], zp.shape[1], dtype=torch.float64)
+            for a in axes:
+                logits = torch.einsum("bhnd,hdk->bhnk", zp, read[li][a]).double()
+                true = logits.gather(-1, labels[a].view(1, 1, -1, 1).expand(*logits.shape[:3], 1)).squeeze(-1)
+                effect += (true - logits.mean(-1)).mean(-1)
+            direct[li].append(effect / len(axes))
         return fn
 
     sites = {Site(li, "z"): add(li) for li in layers}
@@ -288,7 +316,8 @@ def _z_means(surface: ModelSurface, dataset, context: ContextFactory, start: Sta
         with observe(surface, sites):
             for t, _ in start.batches(BATCH):
                 surface.forward_from(start.layer, t.to(dev))
-    return {li: (sums[li] / count[0]).float() for li in layers}
+    means = {li: (sums[li] / count[0]).float() for li in layers}
+    return RestoreStats(means, torch.stack([torch.cat(direct[li]) for li in layers], dim=1))
 
 
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
@@ -336,7 +365,9 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         mean_abl: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         start_r = restored_fit.pop("start", None)
-        means = _z_means(surface, probe_set, condition_context(surface, axes, R), start_r, later)
+        stats = _restore_stats(surface, probe_set, condition_context(surface, axes, R), start_r, later, base_probes,
+                               axes)
+        means = stats.z_means
 
         def fall(intervention: ContextFactory, at: Start | None) -> float:
             """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
@@ -359,12 +390,20 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
         k = min(TOP_K, len(later) * Hh)
-        top = {"rebuild": _top(rebuild, k), "mean_ablate": _top(mean_abl, k)}
+        direct_mean = stats.direct.mean(0)  # (later layers, heads)
+        direct: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        direct_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
+        cis = _column_intervals(bootstrap_means(stats.direct.reshape(len(stats.direct), -1)), LEVEL, factor=1.0)
+        for i, li in enumerate(later):
+            direct[li] = [float(v) for v in direct_mean[i]]
+            direct_ci[li] = list(cis[i * Hh:(i + 1) * Hh])
+        top = {"rebuild": _top(rebuild, k), "mean_ablate": _top(mean_abl, k), "direct_effect": _top(direct, k)}
         explained: dict[str, float | None] = {}
         for method, heads in top.items():
             by_layer: dict[int, list[int]] = {}
             for li, h in heads:
                 by_layer.setdefault(li, []).append(h)
+            # rotation-removal heads lose their rotations, the others their output (mean-ablated)
             make = _rotations_off(surface, by_layer, axes) if method == "rebuild" else _mean_ablated(
                 surface, by_layer, means)
             lost = fall(make, start_r)
@@ -390,6 +429,9 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "drop_ci95": measured.drop_intervals(),
         "mean_ablate_score": mean_abl, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},
         "top_heads_overlap": len(set(top["rebuild"]) & set(top["mean_ablate"])),
+        "direct_effect_score": direct, "direct_effect_ci95": direct_ci,
+        "top_heads_agreement": {f"{m1}~{m2}": len(set(top[m1]) & set(top[m2]))
+                                for i, m1 in enumerate(top) for m2 in list(top)[i + 1:]},
         "top_heads_recovery_fraction": explained,
         "primary_margin_ci95": None if primary is None else measured.margin_intervals(primary),
         "primary_rebuilding_head": None if primary is None else list(primary),
@@ -421,19 +463,19 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
     # clean / off / restored references
     probes = StagePlan.full(n_p, L, 3) + fits(len(later), len(DEFAULT_L2_GRID)) + fits(2 * len(later))
     if not shared_prefix:
-        # per later head two conditions (rotations off, output mean-ablated), plus the z means and
-        # the two joint top-k conditions, each a full forward fitting every later layer
+        # per later head two conditions (rotations off, output mean-ablated), plus the z means /
+        # direct effects and the three joint top-k conditions, each a full forward fitting every later layer
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
-                + StagePlan.full(n_p, L, 2 * len(later) * Hh + 3) + fits(2 * len(later) ** 2 * Hh + 2 * len(later))
+                + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
                 + StagePlan.full(n_t, L, 1 + L * Hh))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
     tails = sum(L - li for li in later)
-    # and the mean-ablation cross-check alike; the z means and the two joint top-k conditions run
+    # and the mean-ablation cross-check alike; the z means / direct effects and the three joint top-k conditions run
     # blocks >= R from the restore stream
-    rebuild = (StagePlan(blocks=n_p * ((L - 1 - R) + 2 * Hh * tails + 3 * (L - R))) + fits(2 * Hh * tails)
-               + fits(2 * len(later)))
+    rebuild = (StagePlan(blocks=n_p * ((L - 1 - R) + 2 * Hh * tails + 4 * (L - R))) + fits(2 * Hh * tails)
+               + fits(3 * len(later)))
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
     drops = StagePlan(forwards=n_t, blocks=n_t * (L + Hh * L * (L + 1) // 2))
     return attn + probes + rebuild + drops

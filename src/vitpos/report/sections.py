@@ -352,12 +352,18 @@ def _sec_heads(doc: dict) -> str:
     top = doc.get("top_heads")
     if isinstance(top, dict):
         frac = doc.get("top_heads_recovery_fraction") or {}
-        for method, label in (("rebuild", "rotations removed"), ("mean_ablate", "output mean-ablated")):
+        for method, label in (("rebuild", "by fall in recovery, rotations removed"),
+                              ("mean_ablate", "by fall in recovery, output mean-ablated"),
+                              ("direct_effect", "by direct effect on the axis probes (output mean-ablated together)")):
+            if method not in top:
+                continue
             heads = ", ".join(head_name(lh) for lh in top.get(method) or []) or "n/a"
-            pairs.append((f"top heads by fall in recovery, {label}",
-                          f"{heads} (together: {pct(frac.get(method))} of the recovery)"))
-        pairs.append(("heads in both top lists", f"{doc.get('top_heads_overlap', '?')} of "
-                                                 f"{len(top.get('rebuild') or [])}"))
+            pairs.append((f"top heads {label}", f"{heads} (together: {pct(frac.get(method))} of the recovery)"))
+        agree = doc.get("top_heads_agreement") or {"rebuild~mean_ablate": doc.get("top_heads_overlap", "?")}
+        k = len(top.get("rebuild") or [])
+        for pair, count in agree.items():
+            a, b = pair.split("~")
+            pairs.append((f"heads in both top lists: {a} and {b}", f"{count} of {k}"))
     return kv_table(pairs)
 
 

@@ -274,17 +274,20 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
                         "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None,
                         # cross-check, reported beside the rule: the same heads under mean-ablation?
                         "top_heads_overlap": rh.get("top_heads_overlap") if rh else None,
-                        "primary_tops_mean_ablation": _first_under_mean_ablation(rh, prim)},
+                        "primary_tops_mean_ablation": _first_under(rh, prim, "mean_ablate"),
+                        # and by its direct effect on the axis probes (iii); every pair of methods' top heads
+                        "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
+                        "top_heads_agreement": rh.get("top_heads_agreement") if rh else None},
             "text": f"{spec}: median recovery row {_f(rec['row'])}, col {_f(rec['col'])}; primary rebuilding head "
                     f"{_head(prim)} axis index {_f(S)}"}
 
 
-def _first_under_mean_ablation(rh: dict | None, prim: list[int] | None) -> bool | None:
-    """Whether the primary rebuilding head also tops the mean-ablation ranking (None: not measured)."""
+def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:
+    """Whether the primary rebuilding head also tops another method's ranking (None: not measured)."""
     top = (rh or {}).get("top_heads")
-    if prim is None or not top or not top.get("mean_ablate"):
+    if prim is None or not top or not top.get(method):
         return None
-    return list(prim) == list(top["mean_ablate"][0])
+    return list(prim) == list(top[method][0])
 
 
 def _head(lh: list[int] | None) -> str:
