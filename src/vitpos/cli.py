@@ -464,6 +464,8 @@ def run(
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
     seed: int | None = typer.Option(None, "--seed"),
+    model_seeds: int | None = typer.Option(None, "--model-seeds", help="shipped shapes models per encoding: training "
+                                           "seeds 0..N-1, N in 1..3 (default 3; 1 under --quick)"),
     progress: bool = ProgressOpt,
     plan: bool = typer.Option(False, "--plan", help="print what the run would compute per model and stage (image "
                               "forwards, block evaluations, probe fits, estimated time) and exit; writes nothing"),
@@ -474,7 +476,7 @@ def run(
     from vitpos.study.run import run_study
 
     overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
-                 "seed": seed, "pretrained": pretrained or None}
+                 "seed": seed, "pretrained": pretrained or None, "model_seeds": model_seeds}
     cfg = load_config(config, overrides, quick)
     if plan:
         _print_plan(out, cfg, quick, force)

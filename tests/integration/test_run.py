@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
+import vitpos
 from vitpos.errors import VitposError
 from vitpos.study.config import RunConfig, load_config
 from vitpos.study.run import run_study
@@ -143,3 +145,25 @@ def test_imagefolder_fingerprint_follows_the_files(tmp_path):
     assert data_fingerprint(spec) == first and data_fingerprint("shapes") == ""
     (tmp_path / "dog" / "1.png").unlink()
     assert data_fingerprint(spec) != first  # a deleted image changes the cache key
+
+
+def test_default_models_are_every_shipped_seed_and_quick_is_seed_0():
+    """The full run studies 3 training seeds of each shapes encoding, each a shipped checkpoint
+    with its metrics; --quick, or --model-seeds 1, keeps seed 0; more seeds than shipped is refused."""
+    from vitpos.models import load_model
+    from vitpos.study.run import _models_for
+
+    full = [m for m, _ in _models_for(load_config(None, {}, quick=False))]
+    assert len(full) == 12 and len(set(full)) == 12
+    assert [m for m, _ in _models_for(load_config(None, {}, quick=True))] == full[:4] == [
+        "builtin:ape", "builtin:rope-axial", "builtin:rope-mixed", "builtin:none"]
+    assert [m for m, _ in _models_for(load_config(None, {"model_seeds": 2}, quick=False))] == full[:8]
+    assert full[4:8] == [m + "-seed1" for m in full[:4]]
+    for spec in full:
+        s = load_model(spec)
+        assert s.scheme in ("ape", "rope", "none"), spec
+        metrics = json.loads((Path(vitpos.__file__).parent / "models" / "builtin" / spec.split(":")[1] /
+                              "metrics.json").read_text())
+        assert metrics["seed"] == (int(spec[-1]) if "-seed" in spec else 0) and metrics["test_top1"] > 0.2
+    with pytest.raises(VitposError, match="model_seeds"):
+        load_config(None, {"model_seeds": 4}, quick=False)

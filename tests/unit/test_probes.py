@@ -260,3 +260,18 @@ def test_direct_weight_is_the_logit_change_of_an_added_component():
     probe = LinearProbe(3).fit(x, y)
     c = torch.randn(200, 6, generator=g)
     torch.testing.assert_close(probe.logits(x + c) - probe.logits(x), c @ probe.direct_weight(), atol=1e-4, rtol=1e-4)
+
+
+def test_probe_accuracy_intervals_resample_test_images(row_only):
+    """Per-image accuracies average to the reported accuracy exactly; the interval holds it, is
+    narrow where every image is decoded and wide around chance for the column (no code)."""
+    _, _, r = row_only
+    for axis in ("row", "col"):
+        per_image = r.per_image_acc(axis)
+        assert per_image.shape == (r.n_test_images,)
+        assert float(per_image.mean()) == pytest.approx(getattr(r, f"{axis}_acc"), abs=1e-12)
+        lo, hi = r.acc_ci95(axis)
+        assert lo <= getattr(r, f"{axis}_acc") <= hi
+    assert r.to_dict()["row_acc_ci95"] == r.acc_ci95("row")
+    col_lo, col_hi = r.acc_ci95("col")
+    assert col_lo < r.chance_col + 0.1 and col_hi - col_lo > 0.01

@@ -168,7 +168,10 @@ def test_the_conditions_are_what_they_claim():
     for a in ("row", "col"):
         clean, off = conds["baseline"][f"{a}_acc"], conds[f"no_{a}"][f"{a}_acc"]
         for key, cond in (("open", f"restore_{a}_R{R}"), ("blocked", f"restore_{a}_R{R}_block")):
-            assert doc["recovery"][a][key] == recovery(clean, off, conds[cond][f"{a}_acc"], R, doc["layers"])
+            got = dict(doc["recovery"][a][key])
+            ci = got.pop("mean_rec_ci95")
+            assert got == recovery(clean, off, conds[cond][f"{a}_acc"], R, doc["layers"])
+            assert (ci is None) if got["mean_rec"] is None else ci[0] - 1e-9 <= got["mean_rec"] <= ci[1] + 1e-9
 
 
 def _leaves(doc, path: str = ""):

@@ -148,6 +148,13 @@ def test_rope_axis_shared_prefix_equals_the_old_path(which):
         assert not diffs, diffs[:10]
         accs = [a for c in new["conditions"].values() for a in c["row_acc"] + c["col_acc"]]
         assert max(accs) - min(accs) > 0.2  # the conditions differ: the comparison has teeth
+        for c in new["conditions"].values():  # every retrained accuracy inside its interval
+            for a in ("row", "col"):
+                for acc, (lo, hi) in zip(c[f"{a}_acc"], c[f"{a}_acc_ci95"], strict=True):
+                    assert lo - 1e-9 <= acc <= hi + 1e-9
+        recs = [r for per_axis in new["recovery"].values() for r in per_axis.values() if r["mean_rec"] is not None]
+        assert recs and all(r["mean_rec_ci95"][0] - 1e-9 <= r["mean_rec"] <= r["mean_rec_ci95"][1] + 1e-9
+                            for r in recs)
 
 
 @pytest.mark.parametrize("which", ROPE_MODELS)
@@ -174,6 +181,12 @@ def test_rope_heads_shared_prefix_equals_the_old_path(which):
         assert set(new["top_heads_agreement"]) == {"rebuild~mean_ablate", "rebuild~direct_effect",
                                                    "mean_ablate~direct_effect"}
         assert new["top_heads_agreement"]["rebuild~mean_ablate"] == new["top_heads_overlap"]
+        lo, hi = new["recovery_restore_ci95"]
+        assert lo - 1e-9 <= new["recovery_restore"] <= hi + 1e-9
+        for key in ("rebuild_score", "mean_ablate_score"):  # paired intervals around each head's fall
+            for row, cis in zip(new[key], new[f"{key}_ci95"], strict=True):
+                for v, ci in zip(row, cis, strict=True):
+                    assert (ci is None) if v is None else ci[0] - 1e-9 <= v <= ci[1] + 1e-9
 
 
 def test_differences_sees_a_changed_number():

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from vitpos.analysis.stats import bootstrap_mean_interval
 from vitpos.errors import VitposError
 
 if TYPE_CHECKING:  # annotations only: vitpos.analysis.probes imports this module
@@ -39,12 +42,28 @@ class ProbeResult:
     col_probe: LinearProbe = field(repr=False)
     row_control_probe: LinearProbe | None = field(default=None, repr=False)
     col_control_probe: LinearProbe | None = field(default=None, repr=False)
+    # per test image (test_image_ids order), patches each probe labels correctly: what intervals resample
+    test_correct: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def per_image_acc(self, target: str) -> torch.Tensor | None:
+        """(test images,) float64 accuracy of the row or col probe on each test image (None if unknown)."""
+        if self.test_correct is None:
+            return None
+        return self.test_correct[target].double() / (self.grid[0] * self.grid[1])
+
+    def acc_ci95(self, target: str) -> list[float] | None:
+        """Bootstrap interval over test images of the row or col probe's accuracy (patches of one
+        image are not independent draws: the image is the unit resampled)."""
+        acc = self.per_image_acc(target)
+        return None if acc is None or acc.numel() == 0 else bootstrap_mean_interval(acc)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able metrics (no probes, no image id lists)."""
         return {
             "row_acc": self.row_acc,
             "col_acc": self.col_acc,
+            "row_acc_ci95": self.acc_ci95("row"),
+            "col_acc_ci95": self.acc_ci95("col"),
             "row_control_acc": self.row_control_acc,
             "col_control_acc": self.col_control_acc,
             "row_selectivity": self.row_selectivity,

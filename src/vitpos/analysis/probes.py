@@ -334,6 +334,33 @@ class LinearProbe:
 
 
 @torch.no_grad()
+def _head_correct(
+    features: torch.Tensor,
+    images: torch.Tensor,
+    heads: list[tuple[torch.Tensor, torch.Tensor]],
+    labels: list[torch.Tensor],
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """(images, heads) int64: patches of each image each head labels correctly, streaming images
+    to bound memory."""
+    folded = [_folded(w, b, mean, std) for w, b in heads]
+    w = torch.cat([f[0] for f in folded], 1)
+    b = torch.cat([f[1] for f in folded])
+    sizes = [f[1].numel() for f in folded]
+    num_patches = features.shape[1]
+    labels = [y.to(device) for y in labels]
+    parts = []
+    per_chunk = max(1, _EVAL_CHUNK_TOKENS // num_patches)
+    for i in range(0, images.numel(), per_chunk):
+        x = features[images[i : i + per_chunk]].to(device, torch.float32)
+        logits = torch.addmm(b, x.reshape(-1, x.shape[-1]), w).reshape(x.shape[0], num_patches, -1)
+        parts.append(torch.stack([(part.argmax(-1) == labels[h]).sum(-1).cpu()
+                                  for h, part in enumerate(logits.split(sizes, -1))], dim=1))
+    return torch.cat(parts) if parts else torch.zeros(0, len(heads), dtype=torch.long)
+
+
 def _head_accuracies(
     features: torch.Tensor,
     images: torch.Tensor,
@@ -343,21 +370,9 @@ def _head_accuracies(
     std: torch.Tensor,
     device: torch.device,
 ) -> list[float]:
-    """Accuracy of each head on all tokens of `images`, streaming images to bound memory."""
-    folded = [_folded(w, b, mean, std) for w, b in heads]
-    w = torch.cat([f[0] for f in folded], 1)
-    b = torch.cat([f[1] for f in folded])
-    sizes = [f[1].numel() for f in folded]
-    num_patches = features.shape[1]
-    labels = [y.to(device) for y in labels]
-    correct = torch.zeros(len(heads), dtype=torch.float64)
-    per_chunk = max(1, _EVAL_CHUNK_TOKENS // num_patches)
-    for i in range(0, images.numel(), per_chunk):
-        x = features[images[i : i + per_chunk]].to(device, torch.float32)
-        logits = torch.addmm(b, x.reshape(-1, x.shape[-1]), w).reshape(x.shape[0], num_patches, -1)
-        for h, part in enumerate(logits.split(sizes, -1)):
-            correct[h] += (part.argmax(-1) == labels[h]).sum().item()
-    return (correct / (images.numel() * num_patches)).tolist()
+    """Accuracy of each head on all tokens of `images`."""
+    correct = _head_correct(features, images, heads, labels, mean, std, device)
+    return (correct.sum(0).double() / (images.numel() * features.shape[1])).tolist()
 
 
 
@@ -562,7 +577,9 @@ def fit_probe_tokens(
         xs_train, [y.to(dev)[patch_dev] for y in labels], sizes, l2s, init, max_iter=max_iter, tol=tol
     )
     del xs_train
-    test_acc = dict(zip(names, _head_accuracies(tokens.test, test_rows, final, labels, mean, std, dev), strict=True))
+    test_correct = _head_correct(tokens.test, test_rows, final, labels, mean, std, dev)  # (test images, heads)
+    accs = (test_correct.sum(0).double() / (test_rows.numel() * n_patch)).tolist()
+    test_acc = dict(zip(names, accs, strict=True))
 
     probes = {}
     for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s, strict=True):
@@ -599,6 +616,7 @@ def fit_probe_tokens(
         col_probe=probes["col"],
         row_control_probe=probes.get("row_control"),
         col_control_probe=probes.get("col_control"),
+        test_correct={"row": test_correct[:, 0], "col": test_correct[:, 1]},
     )
 
 

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+from pydantic import BaseModel
 
 from vitpos.analysis.forward import accuracy_report, forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
+from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -174,7 +176,7 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     keep = {Site(layer, "resid_post"): Keep.probe(sample, base_test(layer)) for layer in fitted}
     kept, labels, logits, kept_start = capture_condition(surface, dataset, context, keep, start=start,
                                                          keep_pre=keep_pre, batch_size=batch_size)
-    keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")
+    keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe", "row_acc_ci95", "col_acc_ci95")
     doc: dict = {k: [] for k in keys}
     probes = {}
     with kept:
@@ -196,6 +198,8 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
             probes[layer] = res
             doc["row_acc"].append(res.row_acc)
             doc["col_acc"].append(res.col_acc)
+            doc["row_acc_ci95"].append(res.acc_ci95("row"))
+            doc["col_acc_ci95"].append(res.acc_ci95("col"))
             test = base_test(layer)
             if base_probes is not None and test is not None:
                 feats = whole[rows_in(rows, test)]
@@ -222,6 +226,53 @@ def recovery(clean: list[float], off: list[float], restored: list[float], R: int
         rec.append(None if layer < R or gap < MIN_GAP else (restored[i] - off[i]) / gap)
     vals = [r for r in rec if r is not None]
     return {"layers": layers, "rec": rec, "mean_rec": (sum(vals) / len(vals)) if vals else None}
+
+
+class ProbedCondition(BaseModel):
+    """Probe accuracies per layer (retrained and clean-probe) and top-1 under one condition; the
+    retrained accuracies with a bootstrap interval over the probes' test images (None in results
+    written before the intervals)."""
+
+    row_acc: list[float]
+    col_acc: list[float]
+    row_acc_orig_probe: list[float]
+    col_acc_orig_probe: list[float]
+    row_acc_ci95: list[list[float] | None] | None = None
+    col_acc_ci95: list[list[float] | None] | None = None
+    top1: float
+    per_group: dict[str, float]
+    axis: str | None  # row | col | both removed; None: rotations intact
+    restore_from: int | None  # first layer whose rotations come back; None: removed everywhere (or never)
+
+
+class Recovery(BaseModel):
+    layers: list[int]
+    rec: list[float | None]  # per layer; None before R or where nothing was removed
+    mean_rec: float | None
+    # paired bootstrap over the probes' test images (the same images under every condition)
+    mean_rec_ci95: list[float] | None = None
+
+
+def recovery_samples(clean: Mapping[int, Any], off: Mapping[int, Any], restored: Mapping[int, Any], axis: str,
+                     rec: Mapping[str, Any]) -> torch.Tensor | None:
+    """(n_boot,) bootstrap samples of `rec`'s mean Rec for one axis, over the layers its point
+    estimate averages, resampling the probes' test images: every condition's probes are tested on
+    the same images (one probe sample per seed), and bootstrap_means draws the same resamples for
+    the same number of images, so samples of two conditions are paired. None without per-image
+    accuracies or without a layer to average."""
+    used = [layer for layer, r in zip(rec["layers"], rec["rec"], strict=True) if r is not None]
+    if not used:
+        return None
+    cols = [probes[layer].per_image_acc(axis) for layer in used for probes in (clean, off, restored)]
+    if any(c is None for c in cols):
+        return None
+    boot = bootstrap_means(torch.stack(cols, dim=1)).reshape(-1, len(used), 3)  # (n_boot, layers, [c, o, r])
+    c, o, r = boot.unbind(-1)
+    return ((r - o) / (c - o)).mean(-1)
+
+
+def sample_interval(samples: torch.Tensor | None) -> list[float] | None:
+    return None if samples is None else percentile_interval(samples)
 
 
 def sae_edit(surface: ModelSurface, sae, fn):

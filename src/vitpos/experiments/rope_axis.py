@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
@@ -25,34 +23,21 @@ from vitpos.experiments.common import (
     BATCH,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
+    ProbedCondition,
+    Recovery,
     advance,
     check_restore_points,
     condition_context,
     probe_condition,
     recovery,
+    recovery_samples,
     require_rope,
+    sample_interval,
 )
 from vitpos.models.surface import AXES, Axis, ModelSurface
 from vitpos.progress import progress_bar
 
-
-class Condition(BaseModel):
-    """Probe accuracies per layer (retrained and clean-probe) and top-1 under one condition."""
-
-    row_acc: list[float]
-    col_acc: list[float]
-    row_acc_orig_probe: list[float]
-    col_acc_orig_probe: list[float]
-    top1: float
-    per_group: dict[str, float]
-    axis: str | None  # row | col | both; None for the baseline
-    restore_from: int | None
-
-
-class Recovery(BaseModel):
-    layers: list[int]
-    rec: list[float | None]  # per layer; None before R or where nothing was removed
-    mean_rec: float | None
+Condition = ProbedCondition  # (the name results and plots know it by)
 
 
 class RopeAxisResult(Result):
@@ -89,11 +74,13 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if shared_prefix:  # each axis' restore conditions right after their no_<axis>: one stored stream at a time
         plan = [p for a in AXES for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
     done: dict[str, dict] = {}
+    fitted: dict[str, dict] = {}  # condition -> {layer: ProbeResult}: per-image accuracies for the intervals
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)
         base = probe_condition(surface, dataset, None, seed=seed, batch_size=batch_size)
         base_probes = base["probes"]
         done["baseline"] = {**base["doc"], "axis": None, "restore_from": None}
+        fitted["baseline"] = base_probes
         bar.update(task, advance=1)
         no_axis: dict[str, dict] = {}  # axis -> no_<axis>'s probe_condition result, with its stream at min(Rs)
         for name, axes, R in plan:
@@ -114,6 +101,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
                 res = probe_condition(surface, dataset, None, base_probes, seed=seed, start=start, reuse=no_axis[axis],
                                       batch_size=batch_size)
             done[name] = {**res["doc"], "axis": axis, "restore_from": R}
+            fitted[name] = res["probes"]
             bar.update(task, advance=1, description=f"rope-axis {name}")
     no_axis.clear()
     conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
@@ -122,7 +110,10 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         clean = conditions["baseline"][f"{a}_acc"]
         off = conditions[f"no_{a}"][f"{a}_acc"]
         for R in Rs:
-            rec[a][str(R)] = recovery(clean, off, conditions[f"restore_{a}_R{R}"][f"{a}_acc"], R, layers)
+            r = recovery(clean, off, conditions[f"restore_{a}_R{R}"][f"{a}_acc"], R, layers)
+            r["mean_rec_ci95"] = sample_interval(recovery_samples(
+                fitted["baseline"], fitted[f"no_{a}"], fitted[f"restore_{a}_R{R}"], a, r))
+            rec[a][str(R)] = r
     H, W = surface.grid
     result = RopeAxisResult.model_validate({
         "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",

@@ -41,7 +41,9 @@ from vitpos.experiments.common import (
     condition_context,
     probe_condition,
     recovery,
+    recovery_samples,
     require_rope,
+    sample_interval,
 )
 from vitpos.hooks import capture, edit, observe, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -68,6 +70,10 @@ class RopeHeadsResult(Result):
     axis_index: list[list[float]]
     kl: dict[str, list[list[float]]]
     rebuild_score: list[list[float | None]]  # None for heads in layers < R
+    # paired bootstrap over the probes' test images (None in results written before the intervals)
+    recovery_restore_ci95: list[float] | None = None
+    rebuild_score_ci95: list[list[list[float] | None]] | None = None
+    mean_ablate_score_ci95: list[list[list[float] | None]] | None = None
     # cross-check (None in results written before it): the fall in Rec when the head's output
     # (blocks.L.z, patch tokens) is replaced by its mean under the restore condition
     mean_ablate_score: list[list[float | None]] | None = None
@@ -349,44 +355,56 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
         clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
         clean, base_probes = clean_fit["doc"], clean_fit["probes"]
-        off = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed,
-                              layers=later)["doc"]
+        off_fit = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed,
+                                  layers=later)
+        off = off_fit["doc"]
         restored_fit = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
                                        layers=later, keep_pre=R if shared_prefix else None)
-        restored = restored_fit["doc"]
         bar.update(task, advance=1)
 
-        def mean_rec(doc) -> float:
-            vals = [recovery(clean[f"{a}_acc"], off[f"{a}_acc"], doc[f"{a}_acc"], R, later)["mean_rec"] for a in axes]
-            vals = [v for v in vals if v is not None]
-            return sum(vals) / len(vals) if vals else float("nan")
+        def mean_rec(fit: Mapping[str, Any]) -> tuple[float, torch.Tensor | None]:
+            """Mean Rec over the axes with one, and its bootstrap samples (paired across conditions)."""
+            vals, samples = [], []
+            for a in axes:
+                r = recovery(clean[f"{a}_acc"], off[f"{a}_acc"], fit["doc"][f"{a}_acc"], R, later)
+                if r["mean_rec"] is not None:
+                    vals.append(r["mean_rec"])
+                    samples.append(recovery_samples(clean_fit["probes"], off_fit["probes"], fit["probes"], a, r))
+            paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
+            return (sum(vals) / len(vals) if vals else float("nan")), paired
 
-        rec_restore = mean_rec(restored)
+        rec_restore, rec_restore_samples = mean_rec(restored_fit)
         rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         mean_abl: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        rebuild_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
+        mean_abl_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
         start_r = restored_fit.pop("start", None)
         stats = _restore_stats(surface, probe_set, condition_context(surface, axes, R), start_r, later, base_probes,
                                axes)
         means = stats.z_means
 
-        def fall(intervention: ContextFactory, at: Start | None) -> float:
+        def fall(intervention: ContextFactory, at: Start | None) -> tuple[float, list[float] | None]:
             """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
-            condition: from a restore stream at or before its first hooked block, or from the input."""
+            condition: from a restore stream at or before its first hooked block, or from the input;
+            with its paired bootstrap interval."""
             if at is None:
                 context = _stacked(condition_context(surface, axes, R), intervention)
-                doc = probe_condition(surface, probe_set, context, base_probes, seed=seed, layers=later)["doc"]
+                fit = probe_condition(surface, probe_set, context, base_probes, seed=seed, layers=later)
             else:
-                doc = probe_condition(surface, probe_set, intervention, base_probes, seed=seed, layers=later,
-                                      start=at, reuse=restored_fit)["doc"]
-            return rec_restore - mean_rec(doc)
+                fit = probe_condition(surface, probe_set, intervention, base_probes, seed=seed, layers=later,
+                                      start=at, reuse=restored_fit)
+            value, samples = mean_rec(fit)
+            if rec_restore_samples is None or samples is None:
+                return rec_restore - value, None
+            return rec_restore - value, sample_interval(rec_restore_samples - samples)
 
         start = start_r
         for li in later:
             if start is not None and li > start.layer:  # the restore condition has no hooks from R on
                 start = advance(surface, start, li)
             for h in range(Hh):
-                rebuild[li][h] = fall(_rotations_off(surface, {li: [h]}, axes), start)
-                mean_abl[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)
+                rebuild[li][h], rebuild_ci[li][h] = fall(_rotations_off(surface, {li: [h]}, axes), start)
+                mean_abl[li][h], mean_abl_ci[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
         k = min(TOP_K, len(later) * Hh)
@@ -406,7 +424,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             # rotation-removal heads lose their rotations, the others their output (mean-ablated)
             make = _rotations_off(surface, by_layer, axes) if method == "rebuild" else _mean_ablated(
                 surface, by_layer, means)
-            lost = fall(make, start_r)
+            lost, _ = fall(make, start_r)
             explained[method] = lost / rec_restore if rec_restore > 0 else None  # no recovery: nothing to explain
         bar.update(task, advance=1, description="rope-heads: top heads jointly")
         del start_r
@@ -425,6 +443,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "restore_from": R, "baseline_top1": base_top1, "baseline_top1_ci95": accuracy_interval(measured.clean),
         "n_top1_images": len(top1_set),
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
+        "recovery_restore_ci95": sample_interval(rec_restore_samples),
+        "rebuild_score_ci95": rebuild_ci, "mean_ablate_score_ci95": mean_abl_ci,
         "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "drop_ci95": measured.drop_intervals(),
         "mean_ablate_score": mean_abl, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},

@@ -42,36 +42,24 @@ from vitpos.experiments.common import (
     AXIS_SETS,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
+    ProbedCondition,
+    Recovery,
     advance,
     check_restore_points,
     condition_context,
     probe_condition,
     recovery,
+    recovery_samples,
     require_rope,
+    sample_interval,
 )
 from vitpos.hooks import block_prefix, observe
 from vitpos.models.surface import AXES, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 
-class Condition(BaseModel):
-    """Probe accuracies per layer (retrained and clean-probe) and top-1 under one condition."""
-
-    row_acc: list[float]
-    col_acc: list[float]
-    row_acc_orig_probe: list[float]
-    col_acc_orig_probe: list[float]
-    top1: float
-    per_group: dict[str, float]
-    axis: str | None  # row | col | both removed; None: rotations intact
-    restore_from: int | None  # first layer whose rotations come back; None: removed everywhere (or never)
+class Condition(ProbedCondition):
     prefix_blocked_from: int | None  # first layer whose patch queries cannot see the prefix; None: never
-
-
-class Recovery(BaseModel):
-    layers: list[int]
-    rec: list[float | None]  # per layer; None before R or where nothing was removed
-    mean_rec: float | None
 
 
 class PrefixRecovery(BaseModel):
@@ -184,6 +172,7 @@ def run_rope_prefix(surface: ModelSurface, data: str = "shapes", n_images: int =
     attn_set = dataset_for(surface, data, split, limit=n_attn_images)
     plan = families(block_from, R)
     done: dict[str, dict] = {}
+    fitted: dict[str, dict] = {}  # condition -> {layer: ProbeResult}: per-image accuracies for the intervals
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-prefix", total=1 + sum(1 + len(kids) for _, kids in plan))
         mass = prefix_attention(surface, next(iter(attn_set.batches(len(attn_set))))[0])
@@ -196,6 +185,7 @@ def run_rope_prefix(surface: ModelSurface, data: str = "shapes", n_images: int =
             if base_probes is None:
                 base_probes = res["probes"]
             done[parent.name] = _doc(res, parent)
+            fitted[parent.name] = res["probes"]
             bar.update(task, advance=1, description=f"rope-prefix {parent.name}")
             for kid, k in sorted(kids, key=lambda x: x[1]):
                 if not starts or k == 0:
@@ -206,14 +196,19 @@ def run_rope_prefix(surface: ModelSurface, data: str = "shapes", n_images: int =
                     kid_res = probe_condition(surface, dataset, kid.context(surface), base_probes, seed=seed,
                                               start=res["start"], reuse=res)
                 done[kid.name] = _doc(kid_res, kid)
+                fitted[kid.name] = kid_res["probes"]
                 bar.update(task, advance=1, description=f"rope-prefix {kid.name}")
             res.pop("start", None)  # free the stream before the next family
     conditions = {s.name: done[s.name] for parent, kids in plan for s in (parent, *(k for k, _ in kids))}
     rec = {}
     for a in AXES:
         clean, off = conditions["baseline"][f"{a}_acc"], conditions[f"no_{a}"][f"{a}_acc"]
-        rec[a] = {"open": recovery(clean, off, conditions[f"restore_{a}_R{R}"][f"{a}_acc"], R, layers),
-                  "blocked": recovery(clean, off, conditions[f"restore_{a}_R{R}_block"][f"{a}_acc"], R, layers)}
+        rec[a] = {}
+        for key, name in (("open", f"restore_{a}_R{R}"), ("blocked", f"restore_{a}_R{R}_block")):
+            r = recovery(clean, off, conditions[name][f"{a}_acc"], R, layers)
+            r["mean_rec_ci95"] = sample_interval(recovery_samples(fitted["baseline"], fitted[f"no_{a}"], fitted[name],
+                                                                  a, r))
+            rec[a][key] = r
     H, W = surface.grid
     result = RopePrefixResult.model_validate({
         "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",

@@ -311,7 +311,8 @@ class ModelSurface:
         """(h, d, D): each head's slice of the attention's output projection, as the `blocks.L.z`
         site feeds it: head i's share of `attn_out` is z[:, i] @ P[i]; the shares and the
         projection's bias add up to `attn_out`."""
-        weight = self.attention(layer).get_submodule("proj").weight.detach()  # (D, h * d)
+        proj = self.attention(layer).get_submodule("proj")
+        weight = torch.as_tensor(proj.weight).detach()  # (D, h * d)
         D, hd = weight.shape
         return weight.T.reshape(self.num_heads, hd // self.num_heads, D)
 

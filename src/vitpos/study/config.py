@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vitpos.errors import VitposError
 
-SHAPES_MODELS = ["builtin:ape", "builtin:rope-axial", "builtin:rope-mixed", "builtin:none"]
+SHAPES_ENCODINGS = ["ape", "rope-axial", "rope-mixed", "none"]
+SHAPES_SEEDS = 3  # shipped training seeds per encoding: builtin:<pe> (seed 0), builtin:<pe>-seed1, -seed2
+SHAPES_MODELS = [f"builtin:{pe}" for pe in SHAPES_ENCODINGS]  # seed 0 of each encoding
+
+
+def shapes_models(seeds: int) -> list[str]:
+    """The shipped shapes checkpoints of the first `seeds` training seeds, seed by seed."""
+    return [f"builtin:{pe}" + (f"-seed{k}" if k else "") for k in range(seeds) for pe in SHAPES_ENCODINGS]
+
+
 FASHION_MODELS = ["builtin:fashion-ape", "builtin:fashion-rope-axial", "builtin:fashion-rope-mixed",
                   "builtin:fashion-none"]
 
@@ -72,6 +81,8 @@ class RunConfig(_Strict):
     models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
     data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
     seed: int = Field(default=0, ge=0)
+    model_seeds: int = Field(default=SHAPES_SEEDS, ge=1, le=SHAPES_SEEDS,
+                             description="shipped shapes models per encoding (seeds 0..n-1) when models is None")
     eval_images: int | None = Field(default=None, ge=1, description="None = the whole test split")
     pretrained: bool = False
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
@@ -86,6 +97,7 @@ class RunConfig(_Strict):
 
 
 QUICK = {
+    "model_seeds": 1,  # seed 0 of each encoding
     "eval_images": 500,
     "head": {"images": 400},
     "probe": {"images": 200},

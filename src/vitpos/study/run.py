@@ -33,7 +33,7 @@ from vitpos.models.head import Head, check_head
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import summarise
-from vitpos.study.config import FASHION_MODELS, SHAPES_MODELS, RunConfig
+from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
@@ -45,7 +45,7 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
     pairs = []
     for d in cfg.data:
         if d == "shapes":
-            pairs += [(m, d) for m in SHAPES_MODELS]
+            pairs += [(m, d) for m in shapes_models(cfg.model_seeds)]
         elif d == "fashion":
             pairs += [(m, d) for m in FASHION_MODELS]
         else:
