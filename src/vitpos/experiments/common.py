@@ -12,7 +12,7 @@ import torch
 
 from vitpos.analysis.forward import accuracy_report, forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
-from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
+from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, position_labels, probe_sample, rows_in
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -141,8 +141,13 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
-                    keep_pre: int | None = None, batch_size: int = BATCH) -> dict:
+                    keep_pre: int | None = None, batch_size: int = BATCH, per_image: bool = False) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
+
+    result["correct"]: per-image top-1 correctness (n,), in dataset order. per_image: also
+    result["per_image"][layer] = {"row": (n_test,), "col": ...}, each probe test image's share of
+    tokens the retrained probe gets right, in the split's test order (the same images for every
+    condition on the same data and seed): paired intervals of accuracy differences.
 
     With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
     chosen L2 strengths instead of searching the grid again: same probe family, far cheaper.
@@ -177,6 +182,7 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")
     doc: dict = {k: [] for k in keys}
     probes = {}
+    images: dict[int, dict[str, torch.Tensor]] = {}
     with kept:
         for i, layer in enumerate(layers):
             if layer < first:
@@ -184,6 +190,8 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
                 for k in keys:
                     doc[k].append(reuse["doc"][k][i])
                 probes[layer] = reuse["probes"][layer]
+                if per_image:
+                    images[layer] = reuse["per_image"][layer]
                 continue
             site = Site(layer, "resid_post")
             rows = keep[site].images
@@ -191,9 +199,13 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
             kw = {}
             if base_probes is not None and layer in base_probes:
                 kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
-            res = fit_probe_tokens(ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows), surface.grid,
-                                   control=False, **kw)
+            toks = ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows)
+            res = fit_probe_tokens(toks, surface.grid, control=False, **kw)
             probes[layer] = res
+            if per_image:
+                images[layer] = {a: (probe.predict(toks.test) == position_labels(surface.grid, a)).double().mean(-1)
+                                 for a, probe in (("row", res.row_probe), ("col", res.col_probe))}
+            del toks
             doc["row_acc"].append(res.row_acc)
             doc["col_acc"].append(res.col_acc)
             test = base_test(layer)
@@ -208,7 +220,9 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
     doc["top1"] = rep["top1"]
     doc["per_group"] = rep["per_group"]
-    out = {"doc": doc, "probes": probes, "layers": list(layers)}
+    out = {"doc": doc, "probes": probes, "layers": list(layers), "correct": logits.argmax(-1).cpu() == labels.cpu()}
+    if per_image:
+        out["per_image"] = images
     if kept_start is not None:
         out["start"] = kept_start
     return out
