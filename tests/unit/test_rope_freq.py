@@ -218,6 +218,7 @@ def test_the_conditions_are_what_they_claim():
     y = data.labels
     conds = doc["conditions"]
     base = conds["baseline"]
+    clean = s(x)
     for name, c in conds.items():
         if name == "baseline":
             continue
@@ -228,6 +229,7 @@ def test_the_conditions_are_what_they_claim():
             logits = s(x)
         with Spec(axis, index, tuple(win), 3).context(s)():
             assert torch.equal(s(x), logits), name
+        assert not torch.equal(logits, clean), name  # every condition does act on the model
         top1 = float((logits.argmax(-1) == y).float().mean())
         assert c["top1"] == pytest.approx(top1)
         assert c["top1_drop"] == pytest.approx(base["top1"] - top1)
