@@ -476,14 +476,14 @@ def rope_freq(
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_freq(surface, data=data, n_images=images, bands=bands, windows=wins, layers=probed, seed=seed,
                         out=out, progress=progress).to_json()
-    t = Table("condition", "top-1 drop", f"fall of the axis' probe at layer {doc['layers'][-1]}", "share")
+    t = Table("condition", "top-1 drop (pts)", f"fall of the axis' probe at layer {doc['layers'][-1]} (pts)", "share")
     for name, c in doc["conditions"].items():
         if c["axis"] is not None:
-            t.add_row(name, f"{100 * c['top1_drop']:+.1f}", f"{100 * c['axis_drop'][-1]:+.1f}",
+            t.add_row(name, f"{c['top1_drop_points']:+.1f}", f"{c['axis_drop_points'][-1]:+.1f}",
                       _fmt(c["share"][-1]))
     out_console.print(t)
     splits = "; ".join(f"{s['axis']} L{s['window'][0]}-{s['window'][1] - 1}: high - low "
-                       f"{100 * s['high_minus_low_axis_drop']:+.1f} pts ({s['position_in']})" for s in doc["splits"])
+                       f"{s['high_minus_low_axis_drop_points']:+.1f} pts ({s['position_in']})" for s in doc["splits"])
     out_console.print(f"{splits} -> {out}")
 
 

@@ -232,15 +232,17 @@ def test_the_conditions_are_what_they_claim():
         assert not torch.equal(logits, clean), name  # every condition does act on the model
         top1 = float((logits.argmax(-1) == y).float().mean())
         assert c["top1"] == pytest.approx(top1)
-        assert c["top1_drop"] == pytest.approx(base["top1"] - top1)
+        assert c["top1_drop_points"] == pytest.approx(100 * (base["top1"] - top1))
         lo, hi = c["top1_drop_ci95"]
-        assert lo <= c["top1_drop"] + 1e-9 and c["top1_drop"] <= hi + 1e-9
-        assert c["axis_drop"] == pytest.approx([b - v for b, v in zip(base[f"{axis}_acc"], c[f"{axis}_acc"],
-                                                                     strict=True)])
+        assert lo <= c["top1_drop_points"] + 1e-6 and c["top1_drop_points"] <= hi + 1e-6
+        assert c["axis_drop_points"] == pytest.approx([100 * (b - v) for b, v in zip(base[f"{axis}_acc"],
+                                                                                     c[f"{axis}_acc"], strict=True)])
+        for (lo, hi), v in zip(c["axis_drop_ci95"], c["axis_drop_points"], strict=True):
+            assert lo <= v + 1e-6 and v <= hi + 1e-6
         whole = conds[f"no_{axis}_all_L{win[0]}-{win[1] - 1}"]
         for i, share in enumerate(c["share"]):
-            ref = whole["axis_drop"][i]
-            assert share == (None if ref < doc["min_gap"] else pytest.approx(c["axis_drop"][i] / ref))
+            ref = whole["axis_drop_points"][i]
+            assert share == (None if ref < 100 * doc["min_gap"] else pytest.approx(c["axis_drop_points"][i] / ref))
         # before its window a condition is the clean model: its probes at earlier layers are the clean ones
         for i, layer in enumerate(doc["layers"]):
             if layer < win[0]:
@@ -249,8 +251,9 @@ def test_the_conditions_are_what_they_claim():
         a, (w0, w1) = sp["axis"], sp["window"]
         hi_c, lo_c = conds[f"no_{a}_high_L{w0}-{w1 - 1}"], conds[f"no_{a}_low_L{w0}-{w1 - 1}"]
         assert sp["layer"] == 3
-        assert sp["high_minus_low_axis_drop"] == pytest.approx(lo_c[f"{a}_acc"][-1] - hi_c[f"{a}_acc"][-1])
-        assert sp["high_minus_low_top1_drop"] == pytest.approx(lo_c["top1"] - hi_c["top1"])
+        want = 100 * (lo_c[f"{a}_acc"][-1] - hi_c[f"{a}_acc"][-1])
+        assert sp["high_minus_low_axis_drop_points"] == pytest.approx(want)
+        assert sp["high_minus_low_top1_drop_points"] == pytest.approx(100 * (lo_c["top1"] - hi_c["top1"]))
         ci = sp["high_minus_low_axis_drop_ci95"]
         assert sp["position_in"] == ("high" if ci[0] > 0 else "low" if ci[1] < 0 else "unresolved")
     info = doc["band_info"]["row"]

@@ -65,11 +65,11 @@ class Condition(BaseModel):
     col_acc_orig_probe: list[float]
     top1: float
     top1_ci95: list[float]
-    top1_drop: float | None  # clean - this (fraction); None for the clean model
-    top1_drop_ci95: list[float] | None  # paired bootstrap over the same images
-    axis_drop: list[float] | None  # per probed layer: clean - this, the removed axis' retrained accuracy
-    axis_drop_ci95: list[list[float]] | None  # paired bootstrap over the probe test images
-    share: list[float | None] | None  # axis_drop / that of the whole axis in the window; None where < MIN_GAP
+    top1_drop_points: float | None  # 100 x (clean - this); None for the clean model
+    top1_drop_ci95: list[float] | None  # points; paired bootstrap over the same images
+    axis_drop_points: list[float] | None  # per probed layer: 100 x (clean - this), the removed axis' retrained probe
+    axis_drop_ci95: list[list[float]] | None  # points; paired bootstrap over the probe test images
+    share: list[float | None] | None  # axis drop / the whole axis' drop in the window; None where < MIN_GAP
 
 
 class BandSplit(BaseModel):
@@ -78,10 +78,10 @@ class BandSplit(BaseModel):
     axis: str
     window: list[int]
     layer: int
-    high_minus_low_axis_drop: float  # > 0: removing the high band costs more of the axis' decodability
-    high_minus_low_axis_drop_ci95: list[float]
-    high_minus_low_top1_drop: float
-    high_minus_low_top1_drop_ci95: list[float]
+    high_minus_low_axis_drop_points: float  # > 0: removing the high band costs more of the axis' decodability
+    high_minus_low_axis_drop_ci95: list[float]  # points, paired over the probe test images
+    high_minus_low_top1_drop_points: float
+    high_minus_low_top1_drop_ci95: list[float]  # points, paired over the images
     position_in: Literal["high", "low", "unresolved"]  # the band whose removal costs more position (interval off 0)
 
 
@@ -263,7 +263,7 @@ def _condition(res: Mapping[str, Any], spec: Spec | None, base: Mapping[str, Any
     correct = res["correct"].float()
     fields: dict[str, Any] = {k: doc[k] for k in ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")}
     fields.update(top1=doc["top1"], top1_ci95=accuracy_interval(correct), axis=None, band=None, window=None,
-                  top1_drop=None, top1_drop_ci95=None, axis_drop=None, axis_drop_ci95=None, share=None)
+                  top1_drop_points=None, top1_drop_ci95=None, axis_drop_points=None, axis_drop_ci95=None, share=None)
     if spec is None or base is None or whole is None:
         return Condition.model_validate(fields)
     a, layers = spec.axis, res["layers"]
@@ -271,12 +271,18 @@ def _condition(res: Mapping[str, Any], spec: Spec | None, base: Mapping[str, Any
     ref = [c - v for c, v in zip(base["doc"][f"{a}_acc"], whole["doc"][f"{a}_acc"], strict=True)]
     fields.update(
         axis=a, band="all" if spec.band is None else band_names(spec.count)[spec.band], window=list(spec.window),
-        top1_drop=base["doc"]["top1"] - doc["top1"],
-        top1_drop_ci95=paired_bootstrap_diff(base["correct"].float(), correct),
-        axis_drop=drop,
-        axis_drop_ci95=[paired_bootstrap_diff(base["per_image"][li][a], res["per_image"][li][a]) for li in layers],
+        top1_drop_points=100 * (base["doc"]["top1"] - doc["top1"]),
+        top1_drop_ci95=_points(paired_bootstrap_diff(base["correct"].float(), correct)),
+        axis_drop_points=[100 * v for v in drop],
+        axis_drop_ci95=[_points(paired_bootstrap_diff(base["per_image"][li][a], res["per_image"][li][a]))
+                        for li in layers],
         share=[None if r < MIN_GAP else d / r for d, r in zip(drop, ref, strict=True)])
     return Condition.model_validate(fields)
+
+
+def _points(iv: list[float]) -> list[float]:
+    """An interval of fractions in points."""
+    return [100 * iv[0], 100 * iv[1]]
 
 
 def _split(done: Mapping[str, Mapping[str, Any]], axis: Axis, window: Window, bands: int,
@@ -288,10 +294,11 @@ def _split(done: Mapping[str, Mapping[str, Any]], axis: Axis, window: Window, ba
     pos_ci = paired_bootstrap_diff(lo["per_image"][layer][axis], hi["per_image"][layer][axis])
     top_ci = paired_bootstrap_diff(lo["correct"].float(), hi["correct"].float())
     where = "high" if pos_ci[0] > 0 else "low" if pos_ci[1] < 0 else "unresolved"
-    return BandSplit(axis=axis, window=list(window), layer=layer, high_minus_low_axis_drop=pos[1] - pos[0],
-                     high_minus_low_axis_drop_ci95=pos_ci,
-                     high_minus_low_top1_drop=lo["doc"]["top1"] - hi["doc"]["top1"],
-                     high_minus_low_top1_drop_ci95=top_ci, position_in=where)
+    return BandSplit(axis=axis, window=list(window), layer=layer,
+                     high_minus_low_axis_drop_points=100 * (pos[1] - pos[0]),
+                     high_minus_low_axis_drop_ci95=_points(pos_ci),
+                     high_minus_low_top1_drop_points=100 * (lo["doc"]["top1"] - hi["doc"]["top1"]),
+                     high_minus_low_top1_drop_ci95=_points(top_ci), position_in=where)
 
 
 def plan_rope_freq(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,

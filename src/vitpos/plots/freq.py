@@ -14,12 +14,12 @@ _COLORS = [OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["vermillion"], OKABE
 
 
 def _bar(value: Any, ci: Any) -> tuple[float, float, float]:
-    """(points, down, up) of a fraction and its [lo, hi] interval; NaN / 0 where missing."""
+    """(points, down, up) of a drop in points and its [lo, hi] interval; NaN / 0 where missing."""
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return math.nan, 0.0, 0.0
-    v = 100 * float(value)
+    v = float(value)
     if isinstance(ci, list) and len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
-        return v, max(0.0, v - 100 * ci[0]), max(0.0, 100 * ci[1] - v)
+        return v, max(0.0, v - ci[0]), max(0.0, ci[1] - v)
     return v, 0.0, 0.0
 
 
@@ -49,10 +49,10 @@ def plot_rope_freq(doc: dict, path: str | Path) -> Path:
                     if not isinstance(entry, dict):
                         continue
                     if what == "axis":
-                        drops, cis = entry.get("axis_drop") or [], entry.get("axis_drop_ci95") or []
+                        drops, cis = entry.get("axis_drop_points") or [], entry.get("axis_drop_ci95") or []
                         v, lo, hi = _bar(drops[-1] if drops else None, cis[-1] if cis else None)
                     else:
-                        v, lo, hi = _bar(entry.get("top1_drop"), entry.get("top1_drop_ci95"))
+                        v, lo, hi = _bar(entry.get("top1_drop_points"), entry.get("top1_drop_ci95"))
                     xs.append(k + (i - (len(bands) - 1) / 2) * width)
                     ys.append(v)
                     err[0].append(lo)

@@ -402,8 +402,8 @@ def _sec_prefix(doc: dict) -> str:
 
 
 def _pts_ci(v: Any, iv: Any) -> str:
-    x = num(v)
-    return "n/a" if x is None else f"{pts(100 * x, signed=True)} {ci(iv, 100)}".rstrip()
+    """A drop in points with its 95 % interval (points)."""
+    return "n/a" if num(v) is None else f"{pts(v, signed=True)} {ci(iv)}".rstrip()
 
 
 def _sec_freq(doc: dict) -> str:
@@ -430,11 +430,11 @@ def _sec_freq(doc: dict) -> str:
         if not isinstance(c, dict) or c.get("axis") is None:
             continue
         w = c.get("window") or []
-        drops, cis, share = c.get("axis_drop") or [], c.get("axis_drop_ci95") or [], c.get("share") or []
+        drops, cis, share = c.get("axis_drop_points") or [], c.get("axis_drop_ci95") or [], c.get("share") or []
         rows.append([str(name), str(c.get("axis")), str(c.get("band")),
                      f"{w[0]}–{w[1] - 1}" if len(w) == 2 else "?",
                      _pts_ci(last(drops), last(cis)), fnum(last(share), 2),
-                     _pts_ci(c.get("top1_drop"), c.get("top1_drop_ci95"))])
+                     _pts_ci(c.get("top1_drop_points"), c.get("top1_drop_ci95"))])
     base = conds.get("baseline") or {}
     out += (f"<p>Clean: top-1 {pct(base.get('top1'))} {ci(base.get('top1_ci95'), 100)}, row probe "
             f"{pct(last(base.get('row_acc')))}, col probe {pct(last(base.get('col_acc')))} at layer "
@@ -445,9 +445,9 @@ def _sec_freq(doc: dict) -> str:
     for sp in doc.get("splits") or []:
         if isinstance(sp, dict):
             w = sp.get("window") or []
-            split_rows.append([str(sp.get("axis")), f"{w[0]}–{w[1] - 1}" if len(w) == 2 else "?",
-                               _pts_ci(sp.get("high_minus_low_axis_drop"), sp.get("high_minus_low_axis_drop_ci95")),
-                               _pts_ci(sp.get("high_minus_low_top1_drop"), sp.get("high_minus_low_top1_drop_ci95")),
+            diffs = [_pts_ci(sp.get(f"high_minus_low_{k}_drop_points"), sp.get(f"high_minus_low_{k}_drop_ci95"))
+                     for k in ("axis", "top1")]
+            split_rows.append([str(sp.get("axis")), f"{w[0]}–{w[1] - 1}" if len(w) == 2 else "?", *diffs,
                                str(sp.get("position_in"))])
     if split_rows:
         out += ("<p>High band vs low band (Barbero et al.: in language models high frequencies carry position, low "
