@@ -17,7 +17,8 @@ from vitpos.errors import VitposError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
                        "and RoPE ViTs.")
-intervene_app = typer.Typer(no_args_is_help=True, help="Causal tests: ape-permute, rope-axis, rope-heads, rope-prefix.")
+intervene_app = typer.Typer(no_args_is_help=True,
+                            help="Causal tests: ape-permute, rope-axis, rope-heads, rope-prefix, rope-freq.")
 app.add_typer(intervene_app, name="intervene")
 console = Console(stderr=True)
 out_console = Console(markup=False, highlight=False)
@@ -448,6 +449,42 @@ def rope_prefix(
                     for a, r in doc["recovery"].items())
     mass = " ".join(f"{v:.3f}" for v in doc["prefix_attention"])
     out_console.print(f"prefix attention by layer {mass}; R={doc['restore_from']}: {rec} -> {out}")
+
+
+@intervene_app.command("rope-freq")
+def rope_freq(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(300, "--images", min=2, help=">= 2"),
+    bands: int = typer.Option(3, "--bands", min=2, help="equal-rank bands of each axis' frequencies (3: low/mid/high)"),
+    windows: str | None = typer.Option(None, "--windows", help="layer windows START:STOP[,...] (layers START..STOP-1); "
+                                       "default: first half, second half, all layers"),
+    layers: str | None = typer.Option(None, "--layers", help="probed layers, e.g. 2,5 (default: each window's last)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
+    progress: bool = ProgressOpt,
+):
+    """One RoPE axis removed in one band of its frequencies, per layer window: that axis' probe and top-1;
+    OUT/rope_freq.json."""
+    from vitpos.experiments.rope_freq import parse_windows, run_rope_freq
+
+    wins = parse_windows(windows)
+    probed = None if layers is None else _int_list(layers, "--layers")
+    surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
+    doc = run_rope_freq(surface, data=data, n_images=images, bands=bands, windows=wins, layers=probed, seed=seed,
+                        out=out, progress=progress).to_json()
+    t = Table("condition", "top-1 drop (pts)", f"fall of the axis' probe at layer {doc['layers'][-1]} (pts)", "share")
+    for name, c in doc["conditions"].items():
+        if c["axis"] is not None:
+            t.add_row(name, f"{c['top1_drop_points']:+.1f}", f"{c['axis_drop_points'][-1]:+.1f}",
+                      _fmt(c["share"][-1]))
+    out_console.print(t)
+    splits = "; ".join(f"{s['axis']} L{s['window'][0]}-{s['window'][1] - 1}: high - low "
+                       f"{s['high_minus_low_axis_drop_points']:+.1f} pts ({s['position_in']})" for s in doc["splits"])
+    out_console.print(f"{splits} -> {out}")
 
 
 def _fmt(v: float | None) -> str:

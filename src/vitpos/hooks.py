@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.surface import AXES, CAPTURE_ONLY, Axis, ModelSurface, Site, expand_sites
+from vitpos.models.surface import AXES, CAPTURE_ONLY, Axis, FreqBand, ModelSurface, Site, expand_sites
 
 EditFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -215,11 +215,14 @@ def edit(surface: ModelSurface, edits: dict[str | Site, EditFn]) -> Iterator[Non
 
 @contextmanager
 def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
-                layers: Iterable[int] | None = None) -> Iterator[None]:
+                layers: Iterable[int] | None = None, band: FreqBand | None = None) -> Iterator[None]:
     """Remove RoPE axes: remove = {'row': heads or None (all heads), 'col': ...}, in `layers` (None = all).
 
     The rotary tensor passed to each chosen block is rebuilt with that axis coordinate set to 0
-    (identity for axial channels, the axis term dropped for mixed RoPE), in q and k alike."""
+    (identity for axial channels, the axis term dropped for mixed RoPE), in q and k alike.
+    band: only in that band of each axis' frequencies (per layer and head for mixed RoPE); the
+    other channels keep their rotation bit for bit. Contexts nest: removing every band of an
+    axis, one context per band, is removing the axis."""
     if not surface.has_rope:
         raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE "
                           "model")
@@ -241,7 +244,7 @@ def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
                 key = id(base)
                 if key not in memo:
                     memo.clear()
-                    memo[key] = surface.rope_embed(layer, base, remove)
+                    memo[key] = surface.rope_embed(layer, base, remove, band)
                 return args, {**kwargs, "rope": memo[key]}
 
             reg.handles.append(surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True))

@@ -65,3 +65,42 @@ def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor,
                 drop_y: bool) -> torch.Tensor:
     """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
     return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))
+
+
+# --- channel frequencies and frequency bands ------------------------------------------------------
+# A channel pair's frequency along an axis is its angle step per grid unit. On an integer grid a
+# step f and f + 2*pi rotate alike, and f and -f are equally sharp, so the effective frequency is
+# |f| folded into [0, pi]: what attention on this grid can tell apart.
+
+def fold_frequency(f: torch.Tensor) -> torch.Tensor:
+    """|f| wrapped into [0, pi] (radians per grid unit): the frequency the grid sees."""
+    f = f.double()
+    return torch.remainder(f + torch.pi, 2 * torch.pi).sub(torch.pi).abs()
+
+
+def axial_channel_freqs(emb: torch.Tensor, grid: tuple[int, int], channel_axis: tuple[str, ...]) -> tuple[float, ...]:
+    """Effective frequency of each channel of an axial rotary tensor (N, 2d) along its own axis
+    (0 for 'none' channels), read off the tensor: the angle between neighbouring grid cells,
+    averaged over the grid (timm's coordinates are affine in the index, so every step is the same)."""
+    H, W = grid
+    d = emb.shape[1] // 2
+    e = emb.double().reshape(H, W, 2, d)
+    z = torch.complex(e[:, :, 1], e[:, :, 0])  # cos + i sin, (H, W, d)
+    step_row = (z[1:] * z[:-1].conj()).sum((0, 1)).angle().abs()
+    step_col = (z[:, 1:] * z[:, :-1].conj()).sum((0, 1)).angle().abs()
+    return tuple(float(step_row[j]) if a == "row" else float(step_col[j]) if a == "col" else 0.0
+                 for j, a in enumerate(channel_axis))
+
+
+def pair_of_channel(head_dim: int, layout: str) -> list[int]:
+    """Rotary pair of each channel: interleaved pairs (2p, 2p+1), 'half' pairs (p, p + d/2)."""
+    half = head_dim // 2
+    return [j // 2 if layout == "interleaved" else j % half for j in range(head_dim)]
+
+
+def band_members(freqs: torch.Tensor, index: int, count: int) -> list[int]:
+    """Positions in `freqs` of band `index` of `count` equal-rank bands, 0 = lowest: ranked by
+    frequency (ties by position), band b holds ranks [b*n//count, (b+1)*n//count)."""
+    n = int(freqs.numel())
+    order = sorted(range(n), key=lambda i: (float(freqs[i]), i))
+    return sorted(order[index * n // count:(index + 1) * n // count])

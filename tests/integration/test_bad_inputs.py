@@ -121,6 +121,16 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "intervene rope-prefix -m builtin:ape --out {out}",
     "intervene rope-prefix -m timm:vit_small_patch16_rope_224?img_size=32&patch_size=4&depth=1&embed_dim=32&num_heads=2"
     "&num_classes=4&class_token=False&global_pool=avg --out {out}",
+    # intervene rope-freq
+    "intervene rope-freq -m builtin:rope-axial --out {out} --images 1",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --bands 1",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --bands 7",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0-3",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 2:2",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0:7",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --layers 6",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --layers x",
+    "intervene rope-freq -m builtin:ape --out {out}",
     "intervene bogus",
     # run
     "run --out {out} --models builtin:ape,builtin:nope",

@@ -16,7 +16,7 @@ def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
     main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
     text = capsys.readouterr().out
     assert not out.exists()
-    assert "rope_prefix" in text and "image-forwards" in text and "plan: 1 model(s), 5 stage(s) to run" in text
+    assert "rope_freq" in text and "image-forwards" in text and "plan: 1 model(s), 6 stage(s) to run" in text
     assert "estimated" in text
 
 
@@ -40,6 +40,9 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
     assert prefix is not None and prefix.forwards == 64 + 500 * 8
     assert prefix.blocks == 64 * L + 500 * (8 * L + 4 * (L - R))
+    freq = rows["rope_freq"].plan  # windows 0-5, 6-11, 0-11; 8 bands x axes: 0-11 from the input, 0-5 from its
+    assert freq is not None and freq.forwards == 300 * 9  # stream at 6, 6-11 from the clean stream at 6
+    assert freq.blocks == 300 * (L + 8 * (L + 2 * (L - R))) and freq.fits == 2 + 8 * (2 + 1 + 1)
     head = rows["head"].plan
     assert rows["head"].status == "run" and head is not None and head.forwards == 4000 + 1000 + 1000
     assert plan.data_problems == {}
@@ -53,13 +56,14 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
                                     "rope_axis": {"images": 20, "restore": [1]},
                                     "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2},
-                                    "rope_prefix": {"images": 20, "attn_images": 2}})
+                                    "rope_prefix": {"images": 20, "attn_images": 2},
+                                    "rope_freq": {"images": 20, "bands": 2}})
     before = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 5
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 6
     lines: list[str] = []
     run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
-    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 5 stage(s) to run, 0 cached")
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 6 stage(s) to run, 0 cached")
     after = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 5
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 6
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 5 stage(s) cached"
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 6 stage(s) cached"

@@ -15,6 +15,7 @@ from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
 from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
+from vitpos.experiments.rope_freq import plan_rope_freq, run_rope_freq
 from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
 from vitpos.experiments.rope_prefix import plan_rope_prefix, run_rope_prefix
 from vitpos.study.config import RunConfig
@@ -141,12 +142,26 @@ def test_ape_permute_plan_counts_what_runs(monkeypatch, shared, layer, site):
     assert (counts["forwards"], counts["blocks"]) == (plan.forwards, plan.blocks)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_rope_freq_plan_counts_what_runs(rope4, monkeypatch, shared):
+    data = toy(300)
+    cases = ((None, None, 3), ([(0, 1), (0, 3), (1, 4), (1, 2), (3, 4)], None, 2), ([(2, 4)], [1, 3], 2))
+    for windows, layers, bands in cases:
+        settings = {"images": 40, "bands": bands, "windows": windows, "layers": layers}
+        plan = plan_rope_freq(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
+        with counting(rope4, monkeypatch) as counts:
+            run_rope_freq(rope4, data, n_images=40, bands=bands, windows=windows, layers=layers,
+                          shared_prefix=shared)
+        assert_counts(plan, counts)
+
+
 def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
     sizes = SplitSizes(test=4000)
     heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
     prefix = {"images": 500, "restore_from": None, "block_from": 0, "attn_images": 64}
+    freq = {"images": 300, "bands": 3, "windows": None, "layers": None}
     for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, {"images": 1000, "restore": None}),
-                         (plan_rope_prefix, prefix)):
+                         (plan_rope_prefix, prefix), (plan_rope_freq, freq)):
         new, old = fn(settings, rope4, sizes), fn(settings, rope4, sizes, shared_prefix=False)
         assert new.blocks < old.blocks and new.fits < old.fits and new.forwards < old.forwards
 
@@ -167,7 +182,8 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         "ape_permute": {"images": 20, "seeds": 1},
         "rope_axis": {"images": 30, "restore": [1]},
         "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4},
-        "rope_prefix": {"images": 30, "attn_images": 4, "block_from": 1}})
+        "rope_prefix": {"images": 30, "attn_images": 4, "block_from": 1},
+        "rope_freq": {"images": 30, "bands": 2}})
     data = toy(300)
     sizes = SplitSizes(train=300, test=300)
     ape = tiny_own("ape")
@@ -193,7 +209,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         else:
             assert_counts(plan, counts, exact_work=True)
     rope = tiny_own("rope-axial")
-    for name in ("rope_axis", "rope_heads", "rope_prefix"):
+    for name in ("rope_axis", "rope_heads", "rope_prefix", "rope_freq"):
         exp, settings, stage = _stage(name, rope, data, cfg, {}, tmp_path)
         plan = exp.plan(settings, rope, sizes)
         with counting(rope, monkeypatch) as counts:

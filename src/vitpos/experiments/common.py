@@ -143,8 +143,13 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
-                    keep_pre: int | None = None, batch_size: int = BATCH) -> dict:
+                    keep_pre: int | None = None, batch_size: int = BATCH, per_image: bool = False) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
+
+    result["correct"]: per-image top-1 correctness (n,), in dataset order. per_image: also
+    result["per_image"][layer] = {"row": (n_test,), "col": ...}, each probe test image's share of
+    tokens the retrained probe gets right, in the split's test order (the same images for every
+    condition on the same data and seed): paired intervals of accuracy differences.
 
     With base_probes (the baseline's fits), each layer's retrained probes reuse the baseline's
     chosen L2 strengths instead of searching the grid again: same probe family, far cheaper.
@@ -179,6 +184,7 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe", "row_acc_ci95", "col_acc_ci95")
     doc: dict = {k: [] for k in keys}
     probes = {}
+    images: dict[int, dict[str, torch.Tensor]] = {}
     with kept:
         for i, layer in enumerate(layers):
             if layer < first:
@@ -186,6 +192,8 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
                 for k in keys:
                     doc[k].append(reuse["doc"][k][i])
                 probes[layer] = reuse["probes"][layer]
+                if per_image:
+                    images[layer] = reuse["per_image"][layer]
                 continue
             site = Site(layer, "resid_post")
             rows = keep[site].images
@@ -193,9 +201,12 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
             kw = {}
             if base_probes is not None and layer in base_probes:
                 kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
-            res = fit_probe_tokens(ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows), surface.grid,
-                                   control=False, **kw)
+            toks = ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows)
+            res = fit_probe_tokens(toks, surface.grid, control=False, **kw)
             probes[layer] = res
+            if per_image:  # the per-image accuracies row_acc / col_acc average (ProbeResult.per_image_acc)
+                images[layer] = {a: acc for a in ("row", "col") if (acc := res.per_image_acc(a)) is not None}
+            del toks
             doc["row_acc"].append(res.row_acc)
             doc["col_acc"].append(res.col_acc)
             doc["row_acc_ci95"].append(res.acc_ci95("row"))
@@ -212,7 +223,9 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
     doc["top1"] = rep["top1"]
     doc["per_group"] = rep["per_group"]
-    out = {"doc": doc, "probes": probes, "layers": list(layers)}
+    out = {"doc": doc, "probes": probes, "layers": list(layers), "correct": logits.argmax(-1).cpu() == labels.cpu()}
+    if per_image:
+        out["per_image"] = images
     if kept_start is not None:
         out["start"] = kept_start
     return out

@@ -7,13 +7,14 @@ from vitpos.experiments.base import Experiment
 from vitpos.experiments.evaluation import EvalExperiment
 from vitpos.experiments.probe import ProbeExperiment
 from vitpos.experiments.rope_axis import RopeAxisExperiment
+from vitpos.experiments.rope_freq import RopeFreqExperiment
 from vitpos.experiments.rope_heads import RopeHeadsExperiment
 from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_run import SAEExperiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
-    RopeHeadsExperiment(), RopePrefixExperiment(),
+    RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(),
 )
 BY_NAME: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
+from vitpos.rope import band_members, fold_frequency, pair_of_channel
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
@@ -90,12 +91,28 @@ def expand_sites(names: str | list[str], depth: int) -> list[Site]:
 
 
 @dataclass(frozen=True)
+class FreqBand:
+    """Band `index` of `count` equal-rank bands of an axis' rotary frequencies (0 = lowest): the
+    axis' rotary pairs ranked by their frequency along it, band b holding ranks [b*n//count,
+    (b+1)*n//count) of the n pairs (per layer and head for mixed RoPE)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise VitposError(f"frequency band {self.index} of {self.count}: use 0 <= index < count")
+
+
+@dataclass(frozen=True)
 class RopeAxisMap:
-    """Which rotary channels turn with which image axis, per layer and head.
+    """Which rotary channels turn with which image axis, and how fast, per layer and head.
 
     axial: `channel_axis[j]` is 'row', 'col' or 'none' for channel j of every head (timm's axial
-    families share one map over layers and heads). mixed: every channel turns with both axes;
-    `freqs[a, layer, head, pair]` is the angle step per grid unit along axis a (0 = row, 1 = col).
+    families share one map over layers and heads); `channel_freq[j]` is its frequency along that
+    axis. mixed: every channel turns with both axes; `freqs[a, layer, head, pair]` is the angle step
+    per grid unit along axis a (0 = row, 1 = col). Frequencies are radians per patch; `frequencies`
+    gives the effective ones (folded into [0, pi], `vitpos.rope.fold_frequency`).
     """
 
     kind: Literal["axial", "mixed"]
@@ -105,17 +122,58 @@ class RopeAxisMap:
     layout: Literal["interleaved", "half"]
     channel_axis: tuple[str, ...] | None = None
     freqs: torch.Tensor | None = None
+    channel_freq: tuple[float, ...] | None = None
 
     def channels(self, axis: Axis) -> list[int]:
         if self.channel_axis is None:
             raise VitposError("mixed RoPE has no per-axis channels: every channel turns with both axes")
         return [j for j, a in enumerate(self.channel_axis) if a == axis]
 
+    def axis_pairs(self, axis: Axis, layer: int, head: int) -> tuple[list[int], torch.Tensor]:
+        """The rotary pairs that turn with `axis` in this layer and head, and their effective
+        frequencies along it (float64, radians per patch)."""
+        if axis not in AXES:
+            raise VitposError(f"unknown axis {axis!r}; use row or col")
+        if not (0 <= layer < self.depth and 0 <= head < self.num_heads):
+            raise VitposError(f"layer {layer} head {head} is outside {self.depth} layers x {self.num_heads} heads")
+        if self.kind == "mixed":
+            assert self.freqs is not None, "a mixed map carries its frequencies"
+            f = fold_frequency(self.freqs[AXES.index(axis), layer, head])
+            return list(range(f.numel())), f
+        assert self.channel_freq is not None, "an axial map carries its channel frequencies"
+        pair = pair_of_channel(self.head_dim, self.layout)
+        first: dict[int, int] = {}  # pair -> its first channel of this axis
+        for j in self.channels(axis):
+            first.setdefault(pair[j], j)
+        pairs = sorted(first)
+        return pairs, torch.tensor([self.channel_freq[first[p]] for p in pairs], dtype=torch.float64)
+
+    def pair_channels(self, pairs: list[int]) -> list[int]:
+        """The channels of rotary pairs (both members of each)."""
+        chosen = set(pairs)
+        return [j for j, p in enumerate(pair_of_channel(self.head_dim, self.layout)) if p in chosen]
+
+    def band_pairs(self, axis: Axis, layer: int, head: int, band: FreqBand) -> list[int]:
+        """The rotary pairs of `band` of `axis`' frequencies in this layer and head."""
+        pairs, f = self.axis_pairs(axis, layer, head)
+        if band.count > len(pairs):
+            raise VitposError(f"{band.count} frequency bands: {axis} has only {len(pairs)} rotary pairs per head; use "
+                              f"at most {len(pairs)} bands")
+        return [pairs[i] for i in band_members(f, band.index, band.count)]
+
+    def band_channels(self, axis: Axis, layer: int, head: int, band: FreqBand) -> list[int]:
+        """The channels of `band` of `axis`' frequencies in this layer and head."""
+        return self.pair_channels(self.band_pairs(axis, layer, head, band))
+
     def to_json(self) -> dict:
         doc: dict = {"kind": self.kind, "head_dim": self.head_dim, "layout": self.layout}
         if self.channel_axis is not None:
             doc["row_channels"] = self.channels("row")
             doc["col_channels"] = self.channels("col")
+        if self.channel_freq is not None:  # per channel, in the order of row_channels / col_channels
+            assert self.channel_axis is not None
+            for a in AXES:
+                doc[f"{a}_freqs"] = [self.channel_freq[j] for j in self.channels(a)]
         return doc
 
 
@@ -293,11 +351,14 @@ class ModelSurface:
     def rope_axis_map(self) -> RopeAxisMap:
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None],
+                   band: FreqBand | None = None) -> torch.Tensor:
         """The rotary tensor for `layer` with axes removed for chosen heads.
 
         base: the tensor timm passes to the block (N, 2d) or (h, N, 2d). remove: axis -> heads
-        (None = all heads). Returns (h, N, 2d)."""
+        (None = all heads). band: remove each axis only in that band of its frequencies (the
+        pairs `rope_axis_map().band_pairs` names); every other channel stays exactly as in `base`.
+        Returns (h, N, 2d)."""
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
     # --- what the hook engine uses ------------------------------------------------------

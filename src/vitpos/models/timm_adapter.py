@@ -22,8 +22,14 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.surface import Axis, ModelSurface, RopeAxisMap
-from vitpos.rope import axial_channel_axis, mixed_embed, mixed_grid_axes, remove_axial_channels
+from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
+from vitpos.rope import (
+    axial_channel_axis,
+    axial_channel_freqs,
+    mixed_embed,
+    mixed_grid_axes,
+    remove_axial_channels,
+)
 
 if TYPE_CHECKING:
     from timm.layers.attention import Attention, AttentionRope
@@ -201,14 +207,16 @@ class TimmEvaSurface(TimmViTSurface):
                 freqs = torch.stack([f[0] if row_idx == 0 else f[1], f[1] if row_idx == 0 else f[0]])
                 self._axis_map = RopeAxisMap("mixed", self.head_dim, self.depth, self.num_heads, layout, freqs=freqs)
             else:
-                axes = axial_channel_axis(self._base_rope(), self.grid)
+                base = self._base_rope()
+                axes = axial_channel_axis(base, self.grid)
                 self._axis_map = RopeAxisMap("axial", self.head_dim, self.depth, self.num_heads, layout,
-                                             channel_axis=axes)
+                                             channel_axis=axes, channel_freq=axial_channel_freqs(base, self.grid, axes))
         return self._axis_map
 
-    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None]) -> torch.Tensor:
+    def rope_embed(self, layer: int, base: torch.Tensor, remove: Mapping[Axis, list[int] | None],
+                   band: FreqBand | None = None) -> torch.Tensor:
         if not self.has_rope:
-            return super().rope_embed(layer, base, remove)
+            return super().rope_embed(layer, base, remove, band)
         h = self.num_heads
         out = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h, *base.shape[-2:]).clone()
         amap = self.rope_axis_map()
@@ -217,17 +225,34 @@ class TimmEvaSurface(TimmViTSurface):
             if not axes:
                 continue
             if amap.kind == "axial":
-                chans = [j for a in axes for j in amap.channels(a)]
+                chans = [j for a in axes for j in (amap.channels(a) if band is None
+                                                   else amap.band_channels(a, layer, head, band))]
                 out[head] = remove_axial_channels(out[head], chans)
-            else:
-                rope = self._rope
-                assert isinstance(rope, RotaryEmbeddingMixed), "a mixed axis map comes from a mixed rope"
-                t_x, t_y, row_idx = mixed_grid_axes(self.grid, rope.grid_indexing)
-                drop_row, drop_col = "row" in axes, "col" in axes
-                drop_x, drop_y = (drop_row, drop_col) if row_idx == 0 else (drop_col, drop_row)
-                emb = mixed_embed(rope.freqs.detach()[:, layer, head : head + 1], t_x, t_y, drop_x, drop_y)
-                out[head] = emb[0].to(out.dtype)
+                continue
+            if band is None:
+                out[head] = self._mixed_without(layer, head, set(axes)).to(out.dtype)
+                continue
+            # each band pair recomputed without the axes whose band holds it; other pairs kept from base
+            drops: dict[int, set[str]] = {}
+            for a in axes:
+                for p in amap.band_pairs(a, layer, head, band):
+                    drops.setdefault(p, set()).add(a)
+            d = amap.head_dim
+            for dropped in ({"row"}, {"col"}, {"row", "col"}):
+                chans = amap.pair_channels([p for p, s in drops.items() if s == dropped])
+                if chans:
+                    idx = torch.tensor(chans + [d + j for j in chans], dtype=torch.long, device=out.device)
+                    out[head, :, idx] = self._mixed_without(layer, head, dropped)[:, idx].to(out.dtype)
         return out
+
+    def _mixed_without(self, layer: int, head: int, axes: set[str]) -> torch.Tensor:
+        """(N, 2d) mixed rotary tensor of one layer and head with the `axes` coordinates set to 0."""
+        rope = self._rope
+        assert isinstance(rope, RotaryEmbeddingMixed), "a mixed axis map comes from a mixed rope"
+        t_x, t_y, row_idx = mixed_grid_axes(self.grid, rope.grid_indexing)
+        drop_row, drop_col = "row" in axes, "col" in axes
+        drop_x, drop_y = (drop_row, drop_col) if row_idx == 0 else (drop_col, drop_row)
+        return mixed_embed(rope.freqs.detach()[:, layer, head : head + 1], t_x, t_y, drop_x, drop_y)[0]
 
     def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         if rope is None:

@@ -407,9 +407,65 @@ def _sec_prefix(doc: dict) -> str:
     return out
 
 
+def _pts_ci(v: Any, iv: Any) -> str:
+    """A drop in points with its 95 % interval (points)."""
+    return "n/a" if num(v) is None else f"{pts(v, signed=True)} {ci(iv)}".rstrip()
+
+
+def _sec_freq(doc: dict) -> str:
+    conds = dict_at(doc, "conditions")
+    layers = doc.get("layers") or []
+    bands = []
+    for axis, rows in dict_at(doc, "band_info").items():
+        for b in rows or []:
+            if isinstance(b, dict):
+                bands.append([str(axis), str(b.get("name")), str(b.get("pairs")),
+                              f"{fnum(b.get('freq_min'), 3)} – {fnum(b.get('freq_max'), 3)}"])
+    out = (f"<p>{e(doc.get('model', ''))} ({e(doc.get('rope_kind', '?'))} RoPE) on {e(doc.get('data', ''))}, "
+           f"{e(doc.get('n_images', '?'))} images ({e(doc.get('n_probe_test_images', '?'))} probe test images), "
+           f"retrained probes at {e(doc.get('site', 'resid_post'))} of layers {e(', '.join(map(str, layers)))}; "
+           f"chance row {pct(doc.get('chance_row'))}, col {pct(doc.get('chance_col'))}. Each axis' rotary pairs are "
+           f"ranked by their frequency along it (radians per patch, folded into [0, π]; per layer and head for "
+           f"mixed RoPE) and cut into {e(doc.get('bands', '?'))} equal-rank bands; a condition removes one axis in "
+           "one band (or all: the axis) in one window of layers. Drops are clean minus condition, with 95 % paired "
+           "bootstrap intervals (probe test images; top-1 images); share = the band's drop / the whole axis' drop in "
+           "the same window.</p>")
+    out += table(["axis", "band", "pairs per head", "frequency range (rad/patch)"], bands)
+    rows = []
+    for name, c in conds.items():
+        if not isinstance(c, dict) or c.get("axis") is None:
+            continue
+        w = c.get("window") or []
+        drops, cis, share = c.get("axis_drop_points") or [], c.get("axis_drop_ci95") or [], c.get("share") or []
+        rows.append([str(name), str(c.get("axis")), str(c.get("band")),
+                     f"{w[0]}–{w[1] - 1}" if len(w) == 2 else "?",
+                     _pts_ci(last(drops), last(cis)), fnum(last(share), 2),
+                     _pts_ci(c.get("top1_drop_points"), c.get("top1_drop_ci95"))])
+    base = conds.get("baseline") or {}
+    out += (f"<p>Clean: top-1 {pct(base.get('top1'))} {ci(base.get('top1_ci95'), 100)}, row probe "
+            f"{pct(last(base.get('row_acc')))}, col probe {pct(last(base.get('col_acc')))} at layer "
+            f"{e(last(layers))}.</p>")
+    out += table(["condition", "axis", "band", "layers", f"fall of that axis' probe at layer {last(layers)}",
+                  "share of the axis' fall", "top-1 drop"], rows)
+    split_rows = []
+    for sp in doc.get("splits") or []:
+        if isinstance(sp, dict):
+            w = sp.get("window") or []
+            diffs = [_pts_ci(sp.get(f"high_minus_low_{k}_drop_points"), sp.get(f"high_minus_low_{k}_drop_ci95"))
+                     for k in ("axis", "top1")]
+            split_rows.append([str(sp.get("axis")), f"{w[0]}–{w[1] - 1}" if len(w) == 2 else "?", *diffs,
+                               str(sp.get("position_in"))])
+    if split_rows:
+        out += ("<p>High band vs low band (Barbero et al.: in language models high frequencies carry position, low "
+                "ones semantics): positive = removing the high band costs more.</p>")
+        out += table(["axis", "layers", "Δ axis probe fall (high − low)", "Δ top-1 drop (high − low)",
+                      "position carried by"], split_rows)
+    return out
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {  # experiment name -> its section body
     "eval": _sec_eval, "probe": _sec_probe, "sae": _sec_sae, "ape_permute": _sec_ape,
-    "rope_axis": _sec_axis, "rope_heads": _sec_heads, "rope_prefix": _sec_prefix,
+    "rope_axis": _sec_axis, "rope_heads": _sec_heads, "rope_prefix": _sec_prefix, "rope_freq": _sec_freq,
 }
 RENDER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, VitposError)
 

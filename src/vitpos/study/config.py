@@ -70,6 +70,16 @@ class RopePrefixStage(_Strict):
     attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
 
 
+class RopeFreqStage(_Strict):
+    images: int = Field(default=300, ge=2, description="test-split images, split by image into probe train/test")
+    bands: int = Field(default=3, ge=2,
+                       description="equal-rank bands of each axis' rotary frequencies (3: low/mid/high)")
+    windows: list[tuple[int, int]] | None = Field(
+        default=None, min_length=1, description="layer windows [start, stop); None = first half, second half, all")
+    layers: list[int] | None = Field(default=None, min_length=1,
+                                     description="probed layers; None = the last layer of each window")
+
+
 class HeadStage(_Strict):
     """The classifier the study fits on a model's pooled features when the model's own does not fit
     the data (headless backbones, another class count) and `heads` names none."""
@@ -94,6 +104,7 @@ class RunConfig(_Strict):
     rope_axis: RopeAxisStage = RopeAxisStage()
     rope_heads: RopeHeadsStage = RopeHeadsStage()
     rope_prefix: RopePrefixStage = RopePrefixStage()
+    rope_freq: RopeFreqStage = RopeFreqStage()
 
 
 QUICK = {
@@ -106,6 +117,7 @@ QUICK = {
     "rope_axis": {"images": 200},
     "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
     "rope_prefix": {"images": 150, "attn_images": 16},
+    "rope_freq": {"images": 120},
 }
 
 
