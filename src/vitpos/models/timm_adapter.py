@@ -52,6 +52,7 @@ class TimmViTSurface(ModelSurface):
     """timm VisionTransformer (APE or none): vit_*, deit_*, deit3_*, vit_*_reg*."""
 
     model: VisionTransformer | Eva
+    resizable = True
 
     def __init__(self, model: nn.Module, spec: str):
         if not isinstance(model, (VisionTransformer, Eva)):
