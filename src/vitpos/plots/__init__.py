@@ -25,8 +25,8 @@ _EXPORTS = {
     "plot_extrapolate": "vitpos.plots.extrapolate",
 }
 # A literal list (type checkers cannot evaluate sorted(_EXPORTS)); test_report checks it matches _EXPORTS.
-__all__ = ["mathtext_safe", "plot_ape_permute", "plot_extrapolate", "plot_feature_maps", "plot_headline", "plot_probe_curves",
-           "plot_recovery", "plot_rope_axis", "plot_rope_heads", "plot_rope_prefix"]
+__all__ = ["mathtext_safe", "plot_ape_permute", "plot_extrapolate", "plot_feature_maps", "plot_headline",
+           "plot_probe_curves", "plot_recovery", "plot_rope_axis", "plot_rope_heads", "plot_rope_prefix"]
 
 
 def __getattr__(name: str) -> Any:
