@@ -45,7 +45,10 @@ def dataset_at_size(surface: ModelSurface, data, split: str, size: int | None, l
                     seed: int = 0):
     """`dataset_for(surface, ...)` with shapes generated at size x size px first (None: native); data
     that cannot be generated at another size (`generated_size` None) ignores `size` and is resized by
-    the surface's preprocessing as always."""
+    the surface's preprocessing as always (an in-memory dataset object too: its uint8 images, to the
+    surface's input size)."""
+    if not isinstance(data, str):
+        return shaped_for(surface, data.subset(limit))
     if size is None or generated_size(data) is None:
         return dataset_for(surface, data, split, limit=limit, seed=seed)
     return shaped_for(surface, load_split(data, split, seed=seed, limit=limit, size=size))
