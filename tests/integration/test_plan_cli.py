@@ -16,7 +16,8 @@ def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
     main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
     text = capsys.readouterr().out
     assert not out.exists()
-    assert "rope_prefix" in text and "image-forwards" in text and "plan: 1 model(s), 5 stage(s) to run" in text
+    assert "rope_prefix" in text and "extrapolate" in text and "image-forwards" in text
+    assert "plan: 1 model(s), 6 stage(s) to run" in text
     assert "estimated" in text
 
 
@@ -40,6 +41,8 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
     assert prefix is not None and prefix.forwards == 64 + 500 * 8
     assert prefix.blocks == 64 * L + 500 * (8 * L + 4 * (L - R))
+    extra = rows["extrapolate"].plan  # 300 images at 224, 336 and 448 px (grids 14, 21, 28)
+    assert extra is not None and extra.forwards == 3 * 300 and extra.blocks == 3 * 300 * L and extra.fits == 3 * L
     head = rows["head"].plan
     assert rows["head"].status == "run" and head is not None and head.forwards == 4000 + 1000 + 1000
     assert plan.data_problems == {}
@@ -53,13 +56,13 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
                                     "rope_axis": {"images": 20, "restore": [1]},
                                     "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2},
-                                    "rope_prefix": {"images": 20, "attn_images": 2}})
+                                    "rope_prefix": {"images": 20, "attn_images": 2}, "extrapolate": {"images": 20}})
     before = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 5
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 6
     lines: list[str] = []
     run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
-    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 5 stage(s) to run, 0 cached")
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 6 stage(s) to run, 0 cached")
     after = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 5
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 6
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 5 stage(s) cached"
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 6 stage(s) cached"
