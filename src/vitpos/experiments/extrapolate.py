@@ -91,8 +91,9 @@ def check_scales(surface: ModelSurface, scales: Sequence[float], flag: str = "--
             raise VitposError(f"{flag} {s:g}: the grid {surface.grid} times {s:g} must keep at least 2 rows and "
                               "columns (pass scales > 0, e.g. 1.5,2)")
         if g in grids:
-            raise VitposError(f"{flag} {s:g} gives the grid {g}, as does {grids[g]:g} (1 is the training size, always "
-                              f"run) for {surface.spec}; pass scales giving distinct grids")
+            twin = "the training grid (always run)" if grids[g] == 1.0 else f"the grid of {grids[g]:g} too"
+            raise VitposError(f"{flag} {s:g} gives the grid {g}, {twin}, for {surface.spec}; pass scales giving "
+                              "distinct grids")
         grids[g] = s
     return sorted(scales)
 
