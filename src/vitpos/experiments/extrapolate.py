@@ -186,7 +186,8 @@ def plan_extrapolate(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
     image, counted as image x block evaluations all the same)."""
     n, L = sizes.n("test", settings["images"]), surface.depth
     scales = surface.extrapolation_scales if settings.get("scales") is None else settings["scales"]
-    plan = StagePlan()
+    # block evaluations are timed at the training grid's cost; larger grids have more tokens per image
+    plan = StagePlan(note="the larger grids' blocks take longer than the estimate")
     for scale in (1.0, *scales):
         H, W = grid_at(surface, scale)
         plan += StagePlan.full(n, L) + StagePlan.probe_fits(L, n, H * W, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
