@@ -324,6 +324,48 @@ def sae(
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
 
 
+@app.command()
+def extrapolate(
+    model: str = ModelOpt,
+    data: str = DataOpt,
+    out: Path = OutOpt,
+    images: int = typer.Option(300, "--images", min=8, help="test images per size (>= 8)"),
+    scales: str | None = typer.Option(None, "--scales", help="comma list of grid scales besides the training size "
+                                      "(default: 1.25,1.5 for vitpos' models, 1.5,2 for timm models)"),
+    seed: int = typer.Option(0, "--seed"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+    head: Path | None = HeadOpt,
+    progress: bool = ProgressOpt,
+):
+    """Probes per layer and top-1 at the training size and larger grids (APE resampled, RoPE rebuilt);
+    OUT/extrapolate.json. A classifier that does not fit the data: probes only, top-1 refused."""
+    from vitpos.experiments.extrapolate import run_extrapolate
+
+    surface = _surface(model, pretrained, checkpoint, head, data)
+    doc = run_extrapolate(surface, data=data, n_images=images, scales=_float_list(scales, "--scales"), seed=seed,
+                          out=out, progress=progress)
+    t = Table("input", "grid", "top-1", "row acc by layer", "col acc by layer")
+    for sz in doc.sizes:
+        t.add_row(f"{sz.img_size[0]} px", f"{sz.grid[0]}x{sz.grid[1]}", "refused" if sz.top1 is None else
+                  f"{sz.top1:.3f}", " ".join(f"{v:.2f}" for v in sz.row_acc), " ".join(f"{v:.2f}" for v in sz.col_acc))
+    out_console.print(t)
+    note = f"top-1 refused: {doc.top1_refused}; " if doc.top1_refused else ""
+    out_console.print(f"{note}rope grid {doc.rope_grid or 'n/a'} -> {out}")
+
+
+def _float_list(text: str | None, flag: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise VitposError(f"{flag} {text!r}: pass a comma list of numbers, e.g. 1.5,2") from None
+    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
+        raise VitposError(f"{flag} {text!r}: pass a comma list of positive numbers, e.g. 1.5,2")
+    return vals
+
+
 @intervene_app.command("ape-permute")
 def ape_permute(
     model: str = ModelOpt,

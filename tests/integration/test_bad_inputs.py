@@ -23,6 +23,7 @@ def files(tmp_path_factory):
     (root / "k0.yaml").write_text("sae:\n  k: 0\n")
     (root / "restore.yaml").write_text("rope_axis:\n  restore: []\n")
     (root / "lr.toml").write_text("[sae]\nlr = -1.0\n")
+    (root / "scales.yaml").write_text("extrapolate:\n  scales: [0]\n")
     (root / "empty_folder").mkdir()
     sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
     SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
@@ -132,6 +133,12 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "intervene rope-freq -m builtin:rope-axial --out {out} --layers x",
     "intervene rope-freq -m builtin:ape --out {out}",
     "intervene bogus",
+    # extrapolate
+    "extrapolate -m builtin:ape --out {out} --images 2",
+    "extrapolate -m builtin:ape --out {out} --scales abc",
+    "extrapolate -m builtin:ape --out {out} --scales 0",
+    "extrapolate -m builtin:ape --out {out} --scales 1.05",
+    "extrapolate -m builtin:rope-axial --out {out} --scales 1.5,1.55",
     # run
     "run --out {out} --models builtin:ape,builtin:nope",
     "run --out {out} --data nope",
@@ -144,6 +151,7 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "run --out {out} --config {root}/k0.yaml",
     "run --out {out} --config {root}/restore.yaml",
     "run --out {out} --config {root}/lr.toml",
+    "run --out {out} --config {root}/scales.yaml",
     "run --out {root}/a_file --quick",
     "run --out {out} --seed -1",
 ]

@@ -16,7 +16,8 @@ def test_vitpos_run_plan_prints_counts_and_writes_nothing(tmp_path, capsys):
     main(["run", "--plan", "--quick", "--models", spec, "--data", "shapes", "--out", str(out)])
     text = capsys.readouterr().out
     assert not out.exists()
-    assert "rope_freq" in text and "image-forwards" in text and "plan: 1 model(s), 6 stage(s) to run" in text
+    assert "rope_freq" in text and "extrapolate" in text and "image-forwards" in text
+    assert "plan: 1 model(s), 7 stage(s) to run" in text
     assert "estimated" in text
 
 
@@ -34,8 +35,9 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     assert heads is not None and heads.forwards == 64 * 2 + 500 * 3 + 2000
     L, H, R = 12, 12, 6  # 197 tokens, restore from depth // 2
     # rebuild: per later head rotations off and output mean-ablated (blocks >= its layer: 21 per head
-    # over layers 6..11), plus the z means and the two joint top-5 conditions from the restore stream
-    assert heads.blocks == (64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + 2 * H * 21 + 3 * (L - R))
+    # over layers 6..11), plus the z means / direct effects and the three joint top-5 conditions from the
+    # restore stream
+    assert heads.blocks == (64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + 2 * H * 21 + 4 * (L - R))
                             + 2000 * (L + H * 78))
     prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
     assert prefix is not None and prefix.forwards == 64 + 500 * 8
@@ -43,6 +45,8 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     freq = rows["rope_freq"].plan  # windows 0-5, 6-11, 0-11; 8 bands x axes: 0-11 from the input, 0-5 from its
     assert freq is not None and freq.forwards == 300 * 9  # stream at 6, 6-11 from the clean stream at 6
     assert freq.blocks == 300 * (L + 8 * (L + 2 * (L - R))) and freq.fits == 2 + 8 * (2 + 1 + 1)
+    extra = rows["extrapolate"].plan  # 300 images at 224, 336 and 448 px (grids 14, 21, 28)
+    assert extra is not None and extra.forwards == 3 * 300 and extra.blocks == 3 * 300 * L and extra.fits == 3 * L
     head = rows["head"].plan
     assert rows["head"].status == "run" and head is not None and head.forwards == 4000 + 1000 + 1000
     assert plan.data_problems == {}
@@ -57,13 +61,13 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
                                     "rope_axis": {"images": 20, "restore": [1]},
                                     "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2},
                                     "rope_prefix": {"images": 20, "attn_images": 2},
-                                    "rope_freq": {"images": 20, "bands": 2}})
+                                    "rope_freq": {"images": 20, "bands": 2}, "extrapolate": {"images": 20}})
     before = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 6
+    assert [s.status for s in before.stages if s.status != "n/a"] == ["run"] * 7
     lines: list[str] = []
     run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
-    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 6 stage(s) to run, 0 cached")
+    assert lines[0] == before.summary() and lines[0].startswith("plan: 1 model(s), 7 stage(s) to run, 0 cached")
     after = plan_study(tmp_path, cfg, measure=None)
-    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 6
+    assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 7
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 6 stage(s) cached"
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 7 stage(s) cached"

@@ -61,6 +61,8 @@ def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
     assert rope["rope_axis"] and rope["rope_heads"] and rope["rope_prefix"] and rope["sae"] is None
     assert ape["rope_prefix"] is None and "rope_prefix" in ape["not_applicable"]
     assert rope["rope_freq"]["splits"] and ape["rope_freq"] is None and "rope_freq" in ape["not_applicable"]
+    for doc in (ape["extrapolate"], rope["extrapolate"]):  # --quick: 100 images at 32, 40 and 48 px
+        assert [sz["img_size"][0] for sz in doc["sizes"]] == [32, 40, 48] and doc["n_images"] == 100
     assert 0 <= ape["eval"]["top1"] <= 1 and "baseline_top1" in ape["ape_permute"]
     assert [c["id"] for c in res["summary"]["claims"]] == ["C1", "C2", "C3", "C4", "C5"]
     assert all(c["verdict"] in ("supported", "not supported", "partly supported", "inconclusive",

@@ -13,6 +13,7 @@ from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
 from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
+from vitpos.experiments.extrapolate import plan_extrapolate, run_extrapolate
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
 from vitpos.experiments.rope_freq import plan_rope_freq, run_rope_freq
@@ -35,6 +36,7 @@ def counting(surface, monkeypatch):
     """Count what really runs: embedded images, image x block evaluations, probe fits and their work."""
     import vitpos.analysis.probes as probes_mod
     import vitpos.experiments.common as common
+    import vitpos.experiments.extrapolate as extra_mod
     import vitpos.experiments.probe as probe_mod
     import vitpos.experiments.sae_run as sae_mod
 
@@ -55,8 +57,9 @@ def counting(surface, monkeypatch):
     # probes' own fit_probe_tokens, which stays unpatched: one count per fit)
     for mod in (probes_mod, probe_mod):
         monkeypatch.setattr(mod, "fit_position_probes", counted(real_fit))
-    for mod in (common, sae_mod):
+    for mod in (common, sae_mod, extra_mod):
         monkeypatch.setattr(mod, "fit_probe_tokens", counted(real_fit_tokens))
+    # hooks on the model: a resized copy (ModelSurface.at_size, a deepcopy) carries them, so its work counts too
     handles = [surface.model.patch_embed.register_forward_hook(
         lambda m, a, out: counts.__setitem__("forwards", counts["forwards"] + a[0].shape[0]))]
     for blk in surface.model.blocks:
@@ -155,6 +158,16 @@ def test_rope_freq_plan_counts_what_runs(rope4, monkeypatch, shared):
         assert_counts(plan, counts)
 
 
+def test_extrapolate_plan_counts_what_runs(rope4, monkeypatch):
+    data = toy(300)
+    for scales in (None, [1.5, 2.0, 3.0]):
+        plan = plan_extrapolate({"images": 50, "scales": scales}, rope4, SplitSizes(test=300))
+        with counting(rope4, monkeypatch) as counts:
+            run_extrapolate(rope4, data, n_images=50, scales=scales)
+        assert_counts(plan, counts, exact_work=True)
+        assert plan.forwards == 50 * (1 + len(scales or rope4.extrapolation_scales))
+
+
 def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
     sizes = SplitSizes(test=4000)
     heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
@@ -175,7 +188,8 @@ def _stage(exp_name, surface, data, cfg, prior, tmp_path):
 
 
 def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
-    """eval, probe, sae and ape_permute on an APE model; the RoPE stages through the study's settings."""
+    """eval, probe, sae, ape_permute and extrapolate on an APE model; the RoPE stages and extrapolate on a
+    RoPE model, through the study's settings."""
     cfg = RunConfig.model_validate({
         "eval_images": 50, "probe": {"images": 40},
         "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
@@ -183,12 +197,12 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         "rope_axis": {"images": 30, "restore": [1]},
         "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4},
         "rope_prefix": {"images": 30, "attn_images": 4, "block_from": 1},
-        "rope_freq": {"images": 30, "bands": 2}})
+        "rope_freq": {"images": 30, "bands": 2}, "extrapolate": {"images": 24}})
     data = toy(300)
     sizes = SplitSizes(train=300, test=300)
     ape = tiny_own("ape")
     prior: dict[str, Done] = {}
-    for name in ("eval", "probe", "sae", "ape_permute"):
+    for name in ("eval", "probe", "sae", "ape_permute", "extrapolate"):
         exp, settings, stage = _stage(name, ape, data, cfg, prior, tmp_path)
         plan = exp.plan(settings, ape, sizes)
         with counting(ape, monkeypatch) as counts:
@@ -209,7 +223,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         else:
             assert_counts(plan, counts, exact_work=True)
     rope = tiny_own("rope-axial")
-    for name in ("rope_axis", "rope_heads", "rope_prefix", "rope_freq"):
+    for name in ("rope_axis", "rope_heads", "rope_prefix", "rope_freq", "extrapolate"):
         exp, settings, stage = _stage(name, rope, data, cfg, {}, tmp_path)
         plan = exp.plan(settings, rope, sizes)
         with counting(rope, monkeypatch) as counts:

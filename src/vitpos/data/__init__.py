@@ -31,10 +31,10 @@ def _check_split(split: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def _shapes_split(split: str, seed: int, n: int) -> TensorImageDataset:
+def _shapes_split(split: str, seed: int, n: int, size: int = shapes.SIZE) -> TensorImageDataset:
     # shapes scene i depends only on (seed, i): a limit only generates the prefix it keeps.
-    images, labels = shapes.generate(n, split_seed(seed, "shapes", split))
-    return TensorImageDataset(images, labels, shapes.INFO, split)
+    images, labels = shapes.generate(n, split_seed(seed, "shapes", split), size)
+    return TensorImageDataset(images, labels, shapes.info_at(size), split)
 
 
 @lru_cache(maxsize=8)
@@ -61,19 +61,25 @@ def load_split(
     seed: int = 0,
     limit: int | None = None,
     transform: Callable | None = None,
+    size: int | None = None,
 ) -> TensorImageDataset | LazyImageDataset:
     """One split of a dataset; the same (name, split, seed) always gives the same samples.
 
     transform (PIL image -> float tensor (C, H, W), e.g. a timm model's preprocessing) makes the
     split lazy: built-in images are converted to RGB PIL images and transformed on access.
     imagefolder splits are always lazy (default transform: resize 224, [-1, 1]).
+    size: render the procedural `shapes` at size x size px (None: its native 32); data with fixed
+    images refuse it.
     """
     _check_split(split)
+    if size is not None and name != "shapes":
+        raise VitposError(f"{name} has fixed images; only the procedural shapes can be generated at another size "
+                          "(drop size=, and resize the images instead)")
     if name.startswith(imagefolder.PREFIX):
         return imagefolder.load_split(name, split, seed, transform).subset(limit)
     if name == "shapes":
-        size = shapes.SPLIT_SIZES[split]
-        ds = _shapes_split(split, seed, size if limit is None else min(max(limit, 0), size))
+        n = shapes.SPLIT_SIZES[split]
+        ds = _shapes_split(split, seed, n if limit is None else min(max(limit, 0), n), size or shapes.SIZE)
     elif name == "digits":
         ds = _digits_split(split, seed)
     elif name == "fashion":

@@ -32,6 +32,28 @@ def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None 
     return shaped_for(surface, ds)
 
 
+def generated_size(data) -> tuple[int, int] | None:
+    """The native (H, W) of data that can be generated at another size (the procedural shapes), else None."""
+    if data == "shapes":
+        from vitpos.data import shapes
+
+        return shapes.INFO.image_size
+    return None
+
+
+def dataset_at_size(surface: ModelSurface, data, split: str, size: int | None, limit: int | None = None,
+                    seed: int = 0):
+    """`dataset_for(surface, ...)` with shapes generated at size x size px first (None: native); data
+    that cannot be generated at another size (`generated_size` None) ignores `size` and is resized by
+    the surface's preprocessing as always (an in-memory dataset object too: its uint8 images, to the
+    surface's input size)."""
+    if not isinstance(data, str):
+        return shaped_for(surface, data.subset(limit))
+    if size is None or generated_size(data) is None:
+        return dataset_for(surface, data, split, limit=limit, seed=seed)
+    return shaped_for(surface, load_split(data, split, seed=seed, limit=limit, size=size))
+
+
 def shaped_for(surface: ModelSurface, ds):
     """An in-memory built-in split seen through `surface`'s own preprocessing (`vitpos.data.preprocess`):
     resized to its input size, grey <-> RGB, its mean / std; unchanged when that is the identity."""
@@ -67,4 +89,4 @@ def data_name(data) -> str:
     return data if isinstance(data, str) else f"{data.info.name}:{getattr(data, 'split', '?')}"
 
 
-__all__ = ["data_fingerprint", "data_name", "dataset_for"]
+__all__ = ["data_fingerprint", "data_name", "dataset_at_size", "dataset_for", "generated_size"]

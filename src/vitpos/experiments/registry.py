@@ -5,6 +5,7 @@ from __future__ import annotations
 from vitpos.experiments.ape_permute import ApePermuteExperiment
 from vitpos.experiments.base import Experiment
 from vitpos.experiments.evaluation import EvalExperiment
+from vitpos.experiments.extrapolate import ExtrapolateExperiment
 from vitpos.experiments.probe import ProbeExperiment
 from vitpos.experiments.rope_axis import RopeAxisExperiment
 from vitpos.experiments.rope_freq import RopeFreqExperiment
@@ -14,7 +15,7 @@ from vitpos.experiments.sae_run import SAEExperiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
-    RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(),
+    RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment(),
 )
 BY_NAME: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

@@ -29,6 +29,8 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 class OwnSurface(TimmEvaSurface):
     """vitpos' own ViTs: timm Eva models built from an OwnViTConfig (see own.py)."""
 
+    extrapolation_scales = (1.25, 1.5)  # 32 px -> 40 and 48 px (grid 8 -> 10, 12)
+
     def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None):
         super().__init__(model, spec)
         self.config = config
@@ -38,6 +40,12 @@ class OwnSurface(TimmEvaSurface):
 
             if trained_data in BUILTIN:
                 self.trained_classes = tuple(dataset_info(trained_data).class_names)
+
+    def _resized(self) -> None:
+        super()._resized()
+        h, w = self.input_size[1:]
+        if h == w:  # the config describes the model as it now runs (OwnViTConfig has one img_size)
+            self.config = self.config.model_copy(update={"img_size": h})
 
     def data_config(self) -> dict:
         """vitpos' own ViTs read [-1, 1] images (data.base.to_float)."""

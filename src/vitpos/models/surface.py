@@ -193,6 +193,9 @@ class ModelSurface:
     input_size: tuple[int, int, int]  # (C, H, W)
     head: Head | None = None  # a fitted classifier on the pooled features (`with_head`); None: the model's own
     trained_classes: tuple[str, ...] | None = None  # class names of the data an own model was trained on
+    resizable: bool = False  # at_size works (adapters that implement it set True)
+    # grid scales the extrapolate experiment runs by default (the issue's 1.5x and 2x for pretrained models)
+    extrapolation_scales: tuple[float, ...] = (1.5, 2.0)
 
     # --- what experiments use -------------------------------------------------------------
     @property
@@ -206,6 +209,22 @@ class ModelSurface:
     @property
     def has_ape(self) -> bool:
         return self.scheme in ("ape", "rope+ape")
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        """(pixels per patch row, per patch column)."""
+        return self.input_size[1] // self.grid[0], self.input_size[2] // self.grid[1]
+
+    def at_size(self, img_size: int | tuple[int, int]) -> ModelSurface:
+        """This model on a copy resized to take `img_size` images (same weights, a larger or smaller
+        grid): absolute embeddings resampled and rotary tables rebuilt by the model family's own code.
+        The copy keeps any attached head (it reads pooled features, which any grid gives) and the
+        forward hooks on the model at the time (copy.deepcopy); this surface is left unchanged."""
+        raise VitposError(f"{self.spec} ({type(self).__name__}) cannot be resized to another input size")
+
+    def rope_table(self) -> torch.Tensor:
+        """The rotary tensor the blocks get for this grid, (..., H*W, 2d): patches in row-major order."""
+        raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
     def patch_rows_cols(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = torch.arange(self.num_patches)

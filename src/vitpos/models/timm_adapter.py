@@ -7,6 +7,7 @@ softmax pattern when attention is unfused), which is what the hook sites attach 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -57,6 +58,7 @@ class TimmViTSurface(ModelSurface):
     """timm VisionTransformer (APE or none): vit_*, deit_*, deit3_*, vit_*_reg*."""
 
     model: VisionTransformer | Eva
+    resizable = True
 
     def __init__(self, model: nn.Module, spec: str):
         if not isinstance(model, (VisionTransformer, Eva)):
@@ -71,8 +73,7 @@ class TimmViTSurface(ModelSurface):
             pass  # fixed-size use is fine; the grid below is the configured one
         self.model = model.eval()
         self.spec = spec
-        grid_h, grid_w = model.patch_embed.grid_size
-        self.grid = (int(grid_h), int(grid_w))
+        self._read_size()
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.depth = len(model.blocks)
         # nn.ModuleList / Sequential items are typed as plain Modules; blocks[i].attn is a timm attention.
@@ -81,9 +82,36 @@ class TimmViTSurface(ModelSurface):
         self.head_dim = int(getattr(attn0, "head_dim", model.embed_dim // self.num_heads))
         self.width = int(model.embed_dim)
         self.num_classes = int(getattr(model, "num_classes", 0))
-        img = cast(tuple[int, int], model.patch_embed.img_size)  # PatchEmbed keeps to_2tuple(img_size)
-        self.input_size = (int(model.patch_embed.proj.in_channels), int(img[0]), int(img[1]))
         self.scheme = "ape" if getattr(model, "pos_embed", None) is not None else "none"
+
+    def _read_size(self) -> None:
+        """grid and input_size from the model's patch embedding (at construction and after a resize)."""
+        pe: Any = self.model.patch_embed
+        grid_h, grid_w = pe.grid_size
+        self.grid = (int(grid_h), int(grid_w))
+        img = cast(tuple[int, int], pe.img_size)  # PatchEmbed keeps to_2tuple(img_size)
+        self.input_size = (int(pe.proj.in_channels), int(img[0]), int(img[1]))
+
+    def at_size(self, img_size: int | tuple[int, int]) -> ModelSurface:
+        h, w = (img_size, img_size) if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
+        pe: Any = self.model.patch_embed
+        ph, pw = (int(v) for v in pe.patch_size)
+        if h < ph or w < pw or h % ph or w % pw:
+            raise VitposError(f"img_size {h}x{w} does not fit {self.spec}: it must be a positive multiple of the "
+                              f"patch size {ph}x{pw}")
+        model = copy.deepcopy(self.model)
+        # timm's own resize: PatchEmbed grid, resample_abs_pos_embed (bicubic) of the APE table, and
+        # rope.update_feat_shape for the rotary tables (Eva)
+        model.set_input_size(img_size=(h, w))
+        out = copy.copy(self)
+        out.model = model.eval()
+        out._resized()
+        return out
+
+    def _resized(self) -> None:
+        """Refresh what depends on the input size after `at_size` put a resized model copy in place."""
+        self._read_size()
+        self._weights_digest = None
 
     def _pooled(self, images: torch.Tensor) -> torch.Tensor:
         m = self.model
@@ -151,6 +179,16 @@ class TimmEvaSurface(TimmViTSurface):
         has_ape = getattr(model, "pos_embed", None) is not None
         self.scheme = ("rope+ape" if has_ape else "rope") if rope is not None else ("ape" if has_ape else "none")
         self._axis_map: RopeAxisMap | None = None
+
+    def _resized(self) -> None:
+        super()._resized()
+        self._rope = self.model.rope  # type: ignore[assignment]  # checked at construction; the copy's module
+        self._axis_map = None  # channel axes / mixed grids are read off the new grid
+
+    def rope_table(self) -> torch.Tensor:
+        if not self.has_rope:
+            return super().rope_table()
+        return self._base_rope()
 
     @torch.no_grad()
     def embed_tokens(self, images: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers
+    from vitpos.plots.extrapolate import plot_extrapolate
     from vitpos.plots.features import plot_feature_maps
     from vitpos.plots.freq import plot_rope_freq
     from vitpos.plots.headline import plot_headline
@@ -23,10 +24,12 @@ _EXPORTS = {
     "plot_probe_curves": "vitpos.plots.probe", "plot_headline": "vitpos.plots.headline",
     "plot_feature_maps": "vitpos.plots.features", "plot_rope_prefix": "vitpos.plots.prefix",
     "plot_rope_freq": "vitpos.plots.freq",
+    "plot_extrapolate": "vitpos.plots.extrapolate",
 }
 # A literal list (type checkers cannot evaluate sorted(_EXPORTS)); test_report checks it matches _EXPORTS.
-__all__ = ["mathtext_safe", "plot_ape_permute", "plot_feature_maps", "plot_headline", "plot_probe_curves",
-           "plot_recovery", "plot_rope_axis", "plot_rope_freq", "plot_rope_heads", "plot_rope_prefix"]
+__all__ = ["mathtext_safe", "plot_ape_permute", "plot_extrapolate", "plot_feature_maps", "plot_headline",
+           "plot_probe_curves", "plot_recovery", "plot_rope_axis", "plot_rope_freq", "plot_rope_heads",
+           "plot_rope_prefix"]
 
 
 def __getattr__(name: str) -> Any:

@@ -463,9 +463,39 @@ def _sec_freq(doc: dict) -> str:
     return out
 
 
+def _sec_extrapolate(doc: dict) -> str:
+    rows = []
+    for sz in doc.get("sizes") or []:
+        if not isinstance(sz, dict):
+            continue
+        px, g = sz.get("img_size") or ["?"], sz.get("grid") or ["?", "?"]
+        data_px = sz.get("data_px")
+        top1 = "refused" if sz.get("top1") is None else f"{pct(sz.get('top1'))} {ci(sz.get('top1_ci'), 100, 1, '%')}"
+        rows.append([f"{px[0]} px", f"{g[0]}×{g[1]}", "resized" if data_px is None else f"generated {data_px} px",
+                     top1, pct(last(sz.get("row_acc"))), pct(last(sz.get("col_acc"))),
+                     ", ".join(fnum(v, 2) for v in sz.get("row_skill") or []),
+                     ", ".join(fnum(v, 2) for v in sz.get("col_skill") or [])])
+    how = []
+    if doc.get("ape"):
+        how.append(f"APE {e(doc['ape'])}")
+    if doc.get("rope_grid") == "extended":
+        how.append("RoPE tables rebuilt with the trained grid step: the added rows / columns turn by unseen angles")
+    elif doc.get("rope_grid") == "rescaled":
+        how.append("RoPE tables rebuilt with the larger grid mapped onto the trained range (rescaled coordinates)")
+    refused = doc.get("top1_refused")
+    out = (f"<p>{e(doc.get('model', ''))} ({e(doc.get('scheme', '?'))}) on {e(doc.get('data', ''))}, "
+           f"{e(doc.get('n_images', '?'))} images per size, probes at {e(doc.get('site', 'resid_post'))} retrained at "
+           f"each size (as many classes as the grid has rows / columns). {'; '.join(how) or 'No positional encoding'}."
+           " Skill = (acc − chance) / (1 − chance) per layer: 1 = every patch placed, 0 = chance."
+           + (f" Top-1 refused: {e(refused)}" if refused else "") + "</p>")
+    return out + table(["input", "grid", "data", "top-1 [95% CI]", "row acc (last layer)", "col acc (last layer)",
+                        "row skill per layer", "col skill per layer"], rows)
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {  # experiment name -> its section body
     "eval": _sec_eval, "probe": _sec_probe, "sae": _sec_sae, "ape_permute": _sec_ape,
     "rope_axis": _sec_axis, "rope_heads": _sec_heads, "rope_prefix": _sec_prefix, "rope_freq": _sec_freq,
+    "extrapolate": _sec_extrapolate,
 }
 RENDER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, VitposError)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -80,6 +80,14 @@ class RopeFreqStage(_Strict):
                                      description="probed layers; None = the last layer of each window")
 
 
+class ExtrapolateStage(_Strict):
+    images: int = Field(default=300, ge=8, description="test-split images per size, split by image into probe "
+                        "train/test")
+    scales: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1, description="grid scales run besides the training size; None = the model's own "
+        "(vitpos' models 1.25, 1.5: 32 -> 40, 48 px; timm models 1.5, 2)")
+
+
 class HeadStage(_Strict):
     """The classifier the study fits on a model's pooled features when the model's own does not fit
     the data (headless backbones, another class count) and `heads` names none."""
@@ -105,6 +113,7 @@ class RunConfig(_Strict):
     rope_heads: RopeHeadsStage = RopeHeadsStage()
     rope_prefix: RopePrefixStage = RopePrefixStage()
     rope_freq: RopeFreqStage = RopeFreqStage()
+    extrapolate: ExtrapolateStage = ExtrapolateStage()
 
 
 QUICK = {
@@ -118,6 +127,7 @@ QUICK = {
     "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},
+    "extrapolate": {"images": 100},
 }
 
 

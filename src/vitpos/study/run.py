@@ -1,8 +1,9 @@
 """`vitpos run`: the whole study on the built-in defaults, cached per stage, resumable, one report.
 
 Stages per model: the experiments of the registry in order (eval, probe, then sae + ape_permute
-for APE models, rope_axis + rope_heads + rope_prefix + rope_freq for RoPE models); an experiment that does not
-apply to a model is recorded with its reason. Each stage's result lives in OUT/stages/<model>/<stage>-<key>.json
+for APE models, rope_axis + rope_heads + rope_prefix + rope_freq for RoPE models, extrapolate for
+every resizable model); an experiment that does not apply to a model is recorded with its reason.
+Each stage's result lives in OUT/stages/<model>/<stage>-<key>.json
 (`vitpos.study.cache`): a rerun skips finished stages, an interrupted run resumes at the first
 unfinished one, --force recomputes. Figures are drawn once per run, from the results, into
 OUT/figures/. Before them, a model whose classifier does not fit the data (a headless backbone, another
