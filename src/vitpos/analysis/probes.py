@@ -361,21 +361,6 @@ def _head_correct(
     return torch.cat(parts) if parts else torch.zeros(0, len(heads), dtype=torch.long)
 
 
-def _head_accuracies(
-    features: torch.Tensor,
-    images: torch.Tensor,
-    heads: list[tuple[torch.Tensor, torch.Tensor]],
-    labels: list[torch.Tensor],
-    mean: torch.Tensor,
-    std: torch.Tensor,
-    device: torch.device,
-) -> list[float]:
-    """Accuracy of each head on all tokens of `images`."""
-    correct = _head_correct(features, images, heads, labels, mean, std, device)
-    return (correct.sum(0).double() / (images.numel() * features.shape[1])).tolist()
-
-
-
 @dataclass(frozen=True)
 class ProbeSample:
     """Which tokens a `fit_position_probes` call reads, fixed from the image ids and the seed alone
@@ -556,7 +541,8 @@ def fit_probe_tokens(
         heads = fit_softmax_heads(
             xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
         )
-        accs = _head_accuracies(tokens.val, val_rows, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
+        correct = _head_correct(tokens.val, val_rows, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
+        accs = (correct.sum(0).double() / (val_rows.numel() * n_patch)).tolist()
         for t, acc, head in zip(("row", "col"), accs, heads, strict=True):
             val_by_l2[t][l2] = acc
             # Strict '>' keeps the larger (safer) l2 on ties.
