@@ -322,3 +322,27 @@ def test_every_json_string_is_escaped(tmp_path):
     check_html(page)
     assert "<script" not in page.lower()
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 20
+
+
+def test_rope_axis_figure_shades_the_probe_intervals(monkeypatch, tmp_path):
+    """Each retrained-probe curve with an interval per layer gets a shaded band spanning it, and the
+    recovery legend carries mean Rec's interval; without intervals nothing is shaded."""
+    from matplotlib.collections import PolyCollection
+
+    figs = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figs.append(fig) or path)
+    doc = rope_axis_doc()
+    plots.plot_rope_axis(doc, tmp_path / "a.png")
+    assert not [c for ax in figs[0].axes for c in ax.collections if isinstance(c, PolyCollection)]
+    for c in doc["conditions"].values():
+        for a in ("row", "col"):
+            c[f"{a}_acc_ci95"] = [[v - 0.05, v + 0.05] for v in c[f"{a}_acc"]]
+    for per_r in doc["recovery"].values():
+        for r in per_r.values():
+            r["mean_rec_ci95"] = [0.1, 0.9]
+    plots.plot_rope_axis(doc, tmp_path / "b.png")
+    bands = [c for ax in figs[1].axes for c in ax.collections if isinstance(c, PolyCollection)]
+    assert bands and all(abs(float(b.get_paths()[0].vertices[:, 1].max()) - 1.0) < 0.06 for b in bands[:1])
+    plots.plot_recovery(doc, tmp_path / "c.png")
+    labels = [t.get_text() for ax in figs[2].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert labels and all("[0.10, 0.90]" in t for t in labels)

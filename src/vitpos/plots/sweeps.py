@@ -188,10 +188,18 @@ def restore_points(doc: dict) -> list[int]:
     return sorted(rs)
 
 
+def _band(cis: Any, n: int) -> tuple[list[float], list[float]] | None:
+    """Lower and upper ends of per-layer [lo, hi] intervals; None unless every layer has one."""
+    if not isinstance(cis, list) or len(cis) != n or not all(isinstance(c, list) and len(c) == 2 for c in cis):
+        return None
+    return [_num(c[0]) for c in cis], [_num(c[1]) for c in cis]
+
+
 def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None) -> Path:
     """Row and column probe accuracy vs layer for baseline / no_row / no_col / no_both and the
     restore-at-R curves (R = `restore_from`, default the middle R present). Solid: probe
-    retrained on each condition (decodable at all); dashed: the original probe (readable by it)."""
+    retrained on each condition (decodable at all), shaded: its 95 % interval; dashed: the original
+    probe (readable by it)."""
     _need(doc, ("layers", "conditions"), "rope_axis")
     layers = list(doc["layers"])
     conds = doc["conditions"]
@@ -218,6 +226,9 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
                 if ys is not None and len(ys) == len(layers):
                     ax.plot(layers, ys, ls, color=color, marker="o" if ls == "-" else None, ms=3, lw=1.6)
                     drawn = True
+            band = _band(c.get(f"{axis}_acc_ci95"), len(layers))
+            if band is not None:  # 95 % interval of the retrained probe (bootstrap over its test images)
+                ax.fill_between(layers, band[0], band[1], color=color, alpha=0.15, lw=0)
             if drawn:
                 label = f"{name} (top-1 {_pct(c.get('top1'))})"
                 handles.append(Line2D([], [], color=color, lw=2, label=label))
@@ -246,7 +257,8 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
 
 
 def plot_recovery(doc: dict, path: str | Path) -> Path:
-    """Rec(ℓ) vs layer, one curve per restore point R, one panel per axis, with 0 and 1 lines."""
+    """Rec(ℓ) vs layer, one curve per restore point R (its mean Rec and 95 % interval in the
+    legend), one panel per axis, with 0 and 1 lines."""
     _need(doc, ("recovery",), "rope_axis")
     rec = doc["recovery"] or {}
     if not isinstance(rec, dict):
@@ -260,8 +272,10 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
             xs = (entry or {}).get("layers")
             if ys is None or not xs or len(xs) != len(ys):
                 continue
+            iv = entry.get("mean_rec_ci95")
+            span = f" [{_num(iv[0]):.2f}, {_num(iv[1]):.2f}]" if isinstance(iv, list) and len(iv) == 2 else ""
             ax.plot(xs, ys, "-o", ms=3, color=CYCLE[i % len(CYCLE)],
-                    label=f"R={r} (mean {_num(entry.get('mean_rec')):.2f})")
+                    label=f"R={r} (mean {_num(entry.get('mean_rec')):.2f}{span})")
         ax.axhline(0.0, color="black", lw=0.9, ls="--")
         ax.axhline(1.0, color="black", lw=0.9, ls="--")
         ax.text(1.0, 1.0, " full recovery", transform=ax.get_yaxis_transform(), fontsize=7, va="bottom", ha="right")
