@@ -79,7 +79,8 @@ def _probe_condition_full(surface, dataset, context, base_probes, seed, layers, 
     """The former probe_condition: every token of every layer captured, then fit_position_probes."""
     sites = [Site(layer, "resid_post") for layer in layers]
     acts, labels, logits = capture_layers(surface, dataset, sites, context=context)
-    doc: dict = {k: [] for k in ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe")}
+    doc: dict = {k: [] for k in ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe", "row_acc_ci95",
+                                 "col_acc_ci95")}
     for layer in layers:
         feats = acts[str(Site(layer, "resid_post"))]
         kw = {}
@@ -89,6 +90,8 @@ def _probe_condition_full(surface, dataset, context, base_probes, seed, layers, 
                                   **kw)
         doc["row_acc"].append(res.row_acc)
         doc["col_acc"].append(res.col_acc)
+        doc["row_acc_ci95"].append(res.acc_ci95("row"))
+        doc["col_acc_ci95"].append(res.acc_ci95("col"))
         if base_probes is not None:
             test = torch.as_tensor(base_probes[layer].test_image_ids)
             doc["row_acc_orig_probe"].append(base_probes[layer].row_probe.accuracy(feats[test]))
