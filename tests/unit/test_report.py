@@ -346,3 +346,17 @@ def test_rope_axis_figure_shades_the_probe_intervals(monkeypatch, tmp_path):
     plots.plot_recovery(doc, tmp_path / "c.png")
     labels = [t.get_text() for ax in figs[2].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert labels and all("[0.10, 0.90]" in t for t in labels)
+
+
+def test_seeds_with_the_same_line_share_one_item(tmp_path):
+    """Three seeds of a RoPE model are one not-applicable item in an APE claim's RoPE column."""
+    import copy as _copy
+
+    results = make_results()
+    del results["models"][XSS]
+    for k in (1, 2):
+        results["models"][f"{ROPE}-seed{k}"] = _copy.deepcopy(results["models"][ROPE])
+    page = render_report(results, tmp_path).read_text()
+    check_html(page)
+    assert f"<b>{ROPE}, {ROPE}-seed1, {ROPE}-seed2" in page
+    assert page.count(f"<b>{ROPE}-seed1") == 0  # never listed on its own with the same line

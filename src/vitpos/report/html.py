@@ -71,7 +71,7 @@ def _readable(v: Any) -> str:
 def _contrast_cell(claim: str, family: str, models: dict, data: str | None) -> str:
     """What the other scheme's models show for this claim's experiment (or why it does not apply)."""
     exp = CLAIM_EXPERIMENT[claim]
-    items = []
+    by_text: dict[str, list[str]] = {}  # models with the same line share one item (e.g. every seed not applicable)
     for spec, m in models.items():
         if not isinstance(m, dict) or family not in families(describe(m).get("scheme")):
             continue
@@ -82,7 +82,8 @@ def _contrast_cell(claim: str, family: str, models: dict, data: str | None) -> s
             text = summary_line(exp, doc, claim) if doc is not None else f"not applicable: {reason(m, exp)}"
         except RENDER_ERRORS as err:
             text = f"could not summarise {exp}: {err}"
-        items.append(f"<li><b>{e(spec)}</b>: {e(text)}</li>")
+        by_text.setdefault(text, []).append(str(spec))
+    items = [f"<li><b>{e(', '.join(specs))}</b>: {e(text)}</li>" for text, specs in by_text.items()]
     if not items:
         where = "in this run" if data is None else f"on {data}"
         return f'<p class="na">no {"APE" if family == "ape" else "RoPE"} model {e(where)}</p>'
