@@ -5,7 +5,8 @@ Three passes over the same dataset split (same loading, same batches, eval mode,
   hooks    the same with vitpos' capture hooks on every layer (pop_batch per batch), nothing written
   store    vitpos.store.capture.capture_to_store (what `vitpos capture` runs): hooks + shards on disk,
            once per storage dtype
-Passes are timed in interleaved rounds; the best round is kept (interference only slows a round).
+Passes are timed in interleaved rounds; the best round gives img/s and time / bare (interference only slows a
+round); the target reads the median round (issue 16: not the best).
 The clock is the process CPU time by default (`--clock cpu`: it does not count time spent
 descheduled by other jobs; with one thread it equals wall time on an idle machine, but it also
 leaves out waits on the disk), or wall time (`--clock wall`); both are recorded.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -114,6 +116,7 @@ def main(argv=None) -> int:
                 times[k]["cpu"].append(time.process_time() - c0)
         secs = {k: min(v[args.clock]) for k, v in times.items()}
         wall = {k: min(v["wall"]) for k, v in times.items()}
+        med = {k: statistics.median(v[args.clock]) for k, v in times.items()}  # the target reads the median round
 
         disk = {}
         for dt in dtypes:
@@ -128,23 +131,25 @@ def main(argv=None) -> int:
     for k, s in secs.items():
         dt = k.split("-", 1)[1] if k.startswith("store-") else None
         rows.append({"pass": k, "seconds": s, "images_per_s": n / s, "ratio_vs_bare": s / secs["bare"],
+                     "median_seconds": med[k], "median_ratio_vs_bare": med[k] / med["bare"],
                      "wall_seconds": wall[k], "wall_ratio_vs_bare": wall[k] / wall["bare"], "round_seconds": times[k],
                      "bytes_per_value": disk[dt]["bytes_per_value"] if dt else None})
-    store_ratios = [r["ratio_vs_bare"] for r in rows if r["pass"].startswith("store-")]
-    ok = bool(store_ratios) and max(store_ratios) <= 1.10
+    store_ratios = [r["median_ratio_vs_bare"] for r in rows if r["pass"].startswith("store-")]
+    ok = bool(store_ratios) and max(store_ratios) <= 1.10  # on the median round, not the best
 
     print(f"capture of {args.sites} ({layers} layers) from {args.model}: {n} images of {data.split(':')[0]}, "
           f"batch {args.batch_size}, grid {surface.grid[0]}x{surface.grid[1]}, D {surface.width}, "
           f"threads {args.threads}, best of {args.rounds} rounds, {args.clock} clock")
-    print(f"{'pass':<16} {'img/s':>8} {'time / bare':>12} {'wall / bare':>12} {'bytes/value':>12}")
+    print(f"{'pass':<16} {'img/s':>8} {'time / bare':>12} {'median / bare':>14} {'wall / bare':>12} "
+          f"{'bytes/value':>12}")
     for r in rows:
         bpv = f"{r['bytes_per_value']:.4f}" if r["bytes_per_value"] is not None else "-"
         print(f"{r['pass']:<16} {r['images_per_s']:>8.2f} {r['ratio_vs_bare']:>11.3f}x "
-              f"{r['wall_ratio_vs_bare']:>11.3f}x {bpv:>12}")
+              f"{r['median_ratio_vs_bare']:>13.3f}x {r['wall_ratio_vs_bare']:>11.3f}x {bpv:>12}")
     for dt, d in disk.items():
         print(f"{dt}: {d['shard_bytes']:,} shard bytes for {d['values']:,} values ({d['bytes_per_image'] / 2**20:.2f} "
               "MiB/image)")
-    print(f"target store time <= 1.10x bare: {'MET' if ok else 'NOT MET'}")
+    print(f"target store time <= 1.10x bare (median round, every dtype): {'MET' if ok else 'NOT MET'}")
 
     if args.out:
         write_json(args.out, {
