@@ -11,6 +11,7 @@ from test_shared_prefix import _planted, differences
 from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.kept import Keep, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_position_probes, fit_probe_tokens, probe_sample, rows_in
+from vitpos.analysis.stats import accuracy_interval
 from vitpos.errors import VitposError
 from vitpos.experiments.common import capture_condition, condition_context, probe_condition
 from vitpos.models.surface import Site
@@ -100,7 +101,8 @@ def _probe_condition_full(surface, dataset, context, base_probes, seed, layers, 
             doc["row_acc_orig_probe"].append(res.row_acc)
             doc["col_acc_orig_probe"].append(res.col_acc)
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
-    return {**doc, "top1": rep["top1"], "per_group": rep["per_group"]}
+    correct = logits.argmax(-1) == labels
+    return {**doc, "top1": rep["top1"], "top1_ci95": accuracy_interval(correct), "per_group": rep["per_group"]}
 
 
 def test_probe_condition_equals_the_full_capture_path(planted):

@@ -148,7 +148,8 @@ def test_rope_axis_shared_prefix_equals_the_old_path(which):
         assert not diffs, diffs[:10]
         accs = [a for c in new["conditions"].values() for a in c["row_acc"] + c["col_acc"]]
         assert max(accs) - min(accs) > 0.2  # the conditions differ: the comparison has teeth
-        for c in new["conditions"].values():  # every retrained accuracy inside its interval
+        for c in new["conditions"].values():  # every retrained accuracy and top-1 inside its interval
+            assert c["top1_ci95"][0] - 1e-9 <= c["top1"] <= c["top1_ci95"][1] + 1e-9
             for a in ("row", "col"):
                 for acc, (lo, hi) in zip(c[f"{a}_acc"], c[f"{a}_acc_ci95"], strict=True):
                     assert lo - 1e-9 <= acc <= hi + 1e-9

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from vitpos.analysis.forward import accuracy_report, forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
-from vitpos.analysis.stats import bootstrap_means, percentile_interval
+from vitpos.analysis.stats import accuracy_interval, bootstrap_means, percentile_interval
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -221,9 +221,11 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
                 doc["col_acc_orig_probe"].append(res.col_acc)
             del whole
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
+    correct = logits.argmax(-1).cpu() == labels.cpu()
     doc["top1"] = rep["top1"]
+    doc["top1_ci95"] = accuracy_interval(correct)
     doc["per_group"] = rep["per_group"]
-    out = {"doc": doc, "probes": probes, "layers": list(layers), "correct": logits.argmax(-1).cpu() == labels.cpu()}
+    out = {"doc": doc, "probes": probes, "layers": list(layers), "correct": correct}
     if per_image:
         out["per_image"] = images
     if kept_start is not None:
@@ -253,6 +255,7 @@ class ProbedCondition(BaseModel):
     row_acc_ci95: list[list[float] | None] | None = None
     col_acc_ci95: list[list[float] | None] | None = None
     top1: float
+    top1_ci95: list[float] | None = None  # Wilson, over the condition's images
     per_group: dict[str, float]
     axis: str | None  # row | col | both removed; None: rotations intact
     restore_from: int | None  # first layer whose rotations come back; None: removed everywhere (or never)
