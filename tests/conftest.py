@@ -39,6 +39,12 @@ def tiny_timm(key: str, seed: int = 0):
     return load_model(TIMM_TINY[key])
 
 
+def tiny_surface(which: tuple[str, str]):
+    """("own", pe) -> tiny_own(pe); ("timm", key) -> tiny_timm(key): the families tests parametrise over."""
+    kind, name = which
+    return tiny_own(name) if kind == "own" else tiny_timm(name)
+
+
 def images_for(surface, n: int = 3, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, *surface.input_size, generator=g)

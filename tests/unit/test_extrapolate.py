@@ -9,7 +9,7 @@ import torch
 from timm.layers.pos_embed import resample_abs_pos_embed
 
 import vitpos.experiments.extrapolate as extra
-from conftest import TIMM_TINY, TINY, images_for, tiny_own, tiny_timm
+from conftest import TIMM_TINY, TINY, images_for, tiny_own, tiny_surface, tiny_timm
 from vitpos.data import load_split
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
@@ -28,11 +28,6 @@ ROPE = [p for p in FAMILIES if p.values[0][1] in ("rope-axial", "rope-mixed", "r
 # naver's RoPE (and vitpos' own, built on it) keep the grid step; EVA-02 (ref_feat_shape) and DINOv3
 # (normalised coordinates) map a larger grid onto the trained range
 RESCALED = {"eva02", "dinov3"}
-
-
-def _load(which):
-    kind, name = which
-    return tiny_own(name) if kind == "own" else tiny_timm(name)
 
 
 def _built_at(which, surface, img: int):
@@ -54,7 +49,7 @@ def _toy(n: int, size: int = 16, seed: int = 0) -> TensorImageDataset:
 @pytest.mark.parametrize("which", FAMILIES)
 def test_at_the_training_size_equals_the_plain_forward(which):
     """APE / RoPE / none: the resized copy at the training size gives the plain surface's floats, bit for bit."""
-    s = _load(which)
+    s = tiny_surface(which)
     same = s.at_size(s.input_size[1:])
     assert same.model is not s.model and same.grid == s.grid and same.input_size == s.input_size
     x = images_for(s, 4)
@@ -65,7 +60,7 @@ def test_at_the_training_size_equals_the_plain_forward(which):
 
 @pytest.mark.parametrize("which", FAMILIES)
 def test_resizing_changes_the_grid_of_the_copy_only(which):
-    s = _load(which)
+    s = tiny_surface(which)
     big = s.at_size(2 * s.input_size[1])
     H, W = s.grid
     assert big.grid == (2 * H, 2 * W) and big.num_patches == 4 * s.num_patches
@@ -85,7 +80,7 @@ def test_resizing_changes_the_grid_of_the_copy_only(which):
 def test_the_ape_table_is_resampled_as_timm_resamples_it(which):
     """The patch table of the resized copy is resample_abs_pos_embed (bicubic) of the trained one;
     prefix rows of a table that has them stay as they were."""
-    s = _load(which)
+    s = tiny_surface(which)
     big = s.at_size(s.input_size[1] * 3 // 2)
     want = resample_abs_pos_embed(s.patch_pos_embed().unsqueeze(0), new_size=list(big.grid), old_size=list(s.grid),
                                   num_prefix_tokens=0)[0]
@@ -103,7 +98,7 @@ def test_the_ape_table_is_resampled_as_timm_resamples_it(which):
 def test_rope_tables_are_rebuilt_for_the_new_grid(which):
     """The resized copy's rotary table is the one the family computes when built at that size, has a
     row per new patch, and (for a model without APE) the copy is the model built at that size."""
-    s = _load(which)
+    s = tiny_surface(which)
     big = s.at_size(2 * s.input_size[1])
     built = _built_at(which, s, 2 * s.input_size[1])
     # without APE every weight is size-free: the trained weights load into the big build as they are
@@ -209,7 +204,7 @@ def test_a_classifier_that_does_not_fit_refuses_top1_but_probes_run():
 
 @pytest.mark.parametrize("which", [p for p in FAMILIES if p.values[0][0] == "timm"])
 def test_runs_on_timm_families(which):
-    s = _load(which)
+    s = tiny_surface(which)
     doc = run_extrapolate(s, _toy(24, size=s.input_size[1]), n_images=24).to_json()
     H = s.grid[0]
     assert [sz["grid"][0] for sz in doc["sizes"]] == [H, round(1.5 * H), 2 * H]  # timm default: 1.5x, 2x

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import images_for, tiny_own, tiny_timm
+from conftest import images_for, tiny_own, tiny_surface, tiny_timm
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
 from vitpos.experiments.rope_freq import (
@@ -28,11 +28,6 @@ FAMILIES = [pytest.param(("own", "rope-axial"), id="own-rope-axial"),
             pytest.param(("timm", "rope_ape"), id="timm-rope_ape"),
             pytest.param(("timm", "eva02"), id="timm-eva02"),
             pytest.param(("timm", "dinov3"), id="timm-dinov3")]
-
-
-def _load(which):
-    kind, name = which
-    return tiny_own(name) if kind == "own" else tiny_timm(name)
 
 
 def _expected_freqs(s, axis: str, layer: int, head: int) -> tuple[list[int], torch.Tensor]:
@@ -57,7 +52,7 @@ def _expected_freqs(s, axis: str, layer: int, head: int) -> tuple[list[int], tor
 
 @pytest.mark.parametrize("which", FAMILIES)
 def test_channel_frequencies_are_timms_bands_at_this_grid(which):
-    s = _load(which)
+    s = tiny_surface(which)
     amap = s.rope_axis_map()
     for axis in AXES:
         for layer, head in ((0, 0), (s.depth - 1, s.num_heads - 1)):
@@ -72,7 +67,7 @@ def test_channel_frequencies_are_timms_bands_at_this_grid(which):
 @pytest.mark.parametrize("which", FAMILIES)
 @pytest.mark.parametrize("count", [2, 3, 4])
 def test_bands_partition_an_axis_by_frequency(which, count):
-    s = _load(which)
+    s = tiny_surface(which)
     amap = s.rope_axis_map()
     for axis in AXES:
         for layer, head in ((0, 0), (s.depth - 1, s.num_heads - 1)):
@@ -104,7 +99,7 @@ def _rope_seen(s, layer: int, x: torch.Tensor, *contexts) -> torch.Tensor:
 @pytest.mark.parametrize("which", FAMILIES)
 @pytest.mark.parametrize("count", [2, 3])
 def test_removing_every_band_of_an_axis_is_removing_the_axis(which, count):
-    s = _load(which)
+    s = tiny_surface(which)
     x = images_for(s, 3)
     for axis in AXES:
         whole = remove_rope(s, {axis: None}, layers=[0])
@@ -124,7 +119,7 @@ def test_removing_every_band_of_an_axis_is_removing_the_axis(which, count):
 
 @pytest.mark.parametrize("which", FAMILIES)
 def test_a_band_removal_leaves_the_other_channels_exactly_untouched(which):
-    s = _load(which)
+    s = tiny_surface(which)
     amap = s.rope_axis_map()
     x = images_for(s, 3)
     d, npt = s.head_dim, s.num_prefix_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TIMM_TINY, TINY, images_for, tiny_own, tiny_timm
+from conftest import TIMM_TINY, TINY, images_for, tiny_own, tiny_surface, tiny_timm
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
 from vitpos.experiments.common import recovery
@@ -20,11 +20,6 @@ WITH_PREFIX = [pytest.param(("own", "rope-axial"), id="own-rope-axial"),
                pytest.param(("timm", "rope_mixed"), id="timm-rope_mixed"),
                pytest.param(("timm", "eva02"), id="timm-eva02"),
                pytest.param(("timm", "dinov3"), id="timm-dinov3-cls+registers")]
-
-
-def _load(which):
-    kind, name = which
-    return tiny_own(name) if kind == "own" else tiny_timm(name)
 
 
 def _no_prefix():
@@ -46,7 +41,7 @@ def test_blocking_on_a_model_without_prefix_tokens_is_bit_identical():
 
 @pytest.mark.parametrize("which", WITH_PREFIX)
 def test_blocking_in_no_layers_is_the_plain_forward(which):
-    s = _load(which)
+    s = tiny_surface(which)
     x = images_for(s, 4)
     plain = s(x)
     with block_prefix(s, layers=[]):
@@ -59,7 +54,7 @@ def test_blocking_in_no_layers_is_the_plain_forward(which):
 
 @pytest.mark.parametrize("which", WITH_PREFIX)
 def test_blocked_patch_queries_give_the_prefix_exactly_zero(which):
-    s = _load(which)
+    s = tiny_surface(which)
     npt, L = s.num_prefix_tokens, s.depth
     x = images_for(s, 3)
     with capture(s, "attn_pattern") as c:
@@ -203,7 +198,7 @@ def _assert_same(old: dict, new: dict) -> None:
 def test_runs_on_timm_rope_families(which):
     """naver rope ViTs (axial, mixed), EVA-02 and DINOv3 (CLS + registers): the study's conditions
     run, and the shared-prefix path gives the per-condition path's numbers."""
-    s = _load(which)
+    s = tiny_surface(which)
     data = _toy(40, size=s.input_size[1])
     new = run_rope_prefix(s, data, n_images=40, n_attn_images=4).to_json()
     old = run_rope_prefix(s, data, n_images=40, n_attn_images=4, shared_prefix=False).to_json()

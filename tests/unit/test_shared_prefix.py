@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TIMM_TINY, images_for, tiny_own, tiny_timm
+from conftest import TIMM_TINY, images_for, tiny_own, tiny_surface
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, edit, remove_rope, zero_ablate
 
@@ -18,14 +18,9 @@ def _surfaces():
         pytest.param(("timm", k), id=f"timm-{k}") for k in TIMM_TINY]
 
 
-def _load(which):
-    kind, name = which
-    return tiny_own(name) if kind == "own" else tiny_timm(name)
-
-
 @pytest.mark.parametrize("which", _surfaces())
 def test_forward_from_equals_the_full_forward_bit_for_bit(which):
-    s = _load(which)
+    s = tiny_surface(which)
     x = images_for(s, 4)
     full = s(x)
     with capture(s, "resid_pre") as c:
@@ -41,7 +36,7 @@ def test_forward_from_equals_the_full_forward_bit_for_bit(which):
 
 @pytest.mark.parametrize("which", _surfaces())
 def test_hooks_on_later_blocks_act_in_partial_forwards(which):
-    s = _load(which)
+    s = tiny_surface(which)
     x = images_for(s, 3)
     with capture(s, ["blocks.1.resid_pre"]) as c:
         s(x)
