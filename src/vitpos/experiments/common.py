@@ -291,6 +291,17 @@ def sample_interval(samples: torch.Tensor | None) -> list[float] | None:
     return None if samples is None else percentile_interval(samples)
 
 
+def condition_recovery(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]],
+                       axis: str, restored: str, R: int, layers: list[int]) -> dict:
+    """`recovery` of condition `restored` against `baseline` and `no_<axis>` (the probed conditions'
+    docs and fitted probes, by name), with mean Rec's paired bootstrap interval."""
+    r = recovery(conditions["baseline"][f"{axis}_acc"], conditions[f"no_{axis}"][f"{axis}_acc"],
+                 conditions[restored][f"{axis}_acc"], R, layers)
+    r["mean_rec_ci95"] = sample_interval(recovery_samples(fitted["baseline"], fitted[f"no_{axis}"], fitted[restored],
+                                                          axis, r))
+    return r
+
+
 def sae_edit(surface: ModelSurface, sae, fn):
     """Edit patch tokens x (B, N, D) at the SAE's site with fn(x, z) -> new x; prefix tokens untouched."""
     npt = surface.num_prefix_tokens

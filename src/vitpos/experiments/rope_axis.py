@@ -28,11 +28,9 @@ from vitpos.experiments.common import (
     advance,
     check_restore_points,
     condition_context,
+    condition_recovery,
     probe_condition,
-    recovery,
-    recovery_samples,
     require_rope,
-    sample_interval,
 )
 from vitpos.models.surface import AXES, Axis, ModelSurface
 from vitpos.progress import progress_bar
@@ -107,13 +105,8 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
     rec: dict[str, dict] = {"row": {}, "col": {}}
     for a in ("row", "col"):
-        clean = conditions["baseline"][f"{a}_acc"]
-        off = conditions[f"no_{a}"][f"{a}_acc"]
         for R in Rs:
-            r = recovery(clean, off, conditions[f"restore_{a}_R{R}"][f"{a}_acc"], R, layers)
-            r["mean_rec_ci95"] = sample_interval(recovery_samples(
-                fitted["baseline"], fitted[f"no_{a}"], fitted[f"restore_{a}_R{R}"], a, r))
-            rec[a][str(R)] = r
+            rec[a][str(R)] = condition_recovery(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
     H, W = surface.grid
     result = RopeAxisResult.model_validate({
         "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",

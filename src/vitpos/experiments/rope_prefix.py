@@ -47,11 +47,9 @@ from vitpos.experiments.common import (
     advance,
     check_restore_points,
     condition_context,
+    condition_recovery,
     probe_condition,
-    recovery,
-    recovery_samples,
     require_rope,
-    sample_interval,
 )
 from vitpos.hooks import block_prefix, observe
 from vitpos.models.surface import AXES, ModelSurface, Site
@@ -202,13 +200,8 @@ def run_rope_prefix(surface: ModelSurface, data: str = "shapes", n_images: int =
     conditions = {s.name: done[s.name] for parent, kids in plan for s in (parent, *(k for k, _ in kids))}
     rec = {}
     for a in AXES:
-        clean, off = conditions["baseline"][f"{a}_acc"], conditions[f"no_{a}"][f"{a}_acc"]
-        rec[a] = {}
-        for key, name in (("open", f"restore_{a}_R{R}"), ("blocked", f"restore_{a}_R{R}_block")):
-            r = recovery(clean, off, conditions[name][f"{a}_acc"], R, layers)
-            r["mean_rec_ci95"] = sample_interval(recovery_samples(fitted["baseline"], fitted[f"no_{a}"], fitted[name],
-                                                                  a, r))
-            rec[a][key] = r
+        rec[a] = {key: condition_recovery(conditions, fitted, a, name, R, layers)
+                  for key, name in (("open", f"restore_{a}_R{R}"), ("blocked", f"restore_{a}_R{R}_block"))}
     H, W = surface.grid
     result = RopePrefixResult.model_validate({
         "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
