@@ -38,12 +38,14 @@ fresh subprocess (target: peak RSS <= 2 GiB, whatever the number of layers and i
              each axis stand in, to measure the ablations)
   rope-axis  `run_rope_axis` on timm:vit_small_patch16_rope_224 with --restore (default 6, as --quick)
 
-    python benchmarks/bench_scaling.py --case vits16 [--eval-images 1000] [--batch-size 64] [--sae-layer 0]
+    python benchmarks/bench_scaling.py --case vits16 [--eval-images 1000] [--batch-size N] [--sae-layer 0]
         [--sae-expansion 4] [--restore 6] [--stages sae-eval,rope-axis] [--threads 1] [--out FILE.json]
 
---batch-size is the images per forward and per SAE batch (the study uses 256): a batch's own
-transients (a ViT-S/16 forward of 256 images at 224 px peaks ~0.9 GiB, an SAE pass over them more)
-do not grow with the images or layers, but at 256 they alone exceed the 2 GiB target.
+--batch-size is the images per forward and per SAE batch; default: the study's own
+(`experiments.common.sweep_batch`: 256 images on 8x8 grids, as many patch tokens on larger ones, so
+83 images at 14x14). A batch's own transients (a ViT-S/16 forward of 256 images at 224 px peaks
+~0.9 GiB, an SAE pass over them more) do not grow with the images or layers, but at 256 images they
+alone exceeded the 2 GiB target.
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ def vits16_worker(args) -> dict:
 
     torch.set_num_threads(args.threads)
     from vitpos.data import dataset_info
+    from vitpos.experiments.common import sweep_batch
     from vitpos.models import load_model
     from vitpos.models.surface import Site
 
@@ -186,6 +189,7 @@ def vits16_worker(args) -> dict:
     # class count = the data's, so the logits pass the classifier check and top-1 / splice run as in a study
     surface = load_model(f"{VITS16[args.stage]}?num_classes={info.num_classes}")
     ds = SyntheticImages(args.eval_images, surface.input_size, info)
+    batch = sweep_batch(surface, args.batch_size)  # None: the study's default
     if args.stage == "sae-eval":
         from vitpos.experiments import sae_run
         from vitpos.sae import SAE, SAEConfig
@@ -197,20 +201,20 @@ def vits16_worker(args) -> dict:
         site = Site(args.sae_layer, "resid_post")
 
         def run():
-            return sae_run.evaluate_sae(surface, sae, site, ds, seed=0, logits=True, batch_size=args.batch_size)
+            return sae_run.evaluate_sae(surface, sae, site, ds, seed=0, logits=True, batch_size=batch)
     else:
         from vitpos.experiments.rope_axis import run_rope_axis
 
         def run():
             return run_rope_axis(surface, ds, n_images=args.eval_images, restore_points=[args.restore], seed=0,
-                                 batch_size=args.batch_size)
+                                 batch_size=batch)
     base = _rss_kib("VmRSS")
     exact = _reset_peak()
     c0, w0 = time.process_time(), time.perf_counter()
     run()
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     peak = _rss_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"stage": args.stage, "model": surface.spec, "images": args.eval_images, "batch": args.batch_size,
+    return {"stage": args.stage, "model": surface.spec, "images": args.eval_images, "batch": batch,
             "grid": list(surface.grid),
             "layers": surface.depth, "cpu_s": cpu, "wall_s": wall, "baseline_rss_mib": (base or 0) / 1024,
             "peak_rss_mib": (peak or 0) / 1024, "peak_over_baseline_mib": ((peak or 0) - (base or 0)) / 1024,
@@ -223,7 +227,9 @@ def run_vits16(args, env: dict) -> list[dict]:
     for stage in args.stages.split(","):
         cmd = [sys.executable, __file__, "--case", "vits16", "--worker", stage, "--eval-images", str(args.eval_images),
                "--sae-layer", str(args.sae_layer), "--sae-expansion", str(args.sae_expansion),
-               "--restore", str(args.restore), "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+               "--restore", str(args.restore), "--threads", str(args.threads)]
+        if args.batch_size is not None:
+            cmd += ["--batch-size", str(args.batch_size)]
         load0 = os.getloadavg()[0]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
@@ -260,7 +266,8 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1024,
                    help="images at scale 1x (8 shards: the shuffle buffer reaches its steady state)")
     p.add_argument("--scales", default="1,4,16")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per forward (default: 64 for the scaling case, the study's own for --case vits16)")
     p.add_argument("--shard-images", type=int, default=128)
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--buffer-tokens", type=int, default=16384)
@@ -308,6 +315,8 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     if args.malloc == "fixed":
         env["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
+    if args.batch_size is None:
+        args.batch_size = 64
     rows = []
     try:
         for s in scales:

@@ -209,3 +209,32 @@ def test_forward_from_and_head_drops_through_an_attached_head():
     shared, full = head_drops(s, data, shared_prefix=True), head_drops(s, data, shared_prefix=False)
     assert torch.equal(shared.clean, full.clean) and torch.equal(shared.ablated, full.ablated)
     assert shared.ablated.shape == (s.depth, s.num_heads, 20)
+
+
+def test_sweep_batch_is_a_patch_token_budget():
+    from types import SimpleNamespace
+
+    from vitpos.experiments.common import BATCH, sweep_batch
+
+    def grid(n: int):
+        return SimpleNamespace(num_patches=n)
+
+    assert sweep_batch(grid(16)) == sweep_batch(grid(64)) == BATCH  # the shipped 8x8 models: unchanged
+    assert sweep_batch(grid(196)) == 83  # ViT-S/16 at 224 px
+    assert sweep_batch(grid(256)) == 64  # ViT-S/14 at 224 px
+    assert sweep_batch(grid(100_000)) == 8  # never fewer than 8 images
+    assert sweep_batch(grid(196), 5) == 5  # an explicit batch wins
+    for n in (65, 196, 256, 1024):
+        assert sweep_batch(grid(n)) * n <= BATCH * 64  # never more patch tokens per forward than on 8x8
+
+
+@pytest.mark.parametrize("which", ROPE_MODELS[:1])
+def test_rope_axis_numbers_do_not_depend_on_the_batch(which):
+    """sweep_batch changes the images per forward on large grids: the numbers must not move."""
+    from vitpos.experiments.rope_axis import run_rope_axis
+
+    s, data = _planted(which)
+    whole = run_rope_axis(s, data, n_images=300, restore_points=[2]).to_json()
+    small = run_rope_axis(s, data, n_images=300, restore_points=[2], batch_size=37).to_json()
+    diffs = differences(whole, small)
+    assert not diffs, diffs[:10]

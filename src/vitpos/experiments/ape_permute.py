@@ -41,7 +41,7 @@ from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scal
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import BATCH, require_ape, sae_edit
+from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -302,7 +302,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     base_preds, label_parts = [], []
     with progress_bar(enabled=progress) as bar, torch.no_grad():
         task = bar.add_task("ape-permute", total=len(dataset))
-        for x, y in dataset.batches(BATCH):
+        for x, y in dataset.batches(sweep_batch(surface)):
             x = x.to(dev)
             label_parts.append(y)
             if resume is not None:  # the clean stream at the site and its codes, shared by every SAE variant

@@ -21,11 +21,22 @@ from vitpos.models.surface import Axis, ModelSurface, Site
 
 MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
-BATCH = 256  # images per forward in the sweeps (capture_layers' and predict's default)
+BATCH = 256  # images per forward in the sweeps on grids of up to 8x8 patches (the shipped models)
+BATCH_PATCH_TOKENS = BATCH * 64  # patch tokens per forward: larger grids get fewer images per batch
 ContextFactory = Callable[[], AbstractContextManager]
 # an --axis value -> the rotary axes it removes
 AXIS_SETS: dict[str, tuple[Axis, ...]] = {"row": ("row",), "col": ("col",), "both": ("row", "col")}
 RemoveSpec = dict[Axis, list[int] | None]  # remove_rope's axis -> heads (None: all heads)
+
+
+def sweep_batch(surface: ModelSurface, batch_size: int | None = None) -> int:
+    """Images per forward: `batch_size` when given, else as many patch tokens as 256 images of an
+    8x8 grid (at least 8 images). A batch's transient memory (activations, attention, SAE codes)
+    then does not grow with the grid: 83 images at ViT-S/16 224 px, where 256 took +2 GiB; the
+    shipped 8x8 models keep 256, so their numbers are unchanged."""
+    if batch_size is not None:
+        return batch_size
+    return max(8, min(BATCH, BATCH_PATCH_TOKENS // max(1, surface.num_patches)))
 
 
 def require_rope(surface: ModelSurface) -> None:
@@ -88,7 +99,7 @@ class Start:
 
 
 def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFactory | None = None,
-            batch_size: int = BATCH) -> Start:
+            batch_size: int | None = None) -> Start:
     """`start` moved on to the input of block `layer` under a hook context (the blocks in between
     run as in a full forward under that context)."""
     if layer < start.layer:
@@ -96,13 +107,13 @@ def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFac
     dev = next(surface.model.parameters()).device
     out = []
     with context() if context else nullcontext():
-        for t, _ in start.batches(batch_size):
+        for t, _ in start.batches(sweep_batch(surface, batch_size)):
             out.append(surface.run_blocks(t.to(dev), start.layer, layer).cpu())
     return Start(layer, torch.cat(out), start.labels)
 
 
 def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | None, keep: Mapping[Site, Keep], *,
-                      start: Start | None = None, keep_pre: int | None = None, batch_size: int = BATCH,
+                      start: Start | None = None, keep_pre: int | None = None, batch_size: int | None = None,
                       check_classifier: bool = True) -> tuple[KeptTokens, torch.Tensor, torch.Tensor, Start | None]:
     """What `keep` names of each site's patch tokens (`vitpos.analysis.kept`: nothing more is held),
     labels and logits, under a hook context, optionally run from a stored residual stream (`start`:
@@ -113,6 +124,7 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
         raise VitposError(f"a forward from layer {start.layer} cannot capture {', '.join(map(str, sites))}")
     npt = surface.num_prefix_tokens
     dev = next(surface.model.parameters()).device
+    batch_size = sweep_batch(surface, batch_size)
     pre_sites = [Site(keep_pre, "resid_pre")] if keep_pre is not None else []
     keeper = TokenKeeper({str(s): k for s, k in keep.items()}, surface.grid)
     labels, logits = [], []
@@ -143,7 +155,7 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
-                    keep_pre: int | None = None, batch_size: int = BATCH, per_image: bool = False) -> dict:
+                    keep_pre: int | None = None, batch_size: int | None = None, per_image: bool = False) -> dict:
     """Retrained and original-probe accuracies per layer, and top-1, under one hook context.
 
     result["correct"]: per-image top-1 correctness (n,), in dataset order. per_image: also

@@ -36,7 +36,7 @@ from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import data_name, dataset_at_size, generated_size
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import BATCH, SWEEP_TRAIN_TOKENS, capture_condition
+from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 
@@ -117,9 +117,7 @@ def measure_size(surface: ModelSurface, dataset, seed: int = 0, top1: bool = Tru
     layers = list(range(surface.depth))
     sample = probe_sample(len(dataset), surface.num_patches, seed=seed, max_train_tokens=max_train_tokens)
     keep = {Site(layer, "resid_post"): Keep.probe(sample) for layer in layers}
-    # as many tokens per forward as at 256 images of the training grid: bounded memory on large grids
-    batch = max(8, BATCH * 64 // max(64, surface.num_patches))
-    kept, labels, logits, _ = capture_condition(surface, dataset, None, keep, batch_size=batch, check_classifier=top1)
+    kept, labels, logits, _ = capture_condition(surface, dataset, None, keep, check_classifier=top1)
     row, col = [], []
     with kept:
         for layer in layers:

@@ -20,7 +20,6 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
-    BATCH,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
     ProbedCondition,
@@ -55,11 +54,12 @@ class RopeAxisResult(Result):
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
-                  progress: bool = False, shared_prefix: bool = True, batch_size: int = BATCH) -> RopeAxisResult:
+                  progress: bool = False, shared_prefix: bool = True, batch_size: int | None = None) -> RopeAxisResult:
     """shared_prefix (default): restore_<axis>_R<k> agrees with no_<axis> before layer k, so it runs
     only blocks >= k from no_<axis>'s residual stream at k and copies no_<axis>'s fits of layers < k
     (the same numbers, fewer forwards and fits); False: every condition from the input.
-    batch_size: images per forward (the study's 256; fewer lower the transient memory of a batch)."""
+    batch_size: images per forward (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token
+    budget on larger ones; fewer lower the transient memory of a batch)."""
     require_rope(surface)
     dataset = dataset_for(surface, data, split, limit=n_images)
     layers = list(range(surface.depth))

@@ -32,7 +32,6 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
-    BATCH,
     SWEEP_TRAIN_TOKENS,
     ContextFactory,
     Start,
@@ -44,6 +43,7 @@ from vitpos.experiments.common import (
     recovery_samples,
     require_rope,
     sample_interval,
+    sweep_batch,
 )
 from vitpos.hooks import capture, edit, observe, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
@@ -186,13 +186,14 @@ def _grid(flat: list, L: int, H: int) -> list[list]:
 
 
 @torch.no_grad()
-def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch_size: int = BATCH,
+def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch_size: int | None = None,
                on_head: Callable[[int, int], None] | None = None) -> HeadDrops:
     """Per-image top-1 correctness intact and with all of a head's rotations removed, per head.
 
     shared_prefix: per batch, the clean stream is computed once, block by block, and each head of
     layer l runs blocks >= l from it; False: a full forward of the data per head."""
     L, Hh = surface.depth, surface.num_heads
+    batch_size = sweep_batch(surface, batch_size)
     if not shared_prefix:
         preds, labels = predict(surface, dataset, batch_size)
         ablated_rows = []
@@ -316,11 +317,11 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
     dev = next(surface.model.parameters()).device
     if start is None:
         with context(), observe(surface, sites):
-            for x, _ in dataset.batches(BATCH):
+            for x, _ in dataset.batches(sweep_batch(surface)):
                 surface(x.to(dev))
     else:
         with observe(surface, sites):
-            for t, _ in start.batches(BATCH):
+            for t, _ in start.batches(sweep_batch(surface)):
                 surface.forward_from(start.layer, t.to(dev))
     means = {li: (sums[li] / count[0]).float() for li in layers}
     return RestoreStats(means, torch.stack([torch.cat(direct[li]) for li in layers], dim=1))

@@ -35,7 +35,7 @@ from vitpos.analysis.stats import bootstrap_means, percentile_interval
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import BATCH, SWEEP_TRAIN_TOKENS, capture_condition, sae_edit
+from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -178,8 +178,8 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
         except Exception:  # unreadable: start over
             force = True
     opts = options if options is not None else RunOptions()
-    capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=256, force=force,
-                     progress=progress, device=opts.device, amp=opts.amp)
+    capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
+                     force=force, progress=progress, device=opts.device, amp=opts.amp)
     return ActivationStore(acts_dir)
 
 
@@ -277,14 +277,16 @@ class HeldOut:
 
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
-                 batch_size: int = BATCH) -> HeldOut:
+                 batch_size: int | None = None) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
-    (the study's 256; fewer lower the transient memory of a batch, the numbers move in the last bits).
+    (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
+    the transient memory of a batch, the numbers move in the last bits).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
     images; nothing grows with layers x images x grid."""
+    batch_size = sweep_batch(surface, batch_size)
     later = list(range(s.layer + 1, surface.depth)) if s.layer is not None else []
     sample = probe_sample(len(eval_set), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
     keep = {s: Keep.whole(range(len(eval_set))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
@@ -310,7 +312,7 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
-                 batch_size: int = BATCH) -> dict:
+                 batch_size: int | None = None) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers.
 
     `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
