@@ -441,6 +441,11 @@ def rope_heads(
     axis: Literal["row", "col", "both"] = typer.Option("both", "--axis"),
     restore_from: int | None = typer.Option(None, "--restore-from", min=1,
                                                  help="R of the restore setting, 1..depth-1 (default depth//2)"),
+    top1_images: int = typer.Option(2000, "--top1-images", min=1, help="test images for every head's top-1 drop"),
+    top1_screen: int | None = typer.Option(
+        None, "--top1-screen", min=1,
+        help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
+             "(default: every head on every image)"),
     seed: int = typer.Option(0, "--seed"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -452,11 +457,16 @@ def rope_heads(
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
-                         progress=progress).to_json()
+                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen).to_json()
     p = doc["primary_rebuilding_head"]
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
                       f"{len(doc['layers']) * doc['num_heads']}); largest drop L{doc['largest_drop_head'][0]}H"
                       f"{doc['largest_drop_head'][1]} -> {out}" if p else f"no rebuilding head found -> {out}")
+    if doc.get("top1_images_per_head"):
+        counts = [m for row in doc["top1_images_per_head"] for m in row]
+        out_console.print(f"adaptive top-1: every head on {doc['top1_screen_images']} images, "
+                          f"{sum(m == doc['n_top1_images'] for m in counts)} of {len(counts)} heads on all "
+                          f"{doc['n_top1_images']}")
 
 
 @intervene_app.command("rope-prefix")

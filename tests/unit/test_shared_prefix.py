@@ -238,3 +238,69 @@ def test_rope_axis_numbers_do_not_depend_on_the_batch(which):
     small = run_rope_axis(s, data, n_images=300, restore_points=[2], batch_size=37).to_json()
     diffs = differences(whole, small)
     assert not diffs, diffs[:10]
+
+
+def test_in_the_race_keeps_the_leader_its_rivals_and_the_primary():
+    from vitpos.experiments.rope_heads import HeadDrops, in_the_race
+
+    n = 400
+    clean = torch.ones(n, dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    # 1 x 4 heads: ablated correct with prob 0.5 (leader), 0.52 (rival), 0.95 and 1.0 (far behind)
+    ablated = torch.stack([torch.rand(n, generator=g) >= p for p in (0.5, 0.48, 0.05, 0.0)]).reshape(1, 4, n)
+    drops = HeadDrops(clean, ablated)
+    assert in_the_race(drops) == {(0, 0), (0, 1)}
+    assert in_the_race(drops, keep=[(0, 3)]) == {(0, 0), (0, 1), (0, 3)}
+
+
+def test_adaptive_top1_is_the_full_sweep_cut_short():
+    """With a screen, a head out of the race keeps exactly the full sweep's screen images, a head in
+    it every image; the race is decided on the screen alone; both paths agree."""
+    from vitpos.experiments.rope_heads import HeadDrops, head_drops, in_the_race
+
+    s, data = _planted(("own", "rope-axial"))  # the planted model whose heads' drops differ
+    full = head_drops(s, data, batch_size=50)
+    primary = (s.depth - 1, 0)
+    for shared in (True, False):
+        ad = head_drops(s, data, shared, batch_size=50, screen=90, keep=[primary])  # whole batches: 100 images
+        counts = ad.counts()
+        race = {(li, h) for li, row in enumerate(counts) for h, m in enumerate(row) if m == 300}
+        assert {m for row in counts for m in row} == {100, 300}  # some heads left the race: the test has teeth
+        assert race == in_the_race(HeadDrops(full.clean[:100], full.ablated[..., :100]), [primary])
+        assert primary in race
+        assert torch.equal(ad.clean, full.clean)
+        for li, row in enumerate(counts):
+            for h, m in enumerate(row):
+                assert torch.equal(ad.ablated[li, h, :m], full.ablated[li, h, :m])
+        cut = HeadDrops(full.clean, full.ablated, torch.tensor(counts))
+        assert ad.drops() == cut.drops() and ad.drop_intervals() == cut.drop_intervals()
+        for li, row in enumerate(ad.drops()):
+            for h, d in enumerate(row):
+                m = counts[li][h]
+                want = 100.0 * (float(full.clean[:m].float().mean()) - float(full.ablated[li, h, :m].float().mean()))
+                assert d == want
+        margins = ad.margin_intervals(primary)
+        assert margins[primary[0]][primary[1]] is None
+    no_screen = head_drops(s, data, batch_size=50, screen=300)  # a screen of every image: the full sweep
+    assert no_screen.measured is None and torch.equal(no_screen.ablated, full.ablated)
+
+
+def test_rope_heads_adaptive_top1_results_agree_across_paths():
+    from vitpos.experiments.rope_heads import run_rope_heads
+
+    s, data = _planted(("own", "rope-axial"))
+    kw = dict(restore_from=2, n_probe_images=300, n_top1_images=300, n_attn_images=8, top1_screen=100)
+    old = run_rope_heads(s, data, shared_prefix=False, **kw).to_json()
+    new = run_rope_heads(s, data, **kw).to_json()
+    assert not differences(old, new)
+    assert new["top1_screen_images"] == 256  # whole batches of the study's 256
+    counts = [m for row in new["top1_images_per_head"] for m in row]
+    assert set(counts) <= {256, 300} and 300 in counts
+    p = new["primary_rebuilding_head"]
+    assert new["top1_images_per_head"][p[0]][p[1]] == 300  # the primary always stays in the race
+    full = run_rope_heads(s, data, **{**kw, "top1_screen": None}).to_json()
+    assert full["top1_screen_images"] is None and full["top1_images_per_head"] is None
+    for li, row in enumerate(new["top1_images_per_head"]):  # heads in the race: the full sweep's numbers
+        for h, m in enumerate(row):
+            if m == 300:
+                assert new["drop_points"][li][h] == full["drop_points"][li][h]

@@ -16,7 +16,7 @@ when every margin's interval lies above 0 (analysis/stats.py, docs/methods.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -65,6 +65,10 @@ class RopeHeadsResult(Result):
     baseline_top1: float
     baseline_top1_ci95: list[float] | None = None  # None in results written before the intervals
     n_top1_images: int
+    # adaptive top-1 (None: every head on every image): the screen's images, and per head how many of
+    # the first top-1 images its drop and intervals rest on (the screen's, or all for heads in the race)
+    top1_screen_images: int | None = None
+    top1_images_per_head: list[list[int]] | None = None
     n_probe_images: int
     recovery_restore: float
     axis_index: list[list[float]]
@@ -139,37 +143,69 @@ def _ablate(surface: ModelSurface, layer: int, head: int):
 
 
 class HeadDrops(NamedTuple):
-    """Per-image top-1 correctness: intact (n,) and with each head's rotations removed (L, H, n)."""
+    """Per-image top-1 correctness: intact (n,) and with each head's rotations removed (L, H, n).
+
+    measured: (L, H) images per head, always the first ones (adaptive top-1: a head out of the race
+    after the screen has only the screen's images; its other entries are meaningless); None: all n."""
 
     clean: torch.Tensor
     ablated: torch.Tensor
+    measured: torch.Tensor | None = None
 
     @property
     def base_top1(self) -> float:
         return float(self.clean.float().mean())
 
+    def counts(self) -> list[list[int]]:
+        L, H, n = self.ablated.shape
+        return [[n] * H for _ in range(L)] if self.measured is None else self.measured.tolist()
+
     def drops(self) -> list[list[float]]:
-        """100 x (top-1 intact - top-1 ablated) per [layer][head]."""
-        base = self.base_top1
-        return [[100.0 * (base - float(row.float().mean())) for row in layer] for layer in self.ablated]
+        """100 x (top-1 intact - top-1 ablated) per [layer][head], on the images the head was measured on."""
+        return [[100.0 * (float(self.clean[:m].float().mean()) - float(row[:m].float().mean()))
+                 for row, m in zip(layer, ms, strict=True)]
+                for layer, ms in zip(self.ablated, self.counts(), strict=True)]
+
+    def _grouped(self, per_image: torch.Tensor, level: float) -> list[list[float] | None]:
+        """Column intervals of a (n, L*H) per-image difference, each column over its head's first m
+        images; one set of resamples per m (heads measured on the same images stay paired)."""
+        flat_m = [m for ms in self.counts() for m in ms]
+        out: list[list[float] | None] = [None] * len(flat_m)
+        for m in sorted(set(flat_m)):
+            cols = [i for i, mi in enumerate(flat_m) if mi == m]
+            for i, iv in zip(cols, _column_intervals(bootstrap_means(per_image[:m, cols]), level), strict=True):
+                out[i] = iv
+        return out
 
     def drop_intervals(self, level: float = LEVEL) -> list[list[list[float]]]:
         """Paired bootstrap interval of each head's drop (points): one set of image resamples for
-        every head, each resample's drop recomputed on the same images intact and ablated."""
+        every head (every head measured on as many images), each resample's drop recomputed on the
+        same images intact and ablated."""
         L, H, n = self.ablated.shape
         per_image = (self.clean.double().unsqueeze(0) - self.ablated.double().reshape(L * H, n)).T  # (n, L*H)
-        return _grid(_column_intervals(bootstrap_means(per_image), level), L, H)
+        return _grid(self._grouped(per_image, level), L, H)
 
     def margin_intervals(self, primary: tuple[int, int], level: float = LEVEL) -> list[list[list[float] | None]]:
         """Interval of drop(primary) - drop(head) per head (points; None at the primary): per
-        image that is correct_ablated(head) - correct_ablated(primary), the intact run cancels."""
+        image that is correct_ablated(head) - correct_ablated(primary), the intact run cancels; over
+        the images both were measured on (the primary always stays in the race)."""
         L, H, n = self.ablated.shape
         flat = self.ablated.double().reshape(L * H, n)
         per_image = (flat - flat[primary[0] * H + primary[1]]).T  # (n, L*H)
-        grid: list[list[list[float] | None]] = list(
-            _grid(_column_intervals(bootstrap_means(per_image), level), L, H))
+        grid: list[list[list[float] | None]] = list(_grid(self._grouped(per_image, level), L, H))
         grid[primary[0]][primary[1]] = None
         return grid
+
+
+def in_the_race(screen: HeadDrops, keep: Iterable[tuple[int, int]] = (), level: float = LEVEL) -> set[tuple[int, int]]:
+    """Adaptive top-1: after the screen, the heads still worth the remaining images: the leader
+    (largest drop), every head whose drop interval reaches the leader's lower end (it could still be
+    the largest), and `keep` (the primary rebuilding head, whose margins C5 reads)."""
+    drops, ivs = screen.drops(), screen.drop_intervals(level)
+    L, H = len(drops), len(drops[0])
+    lead = max((drops[li][h], li, h) for li in range(L) for h in range(H))
+    floor = ivs[lead[1]][lead[2]][0]
+    return {(li, h) for li in range(L) for h in range(H) if ivs[li][h][1] >= floor} | {(k[0], k[1]) for k in keep}
 
 
 def _column_intervals(samples: torch.Tensor, level: float, factor: float = 100.0) -> list[list[float]]:
@@ -187,11 +223,15 @@ def _grid(flat: list, L: int, H: int) -> list[list]:
 
 @torch.no_grad()
 def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch_size: int | None = None,
-               on_head: Callable[[int, int], None] | None = None) -> HeadDrops:
+               on_head: Callable[[int, int], None] | None = None, screen: int | None = None,
+               keep: Iterable[tuple[int, int]] = ()) -> HeadDrops:
     """Per-image top-1 correctness intact and with all of a head's rotations removed, per head.
 
     shared_prefix: per batch, the clean stream is computed once, block by block, and each head of
-    layer l runs blocks >= l from it; False: a full forward of the data per head."""
+    layer l runs blocks >= l from it; False: a full forward of the data per head.
+    screen (adaptive top-1): every head on the first batches up to >= `screen` images, the rest only
+    for the heads `in_the_race` (with `keep`); None: every head on every image. Both paths give the
+    same numbers (the unshared one measures everything, then forgets what the race dropped)."""
     L, Hh = surface.depth, surface.num_heads
     batch_size = sweep_batch(surface, batch_size)
     if not shared_prefix:
@@ -203,20 +243,38 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
                 ablated_rows.append(p == y)
                 if on_head:
                     on_head(li, h)
-        return HeadDrops(preds == labels, torch.stack(ablated_rows).reshape(L, Hh, -1))
+        full = HeadDrops(preds == labels, torch.stack(ablated_rows).reshape(L, Hh, -1))
+        n = len(labels)
+        cut = _screen_cut(n, batch_size, screen)
+        if cut >= n:
+            return full
+        race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), keep)
+        measured = torch.tensor([[n if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
+        return HeadDrops(full.clean, full.ablated, measured)
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
     dev = next(surface.model.parameters()).device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
+    cut = _screen_cut(len(dataset), batch_size, screen)
+    race: set[tuple[int, int]] | None = None  # None: every head runs
+    seen = 0
     for x, y in dataset.batches(batch_size):
+        if race is None and seen >= cut:
+            y_seen = torch.cat(labels)
+            race = in_the_race(HeadDrops(torch.cat(clean) == y_seen, torch.stack(
+                [torch.cat(ablated[li, h]) == y_seen for li in range(L) for h in range(Hh)]).reshape(L, Hh, -1)), keep)
         t = surface.embed_tokens(x.to(dev, non_blocking=True))
         for li in range(L):
             for h in range(Hh):
+                if race is not None and (li, h) not in race:
+                    ablated[li, h].append(torch.zeros_like(y, dtype=torch.long) - 1)  # not measured: never correct
+                    continue
                 with _ablate(surface, li, h):
                     ablated[li, h].append(surface.forward_from(li, t).argmax(-1).cpu())
             t = surface.run_blocks(t, li, li + 1)
         clean.append(surface.head_from(t).argmax(-1).cpu())
         labels.append(y)
+        seen += len(y)
     y_all = torch.cat(labels)
     rows = []
     for li in range(L):
@@ -224,7 +282,19 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
             rows.append(torch.cat(ablated[li, h]) == y_all)
             if on_head:
                 on_head(li, h)
-    return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1))
+    measured = None if race is None else torch.tensor(
+        [[len(y_all) if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
+    return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1), measured)
+
+
+RACE_GUESS = 2  # heads the plan assumes stay in the adaptive top-1 race (the leader and the primary)
+
+
+def _screen_cut(n: int, batch_size: int, screen: int | None) -> int:
+    """Images in the adaptive top-1 screen: whole batches, the first that reach `screen` (n: no screen)."""
+    if screen is None or screen >= n:
+        return n
+    return min(n, -(-max(1, screen) // batch_size) * batch_size)
 
 
 TOP_K = 5
@@ -330,11 +400,17 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
-                   progress: bool = False, shared_prefix: bool = True) -> RopeHeadsResult:
+                   progress: bool = False, shared_prefix: bool = True,
+                   top1_screen: int | None = None) -> RopeHeadsResult:
     """shared_prefix (default): every per-head intervention in layer l runs only blocks >= l from
     the stream it shares with a reference condition, and the rebuild probes of layers R..l-1 (fits
     on activations identical to the plain restore condition's) are copied from it: the same
-    numbers as shared_prefix=False, which reruns every condition from the input."""
+    numbers as shared_prefix=False, which reruns every condition from the input.
+
+    top1_screen (adaptive top-1, off by default): every head's drop on the first ~`top1_screen`
+    images, the remaining top-1 images only for the heads still in the race (`in_the_race`: the
+    leader, heads whose interval reaches its lower end, the primary rebuilding head). The drops
+    and intervals of the others rest on the screen's images (`top1_images_per_head`)."""
     require_rope(surface)
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
@@ -429,11 +505,12 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             explained[method] = lost / rec_restore if rec_restore > 0 else None  # no recovery: nothing to explain
         bar.update(task, advance=1, description="rope-heads: top heads jointly")
         del start_r
+        flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
+        primary = (max(flat)[1], max(flat)[2]) if flat else None
         measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
-            task, advance=1, description=f"rope-heads: ablate L{li}H{h}"))
+            task, advance=1, description=f"rope-heads: ablate L{li}H{h}"), screen=top1_screen,
+            keep=[primary] if primary else [])
     base_top1, drops = measured.base_top1, measured.drops()
-    flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
-    primary = (max(flat)[1], max(flat)[2]) if flat else None
     order = sorted(((drops[li][h], li, h) for li in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
@@ -443,6 +520,9 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
         "restore_from": R, "baseline_top1": base_top1, "baseline_top1_ci95": accuracy_interval(measured.clean),
         "n_top1_images": len(top1_set),
+        "top1_screen_images": None if measured.measured is None else _screen_cut(len(top1_set), sweep_batch(surface),
+                                                                                   top1_screen),
+        "top1_images_per_head": None if measured.measured is None else measured.counts(),
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
         "recovery_restore_ci95": sample_interval(rec_restore_samples),
         "rebuild_score_ci95": rebuild_ci, "mean_ablate_score_ci95": mean_abl_ci,
@@ -498,7 +578,12 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
     rebuild = (StagePlan(blocks=n_p * ((L - 1 - R) + 2 * Hh * tails + 4 * (L - R))) + fits(2 * Hh * tails)
                + fits(3 * len(later)))
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
-    drops = StagePlan(forwards=n_t, blocks=n_t * (L + Hh * L * (L + 1) // 2))
+    n_s = _screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images"))
+    drops = StagePlan(forwards=n_t, blocks=n_s * (L + Hh * L * (L + 1) // 2))
+    if n_s < n_t:  # adaptive top-1: after the screen, the clean pass and the heads in the race
+        drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
+                           note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
+                                "race (data-dependent)")
     return attn + probes + rebuild + drops
 
 
@@ -521,7 +606,8 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         s = stage.settings
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
-                              n_attn_images=s["attn_images"], seed=stage.seed)
+                              n_attn_images=s["attn_images"], seed=stage.seed,
+                              top1_screen=s.get("top1_screen_images"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:
         return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",

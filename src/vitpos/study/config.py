@@ -61,6 +61,9 @@ class RopeHeadsStage(_Strict):
     probe_images: int = Field(default=500, ge=2)
     top1_images: int = Field(default=2000, ge=1)
     attn_images: int = Field(default=64, ge=1)
+    top1_screen_images: int | None = Field(
+        default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
+        "only for the heads still in the race; None = every head on every image")
 
 
 class RopePrefixStage(_Strict):
