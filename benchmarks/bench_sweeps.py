@@ -147,6 +147,8 @@ def vitb_plan(measure: bool) -> dict:
             plans["old"] = plan_rope_axis(settings, surface, sizes, shared_prefix=False)
         elif name == "rope_heads":
             plans["old"] = plan_rope_heads(settings, surface, sizes, shared_prefix=False)
+            # adaptive top-1 (--top1-screen): every head on the first 256 images, then the heads in the race
+            plans["screen 256"] = plan_rope_heads({**settings, "top1_screen_images": 256}, surface, sizes)
         for label, p in plans.items():
             rows.append({"stage": name, "path": label, "forwards": p.forwards, "blocks": p.blocks, "fits": p.fits,
                          "est_s": None if tp is None else tp.seconds(p)})
@@ -196,10 +198,10 @@ def main(argv=None) -> int:
         tp = vb["throughput"]
         print(f"\n{VIT_B}, 2000 images per stage (rope_heads probes 500, attention 64), "
               f"{1 / tp['block_s']:.1f} image-blocks/s measured here on {tp['device']} (wall clock):")
-        print(f"{'stage':<11} {'path':<7} {'forwards':>10} {'blocks':>12} {'fits':>6} {'est.':>10}")
+        print(f"{'stage':<11} {'path':<10} {'forwards':>10} {'blocks':>12} {'fits':>6} {'est.':>10}")
         for r in vb["rows"]:
             est = "" if r["est_s"] is None else f"{r['est_s'] / 3600:.1f} h"
-            print(f"{r['stage']:<11} {r['path']:<7} {r['forwards']:>10,} {r['blocks']:>12,} {r['fits']:>6} {est:>10}")
+            print(f"{r['stage']:<11} {r['path']:<10} {r['forwards']:>10,} {r['blocks']:>12,} {r['fits']:>6} {est:>10}")
     if args.out:
         write_json(args.out, json.loads(json.dumps(doc, default=str)))
     ok = all(r["max_abs_difference"] <= 1e-5 and r["old"]["plan_matches"] and r["shared"]["plan_matches"]
