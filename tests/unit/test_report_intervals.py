@@ -43,3 +43,14 @@ def test_eval_interval_and_inconclusive_badge():
     assert "95% Wilson interval [99.2%, 100.0%]" in _sec_eval({"top1": 1.0, "n": 500, "top1_ci95": [0.9924, 1.0]})
     assert _badge("inconclusive") == '<span class="badge inconclusive">inconclusive</span>'
     assert ".badge.inconclusive{" in _CSS
+
+
+def test_heads_section_says_which_drops_rest_on_the_adaptive_screen():
+    from vitpos.report.sections import _sec_heads
+
+    doc = {"layers": [0, 1], "num_heads": 2, "axis": "both", "restore_from": 1, "baseline_top1": 0.9,
+           "primary_rebuilding_head": [1, 0], "largest_drop_head": [0, 1],
+           "drop_points": [[1.0, 9.0], [5.0, 0.0]], "n_top1_images": 2000}
+    assert "adaptive" not in _sec_heads(doc)  # every head on every image: nothing to say
+    html = _sec_heads({**doc, "top1_screen_images": 256, "top1_images_per_head": [[256, 2000], [2000, 256]]})
+    assert "every head on the first 256" in html and "2 of 4 heads still in the race on all 2000" in html

@@ -349,6 +349,14 @@ def _sec_heads(doc: dict) -> str:
              ("its drop rank (1 = largest)", f"{doc.get('primary_head_drop_rank', '?')} of {n}"),
              ("largest-drop head", f"{head_name(lh)}: {_head_drop(doc, lh)}"),
              ("closest rival (paired 95 % interval of the margin)", _closest_rival(doc))]
+    per_head = doc.get("top1_images_per_head")
+    if isinstance(per_head, list):  # adaptive top-1: say which drops rest on the screen only
+        counts = [m for row in per_head if isinstance(row, list) for m in row]
+        total = doc.get("n_top1_images")
+        pairs.append(("top-1 images per head (adaptive top-1)",
+                      f"every head on the first {doc.get('top1_screen_images', '?')}; "
+                      f"{sum(m == total for m in counts)} of {len(counts)} heads still in the race on all {total} "
+                      "(the others' drops and intervals rest on the screen)"))
     top = doc.get("top_heads")
     if isinstance(top, dict):
         frac = doc.get("top_heads_recovery_fraction") or {}
