@@ -304,3 +304,18 @@ def test_rope_heads_adaptive_top1_results_agree_across_paths():
         for h, m in enumerate(row):
             if m == 300:
                 assert new["drop_points"][li][h] == full["drop_points"][li][h]
+
+
+def test_advance_in_place_equals_a_copy_and_only_in_place_overwrites():
+    from vitpos.experiments.common import Start, advance
+
+    s = _deep(("own", "rope-axial"))
+    x = images_for(s, n=11)
+    start = Start(1, s.run_blocks(s.embed_tokens(x), 0, 1), torch.zeros(11, dtype=torch.long))
+    before = start.tokens.clone()
+    copy = advance(s, start, 3, batch_size=4)
+    assert torch.equal(start.tokens, before)  # not in place: the input stream is untouched
+    assert torch.equal(copy.tokens, s.run_blocks(before, 1, 3)) and copy.layer == 3
+    moved = advance(s, start, 3, batch_size=4, in_place=True)
+    assert moved.tokens.data_ptr() == start.tokens.data_ptr()  # no second copy of the stream
+    assert torch.equal(moved.tokens, copy.tokens)

@@ -99,17 +99,22 @@ class Start:
 
 
 def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFactory | None = None,
-            batch_size: int | None = None) -> Start:
+            batch_size: int | None = None, *, in_place: bool = False) -> Start:
     """`start` moved on to the input of block `layer` under a hook context (the blocks in between
-    run as in a full forward under that context)."""
+    run as in a full forward under that context). The stream is every token of every image at one
+    layer, so the result is written batch by batch into one tensor of its size; in_place=True
+    writes it over `start`'s own tensor (each batch is read before it is overwritten), for callers
+    that drop `start`: no second copy of the stream is held."""
     if layer < start.layer:
         raise VitposError(f"cannot move a residual stream at layer {start.layer} back to layer {layer}")
     dev = next(surface.model.parameters()).device
-    out = []
+    tokens = start.tokens if in_place else torch.empty_like(start.tokens)
+    i = 0
     with context() if context else nullcontext():
         for t, _ in start.batches(sweep_batch(surface, batch_size)):
-            out.append(surface.run_blocks(t.to(dev), start.layer, layer).cpu())
-    return Start(layer, torch.cat(out), start.labels)
+            tokens[i:i + len(t)] = surface.run_blocks(t.to(dev), start.layer, layer).to(tokens.device)
+            i += len(t)
+    return Start(layer, tokens, start.labels)
 
 
 def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | None, keep: Mapping[Site, Keep], *,

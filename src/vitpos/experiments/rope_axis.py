@@ -95,7 +95,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
                 start = no_axis[axis]["start"]
                 if R > start.layer:  # no_<axis>'s blocks start.layer..R-1, as its full forward ran them
                     start = no_axis[axis]["start"] = advance(surface, start, R, condition_context(surface, axes),
-                                                             batch_size)
+                                                             batch_size, in_place=True)  # the old stream is dropped
                 res = probe_condition(surface, dataset, None, base_probes, seed=seed, start=start, reuse=no_axis[axis],
                                       batch_size=batch_size)
             done[name] = {**res["doc"], "axis": axis, "restore_from": R}
