@@ -389,10 +389,8 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult
+    scheme = "ape"
     requires = ("sae",)
-
-    def applies_to(self, surface: ModelSurface) -> str | None:
-        return None if surface.has_ape else f"no absolute position embedding (scheme {surface.scheme})"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -150,14 +150,21 @@ class Experiment(ABC, Generic[R]):
     claims: ClassVar[tuple[str, ...]] = ()  # claim ids (vitpos.study.claims) this experiment informs
     result_type: ClassVar[type[Result]]
     requires: ClassVar[tuple[str, ...]] = ()  # experiments whose results `run_stage` reads
+    scheme: ClassVar[Literal["rope", "ape"] | None] = None  # the position encoding it tests (None: any)
 
     def applies_to(self, surface: ModelSurface) -> str | None:
-        """None when the experiment applies to this model, else the reason it does not."""
+        """None when the experiment applies to this model, else the reason it does not (by default:
+        the model lacks the position encoding `scheme` names)."""
+        if self.scheme == "rope" and not surface.has_rope:
+            return f"no rotary embedding (scheme {surface.scheme})"
+        if self.scheme == "ape" and not surface.has_ape:
+            return f"no absolute position embedding (scheme {surface.scheme})"
         return None
 
-    @abstractmethod
     def stage_settings(self, config: Any, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        """The settings that define this stage's result (they key the study's cache)."""
+        """The settings that define this stage's result (they key the study's cache); by default the
+        run config's section named like the experiment."""
+        return getattr(config, self.name).model_dump()
 
     @abstractmethod
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> R:

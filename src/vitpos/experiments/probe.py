@@ -18,7 +18,7 @@ from vitpos import plots
 from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
@@ -153,9 +153,6 @@ class ProbeExperiment(Experiment[ProbeResults]):
     name = "probe"
     title = "Linear position probes"
     result_type = ProbeSiteResult
-
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return config.probe.model_dump()
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         n, L = sizes.n("test", settings["images"]), surface.depth

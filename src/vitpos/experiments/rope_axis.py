@@ -145,9 +145,7 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
     title = "RoPE axis removal and restoring (C3, C4)"
     claims = ("C3", "C4")
     result_type = RopeAxisResult
-
-    def applies_to(self, surface: ModelSurface) -> str | None:
-        return None if surface.has_rope else f"no rotary embedding (scheme {surface.scheme})"
+    scheme = "rope"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         restore = config.rope_axis.restore

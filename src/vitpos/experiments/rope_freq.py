@@ -33,7 +33,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import MIN_GAP, SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import AXES, Axis, FreqBand, ModelSurface
@@ -354,12 +354,7 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
     name = "rope_freq"
     title = "RoPE frequency bands: which frequencies carry position"
     result_type = RopeFreqResult
-
-    def applies_to(self, surface: ModelSurface) -> str | None:
-        return None if surface.has_rope else f"no rotary embedding (scheme {surface.scheme})"
-
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return config.rope_freq.model_dump()
+    scheme = "rope"
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_freq(settings, surface, sizes)

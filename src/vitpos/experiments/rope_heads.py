@@ -29,7 +29,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, position_labels
 from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     SWEEP_TRAIN_TOKENS,
@@ -592,12 +592,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult
-
-    def applies_to(self, surface: ModelSurface) -> str | None:
-        return None if surface.has_rope else f"no rotary embedding (scheme {surface.scheme})"
-
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return config.rope_heads.model_dump()
+    scheme = "rope"
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_heads(settings, surface, sizes)

@@ -37,7 +37,7 @@ from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     MIN_GAP,
@@ -250,14 +250,13 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
     name = "rope_prefix"
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
     result_type = RopePrefixResult
+    scheme = "rope"
 
     def applies_to(self, surface: ModelSurface) -> str | None:
-        if not surface.has_rope:
-            return f"no rotary embedding (scheme {surface.scheme})"
+        missing = super().applies_to(surface)
+        if missing is not None:
+            return missing
         return None if surface.num_prefix_tokens else "no prefix tokens (CLS or registers) to block"
-
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return config.rope_prefix.model_dump()
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_prefix(settings, surface, sizes)

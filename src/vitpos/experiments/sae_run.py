@@ -396,10 +396,8 @@ class SAEExperiment(Experiment[SAEResult]):
     title = "Sparse autoencoder"
     claims = ("C1",)
     result_type = SAEResult
+    scheme = "ape"
     requires = ("probe",)
-
-    def applies_to(self, surface: ModelSurface) -> str | None:
-        return None if surface.has_ape else f"no absolute position embedding (scheme {surface.scheme})"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         given = config.sae.layer is not None
