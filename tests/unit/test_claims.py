@@ -219,7 +219,7 @@ SURE = ((0.85, 0.95), (0.9, 1.1))  # removed, kept intervals wholly on the rule'
     ((SURE, SURE), HOLDS),
     ((((0.6, 0.95), (0.9, 1.1)), SURE), INCONCLUSIVE),  # MIN_REMOVED = 0.7 inside no_row's removed interval
     ((SURE, ((0.85, 0.95), (0.65, 1.1))), INCONCLUSIVE),  # MIN_KEPT = 0.7 inside no_col's kept interval
-    ((((0.3, 0.6), (0.9, 1.1)), SURE), FAILS),  # surely removes less than 0.7 (the point says 0.9: the interval decides)
+    ((((0.3, 0.6), (0.9, 1.1)), SURE), FAILS),  # surely removes < 0.7 (the point says 0.9: the interval decides)
     ((SURE, ((0.85, 0.95), (0.3, 0.5))), FAILS),
 ])
 def test_c3_reads_the_removal_intervals(removal, result):

@@ -7,6 +7,7 @@ from statistics import median
 
 import pytest
 import torch
+from test_experiments import toy_images
 
 from conftest import tiny_own
 from vitpos.experiments.rope_axis import (
@@ -18,7 +19,6 @@ from vitpos.experiments.rope_axis import (
 )
 from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
 from vitpos.study.claims import summarise
-from test_experiments import toy_images
 
 
 @pytest.fixture(scope="module")
