@@ -185,3 +185,113 @@ def test_seeds_of_a_family_are_counted_and_averaged():
     assert "other:ape" not in c["seeds"]
     assert c["verdict"] == "partly supported"
     assert "holds on 2 of 3 seeds" in c["evidence"]
+
+
+# ---------------------------------------------------------------- C3, C4
+def axis_doc(removed=(0.9, 0.9), kept=(1.0, 1.0), removal=None, recs=(0.5, 0.5), median=None) -> dict:
+    """A rope_axis result whose fractions come out as given: chance 0.25, baseline 0.75 at both
+    layers (0.5 above chance), and a third layer too close to chance to count. removal / median:
+    the measured interval blocks (None: a result written before them)."""
+    def acc(frac):
+        return [0.25 + 0.5 * frac, 0.25 + 0.5 * frac, 0.27]
+
+    base = {"row_acc": [0.75, 0.75, 0.27], "col_acc": [0.75, 0.75, 0.27], "top1": 0.9}
+    doc = {"chance_row": 0.25, "chance_col": 0.25,
+           "conditions": {"baseline": base,
+                          "no_row": {"row_acc": acc(1 - removed[0]), "col_acc": acc(kept[0]), "top1": 0.5},
+                          "no_col": {"col_acc": acc(1 - removed[1]), "row_acc": acc(kept[1]), "top1": 0.6}},
+           "recovery": {"row": {"2": {"mean_rec": recs[0]}}, "col": {"2": {"mean_rec": recs[1]}}}}
+    if removal is not None:
+        doc["removal"] = {f"no_{a}": {"removed": removed[i], "removed_ci95": list(removal[i][0]), "kept": kept[i],
+                                      "kept_ci95": list(removal[i][1]), "removed_layers": [0, 1],
+                                      "kept_layers": [0, 1]} for i, a in enumerate(("row", "col"))}
+    if median is not None:
+        doc["median_recovery"] = {a: {"median_rec": recs[i], "median_rec_ci95": list(median[i]),
+                                      "restore_points": [2]} for i, a in enumerate(("row", "col"))}
+    return doc
+
+
+SURE = ((0.85, 0.95), (0.9, 1.1))  # removed, kept intervals wholly on the rule's side
+
+
+@pytest.mark.parametrize("removal, result", [
+    (None, HOLDS),  # no intervals: the point values decide, as before
+    ((SURE, SURE), HOLDS),
+    ((((0.6, 0.95), (0.9, 1.1)), SURE), INCONCLUSIVE),  # MIN_REMOVED = 0.7 inside no_row's removed interval
+    ((SURE, ((0.85, 0.95), (0.65, 1.1))), INCONCLUSIVE),  # MIN_KEPT = 0.7 inside no_col's kept interval
+    ((((0.3, 0.6), (0.9, 1.1)), SURE), FAILS),  # surely removes < 0.7 (the point says 0.9: the interval decides)
+    ((SURE, ((0.85, 0.95), (0.3, 0.5))), FAILS),
+])
+def test_c3_reads_the_removal_intervals(removal, result):
+    from vitpos.study.claims import MIN_KEPT, MIN_REMOVED
+
+    assert (MIN_REMOVED, MIN_KEPT) == (0.7, 0.7)
+    c = claim({"m": {"rope_axis": axis_doc(removal=removal)}}, "C3")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == result
+    assert nums["no_row_row_removed"] == pytest.approx(0.9) and nums["no_col_row_kept"] == pytest.approx(1.0)
+    if removal is not None:
+        assert nums["no_row_row_removed_ci95"] == list(removal[0][0]) and nums["no_col_row_kept_ci95"] == list(
+            removal[1][1])
+        assert f"[{100 * removal[0][0][0]:.0f}%, {100 * removal[0][0][1]:.0f}%]" in c["evidence"]
+
+
+@pytest.mark.parametrize("removed, kept, result", [
+    ((0.9, 0.8), (0.9, 1.2), HOLDS), ((0.6, 0.9), (1.0, 1.0), FAILS), ((0.9, 0.9), (0.69, 1.0), FAILS)])
+def test_c3_without_intervals_keeps_the_point_rule(removed, kept, result):
+    """Results written before the intervals: the old point-value verdicts (the layer too close to
+    chance is left out, so the fractions are the constructed ones)."""
+    nums = claim({"m": {"rope_axis": axis_doc(removed, kept)}}, "C3")["numbers"]["m"]
+    assert nums["result"] == result
+    assert nums["no_col_col_removed"] == pytest.approx(removed[1]) and nums["no_row_col_kept"] == pytest.approx(kept[0])
+    assert nums["no_row_row_removed_ci95"] is None
+
+
+def rope_heads_doc(S: float, S_ci=None) -> dict:
+    doc = heads([[1.0, 2.0], [9.0, 3.0]], [1, 0])
+    doc["axis_index"] = [[0.0, 0.1], [S, 0.2]]
+    doc["specialised_heads"] = [[1, 0]] if abs(S) >= 0.5 else []
+    if S_ci is not None:
+        doc["axis_index_ci95"] = [[[-0.1, 0.1], [0.0, 0.2]], [list(S_ci), [0.1, 0.3]]]
+    return doc
+
+
+@pytest.mark.parametrize("recs, median, S, S_ci, result", [
+    ((0.5, 0.4), None, 0.7, None, HOLDS),  # no intervals: points, as before
+    ((0.5, 1.2), None, 0.7, None, FAILS),
+    ((0.5, 0.4), None, 0.3, None, FAILS),
+    ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), 0.7, (0.6, 0.8), HOLDS),
+    ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), -0.7, (-0.8, -0.6), HOLDS),  # |S|: a column-specialised head counts
+    ((0.5, 0.9), ((0.3, 0.7), (0.8, 1.05)), 0.7, (0.6, 0.8), INCONCLUSIVE),  # 1 inside the col interval
+    ((0.1, 0.4), ((-0.05, 0.3), (0.2, 0.6)), 0.7, (0.6, 0.8), INCONCLUSIVE),  # 0 inside the row interval
+    ((0.5, 1.2), ((0.3, 0.7), (1.0, 1.4)), 0.7, (0.6, 0.8), FAILS),  # surely no partial col recovery
+    ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), 0.6, (0.4, 0.8), INCONCLUSIVE),  # 0.5 inside the |S| interval
+    ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), -0.1, (-0.6, 0.3), INCONCLUSIVE),  # |S| in [0, 0.6]
+    ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), 0.3, (0.1, 0.45), FAILS),  # surely not specialised
+])
+def test_c4_reads_the_recovery_and_axis_index_intervals(recs, median, S, S_ci, result):
+    ra = axis_doc(recs=recs, median=median)
+    c = claim({"m": {"rope_axis": ra, "rope_heads": rope_heads_doc(S, S_ci)}}, "C4")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == result
+    assert nums["median_recovery_row"] == recs[0] and nums["primary_axis_index"] == S
+    assert nums["primary_axis_index_ci95"] == (None if S_ci is None else list(S_ci))
+    assert nums["median_recovery_col_ci95"] == (None if median is None else list(median[1]))
+    if S_ci is not None:
+        assert f"[{S_ci[0]:.2f}, {S_ci[1]:.2f}]" in c["evidence"]
+
+
+def test_c4_without_a_recovery_fails():
+    ra = axis_doc()
+    ra["recovery"]["row"]["2"]["mean_rec"] = None  # nothing to recover at any R: an undefined median
+    assert claim({"m": {"rope_axis": ra, "rope_heads": rope_heads_doc(0.7)}}, "C4")["numbers"]["m"]["result"] == FAILS
+
+
+def test_inside_and_magnitude():
+    from vitpos.study.claims import inside, magnitude
+
+    assert inside((0.2, 0.8), 0, 1) == HOLDS and inside((0.0, 0.8), 0, 1) == INCONCLUSIVE
+    assert inside((-0.3, 0.0), 0, 1) == FAILS and inside((1.0, 1.3), 0, 1) == FAILS
+    assert inside(None, 0, 1) == FAILS and inside((float("nan"), float("nan")), 0, 1) == FAILS
+    assert magnitude((0.2, 0.4)) == (0.2, 0.4) and magnitude((-0.4, -0.2)) == (0.2, 0.4)
+    assert magnitude((-0.6, 0.3)) == (0.0, 0.6) and magnitude(None) is None

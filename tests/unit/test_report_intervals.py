@@ -54,3 +54,34 @@ def test_heads_section_says_which_drops_rest_on_the_adaptive_screen():
     assert "adaptive" not in _sec_heads(doc)  # every head on every image: nothing to say
     html = _sec_heads({**doc, "top1_screen_images": 256, "top1_images_per_head": [[256, 2000], [2000, 256]]})
     assert "every head on the first 256" in html and "2 of 4 heads still in the race on all 2000" in html
+
+
+def test_rope_sections_show_the_c3_c4_intervals():
+    """C3's removal fractions, C4's median Rec and the primary head's S with their intervals, where a
+    result has them; a result written before them renders as before."""
+    from test_report import rope_axis_doc, rope_heads_doc
+
+    from vitpos.report.sections import _sec_axis, _sec_heads, _summary_axis
+
+    old = rope_axis_doc()
+    assert "removed of its own axis" not in _sec_axis(old) and "of above-chance" not in _summary_axis(old, "C3")
+    doc = rope_axis_doc()
+    doc["removal"] = {"no_row": {"removed": 0.95, "removed_ci95": [0.9, 0.99], "kept": 1.1, "kept_ci95": [1.0, 1.2],
+                                 "removed_layers": [0, 1], "kept_layers": [0, 1]},
+                      "no_col": {"removed": 0.8, "removed_ci95": [0.6, 0.95], "kept": 0.9, "kept_ci95": [0.8, 1.0],
+                                 "removed_layers": [0, 1], "kept_layers": [0, 1]}}
+    doc["median_recovery"] = {a: {"median_rec": 0.5, "median_rec_ci95": [0.31, 0.69], "restore_points": [1, 2]}
+                              for a in ("row", "col")}
+    for per_r in doc["recovery"].values():
+        for r in per_r.values():
+            r["mean_rec_ci95"] = [0.42, 0.58]
+    sec = _sec_axis(doc)
+    assert "95.0% [90.0%, 99.0%]" in sec and "col: 110.0% [100.0%, 120.0%]" in sec and "80.0% [60.0%, 95.0%]" in sec
+    assert "0.50 [0.42, 0.58]" in sec and "median over R (C4)" in sec and "0.50 [0.31, 0.69]" in sec
+    assert "95.0% [90.0%, 99.0%] of above-chance row decodability removed" in _summary_axis(doc, "C3")
+    assert "R=1: 0.50 [0.42, 0.58]" in _summary_axis(doc, "C4")
+    assert "median over R 0.50 [0.31, 0.69]" in _summary_axis(doc, "C4")
+    heads = rope_heads_doc()
+    assert "its axis index S (+1 row, −1 col)</td><td>-0.60</td>" in _sec_heads(heads)
+    heads["axis_index_ci95"] = [[[v - 0.1, v + 0.05] for v in row] for row in heads["axis_index"]]
+    assert "-0.60 [-0.70, -0.55]" in _sec_heads(heads)

@@ -151,6 +151,13 @@ def test_rope_axis_shared_prefix_equals_the_old_path(which):
         recs = [r for per_axis in new["recovery"].values() for r in per_axis.values() if r["mean_rec"] is not None]
         assert recs and all(r["mean_rec_ci95"][0] - 1e-9 <= r["mean_rec"] <= r["mean_rec_ci95"][1] + 1e-9
                             for r in recs)
+        # C3's fractions and C4's median Rec with their paired intervals (compared old vs new above too)
+        for rem in new["removal"].values():
+            for key in ("removed", "kept"):
+                assert rem[f"{key}_ci95"][0] - 1e-9 <= rem[key] <= rem[f"{key}_ci95"][1] + 1e-9
+        for a, med in new["median_recovery"].items():
+            assert med["restore_points"] == [int(r) for r, v in new["recovery"][a].items() if v["mean_rec"] is not None]
+            assert med["median_rec_ci95"][0] - 1e-9 <= med["median_rec"] <= med["median_rec_ci95"][1] + 1e-9
 
 
 @pytest.mark.parametrize("which", ROPE_MODELS)
@@ -177,6 +184,8 @@ def test_rope_heads_shared_prefix_equals_the_old_path(which):
         assert set(new["top_heads_agreement"]) == {"rebuild~mean_ablate", "rebuild~direct_effect",
                                                    "mean_ablate~direct_effect"}
         assert new["top_heads_agreement"]["rebuild~mean_ablate"] == new["top_heads_overlap"]
+        for srow, crow in zip(new["axis_index"], new["axis_index_ci95"], strict=True):  # S inside its interval
+            assert all(lo - 1e-9 <= v <= hi + 1e-9 for v, (lo, hi) in zip(srow, crow, strict=True))
         lo, hi = new["recovery_restore_ci95"]
         assert lo - 1e-9 <= new["recovery_restore"] <= hi + 1e-9
         for key in ("rebuild_score", "mean_ablate_score"):  # paired intervals around each head's fall

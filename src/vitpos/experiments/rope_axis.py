@@ -7,16 +7,28 @@ Conditions (axis removed = that coordinate set to 0 in the rotation of q and k):
   "readable by the original probe" = the baseline's probes applied unchanged (*_orig_probe).
 Recovery after R (METHODS): Rec(l) = (P_restore(l) - P_off(l)) / (P_clean(l) - P_off(l)) for
 l >= R, with P the retrained accuracy; undefined (null) where P_clean - P_off < MIN_GAP.
+What C3 and C4 read, with paired bootstrap intervals over the probes' test images (the same
+resamples for every condition):
+  removal[no_<a>]  removed = 1 - kept_fraction(own axis a), kept = kept_fraction(other axis), where
+              kept_fraction = mean over layers whose baseline is >= MIN_ABOVE_CHANCE above chance of
+              (P_cond - chance) / (P_base - chance) (`kept_fraction`; claims.py reads the same function)
+  median_recovery[a]  median over the restore points R of mean Rec (`median_recovery`), its interval
+              the median over R of each resample's mean Rec
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import median
 from typing import Any
+
+import torch
+from pydantic import BaseModel
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
+from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
@@ -29,12 +41,85 @@ from vitpos.experiments.common import (
     condition_context,
     condition_recovery,
     probe_condition,
+    recovery_samples,
     require_rope,
+    sample_interval,
 )
 from vitpos.models.surface import AXES, Axis, ModelSurface
 from vitpos.progress import progress_bar
 
 Condition = ProbedCondition  # (the name results and plots know it by)
+MIN_ABOVE_CHANCE = 0.05  # a layer enters C3's fractions where its baseline accuracy is this far above chance
+
+
+def above_chance_layers(base: Sequence[float], chance: float) -> list[int]:
+    """Indices of the layers whose baseline accuracy is >= MIN_ABOVE_CHANCE above chance."""
+    return [i for i, b in enumerate(base) if b - chance >= MIN_ABOVE_CHANCE]
+
+
+def kept_fraction(base: Sequence[float], cond: Sequence[float], chance: float) -> float | None:
+    """Mean over the above-chance layers of (cond - chance) / (base - chance): the share of the
+    baseline's above-chance decodability a condition keeps (None without such a layer). C3's
+    removed fraction is 1 - this for the removed axis, its kept fraction this for the other."""
+    used = [i for i in above_chance_layers(base, chance) if i < len(cond)]
+    if not used:
+        return None
+    vals = [(cond[i] - chance) / (base[i] - chance) for i in used]
+    return sum(vals) / len(vals)
+
+
+def kept_fraction_samples(base: Mapping[int, Any], cond: Mapping[int, Any], axis: str, base_acc: Sequence[float],
+                          chance: float, layers: Sequence[int]) -> torch.Tensor | None:
+    """(n_boot,) bootstrap samples of `kept_fraction` for one axis, over the layers its point value
+    averages (chosen on the baseline's point accuracies), resampling the probes' test images: both
+    conditions' per-image accuracies in one bootstrap, so every resample is paired. None without
+    per-image accuracies or without a layer."""
+    used = [layers[i] for i in above_chance_layers(base_acc, chance)]
+    if not used:
+        return None
+    cols = [fits[layer].per_image_acc(axis) for layer in used for fits in (base, cond)]
+    if any(c is None for c in cols):
+        return None
+    boot = bootstrap_means(torch.stack(cols, dim=1)).reshape(-1, len(used), 2)  # (n_boot, layers, [base, cond])
+    b, c = boot.unbind(-1)
+    return ((c - chance) / (b - chance)).mean(-1)
+
+
+def median_recovery(per_r: Mapping[str, Mapping[str, Any]]) -> float:
+    """Median over the restore points of mean Rec (those with one; NaN if none): C4's number."""
+    return median([r["mean_rec"] for r in per_r.values() if r["mean_rec"] is not None] or [float("nan")])
+
+
+def median_samples(samples: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per resample the median over restore points (statistics.median's: the mean of the two
+    middle values for an even count) of paired bootstrap samples; None if any is missing."""
+    if not samples or any(s is None for s in samples):
+        return None
+    stacked = torch.stack([s for s in samples if s is not None])  # (restore points, n_boot)
+    ordered, k = stacked.sort(dim=0).values, stacked.shape[0]
+    mid = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
+    return mid.masked_fill(stacked.isnan().any(0), float("nan"))  # an undefined Rec: an undefined median
+
+
+class AxisRemoval(BaseModel):
+    """C3's fractions for one no_<axis> condition: of the removed axis' above-chance decodability
+    the share removed, of the other axis' the share kept; each with its paired bootstrap interval."""
+
+    removed: float | None
+    removed_ci95: list[float] | None = None
+    kept: float | None
+    kept_ci95: list[float] | None = None
+    removed_layers: list[int]  # the layers each fraction averages (baseline above chance)
+    kept_layers: list[int]
+
+
+class MedianRecovery(BaseModel):
+    """C4's number for one axis: the median over restore points of mean Rec, with the median over
+    restore points of each paired resample's mean Rec as its interval."""
+
+    median_rec: float
+    median_rec_ci95: list[float] | None = None
+    restore_points: list[int]  # the Rs with a mean Rec
 
 
 class RopeAxisResult(Result):
@@ -50,6 +135,9 @@ class RopeAxisResult(Result):
     conditions: dict[str, Condition]
     recovery: dict[str, dict[str, Recovery]]  # axis -> str(R) -> recovery
     min_gap: float
+    # C3 / C4 with intervals (None in results written before them)
+    removal: dict[str, AxisRemoval] | None = None  # no_row / no_col -> fractions
+    median_recovery: dict[str, MedianRecovery] | None = None  # row / col
 
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
@@ -104,17 +192,46 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     no_axis.clear()
     conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
     rec: dict[str, dict] = {"row": {}, "col": {}}
+    medians: dict[str, dict] = {}
     for a in ("row", "col"):
+        samples = []
         for R in Rs:
             rec[a][str(R)] = condition_recovery(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
+            if rec[a][str(R)]["mean_rec"] is not None:
+                samples.append(recovery_samples(fitted["baseline"], fitted[f"no_{a}"], fitted[f"restore_{a}_R{R}"],
+                                                a, rec[a][str(R)]))
+        medians[a] = {"median_rec": median_recovery(rec[a]),
+                      "median_rec_ci95": sample_interval(median_samples(samples)),
+                      "restore_points": [R for R in Rs if rec[a][str(R)]["mean_rec"] is not None]}
     H, W = surface.grid
+    chance = {"row": 1 / H, "col": 1 / W}
     result = RopeAxisResult.model_validate({
         "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
-        "layers": layers, "chance_row": 1 / H, "chance_col": 1 / W, "rope": surface.rope_axis_map().to_json(),
-        "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP})
+        "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
+        "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
+        "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "median_recovery": medians})
     if out is not None:
         RopeAxisExperiment().write(result, out)
     return result
+
+
+def axis_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], axis: str,
+                 chance: Mapping[str, float], layers: Sequence[int]) -> dict:
+    """C3's fractions of condition no_<axis> against the baseline (`AxisRemoval`)."""
+    other = "col" if axis == "row" else "row"
+    base, off = conditions["baseline"], conditions[f"no_{axis}"]
+    out: dict[str, Any] = {}
+    for a, key in ((axis, "removed"), (other, "kept")):
+        point = kept_fraction(base[f"{a}_acc"], off[f"{a}_acc"], chance[a])
+        samples = kept_fraction_samples(fitted["baseline"], fitted[f"no_{axis}"], a, base[f"{a}_acc"], chance[a],
+                                        layers)
+        if key == "removed":
+            point = None if point is None else 1 - point
+            samples = None if samples is None else 1 - samples
+        out[key], out[f"{key}_ci95"] = point, sample_interval(samples)
+        out[f"{key}_layers"] = [layers[i] for i in above_chance_layers(base[f"{a}_acc"], chance[a])]
+    return out
 
 
 def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,

@@ -3,7 +3,9 @@
 Per (layer, head):
   axis_index  S = (A_row - A_col) / (A_row + A_col) in [-1, 1], A_a = mean over patch queries of
               KL(attention clean || attention with axis a removed for this head only)
-              (+1: the head's pattern depends on row offsets only; -1: column only; |S| >= 0.5 = specialised)
+              (+1: the head's pattern depends on row offsets only; -1: column only; |S| >= 0.5 = specialised),
+              with axis_index_ci95: bootstrap over the attention images (A_row and A_col of each head
+              recomputed on each resample of images)
   rebuild_score  in the restore setting (axis removed in layers < R, restored from R on), the fall
               in mean recovery Rec over layers >= R when this head's rotation stays removed too
               (0 for heads in layers < R, whose rotation is removed anyway: reported as null)
@@ -72,6 +74,8 @@ class RopeHeadsResult(Result):
     n_probe_images: int
     recovery_restore: float
     axis_index: list[list[float]]
+    # bootstrap over the attention images, [layer][head] -> [lo, hi] (None in results written before it)
+    axis_index_ci95: list[list[list[float]]] | None = None
     kl: dict[str, list[list[float]]]
     rebuild_score: list[list[float | None]]  # None for heads in layers < R
     # paired bootstrap over the probes' test images (None in results written before the intervals)
@@ -120,6 +124,7 @@ def axis_index(surface: ModelSurface, images: torch.Tensor,
         surface(images)
     clean = {li: c[str(Site(li, "attn_pattern"))] for li in range(L)}
     A = {a: torch.zeros(L, Hh) for a in ("row", "col")}
+    per_image = torch.zeros(len(images), L, Hh, 2, dtype=torch.float64)  # A_row, A_col of each image
     x = surface.embed_tokens(images) if shared_prefix else None
     for li in range(L):
         for h in range(Hh):
@@ -131,11 +136,25 @@ def axis_index(surface: ModelSurface, images: torch.Tensor,
                         surface.run_blocks(x, li, li + 1)
                 p = clean[li][:, h, npt:]  # patch queries
                 q = c2[str(Site(li, "attn_pattern"))][:, h, npt:]
-                A[a][li, h] = _kl_rows(p, q).mean()
+                kl = _kl_rows(p, q)  # (images, patch queries)
+                A[a][li, h] = kl.mean()
+                per_image[:, li, h, ("row", "col").index(a)] = kl.double().mean(-1)
         if x is not None and li + 1 < L:
             x = surface.run_blocks(x, li, li + 1)  # the clean stream, fused attention as in the full forwards
     S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
-    return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist()}
+    return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist(),
+                        "ci95": axis_index_intervals(per_image)}
+
+
+def axis_index_intervals(per_image: torch.Tensor, level: float = LEVEL) -> list[list[list[float]]]:
+    """Bootstrap interval of every head's S over the attention images: per image and head the
+    mean KL over patch queries for each axis (images, L, H, 2); each resample of images gives
+    A_row and A_col per head (one set of resamples for all heads) and so S."""
+    n, L, H, _ = per_image.shape
+    boot = bootstrap_means(per_image.reshape(n, -1)).reshape(-1, L * H, 2)
+    a_row, a_col = boot.unbind(-1)
+    cols = _column_intervals((a_row - a_col) / (a_row + a_col + EPS), level, factor=1.0)
+    return _grid(cols, L, H)
 
 
 def _ablate(surface: ModelSurface, layer: int, head: int):
@@ -428,6 +447,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-heads", total=steps)
         S, kl = axis_index(surface, attn_images, shared_prefix)
+        S_ci = kl.pop("ci95")
         bar.update(task, advance=1, description="rope-heads: baseline probes")
         # recovery reference points: clean, axis off everywhere, and the plain restore setting
         clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
@@ -526,7 +546,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
         "recovery_restore_ci95": sample_interval(rec_restore_samples),
         "rebuild_score_ci95": rebuild_ci, "mean_ablate_score_ci95": mean_abl_ci,
-        "axis_index": S, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
+        "axis_index": S, "axis_index_ci95": S_ci, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
         "drop_ci95": measured.drop_intervals(),
         "mean_ablate_score": mean_abl, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},
         "top_heads_overlap": len(set(top["rebuild"]) & set(top["mean_ablate"])),

@@ -93,20 +93,41 @@ def _summary_axis(doc: dict, claim: str) -> str:
     base = conds.get("baseline") or {}
     if claim == "C4":
         parts = []
+        medians = dict_at(doc, "median_recovery")
         for axis in ("row", "col"):
             per_r = (doc.get("recovery") or {}).get(axis) or {}
-            recs = ", ".join(f"R={r}: {fnum((v or {}).get('mean_rec'), 2)}" for r, v in per_r.items())
+            recs = ", ".join(f"R={r}: {_rec_text(v)}" for r, v in per_r.items())
             if recs:
-                parts.append(f"mean {axis} Rec {recs}")
+                med = medians.get(axis)
+                parts.append(f"mean {axis} Rec {recs}" + (f" (median over R {_rec_text(med, 'median_rec')})"
+                                                          if isinstance(med, dict) and len(per_r) > 1 else ""))
         return "; ".join(parts) or "no recovery data"
     parts = []
+    removal = dict_at(doc, "removal")
     for c in ("no_row", "no_col"):
         x = conds.get(c)
         if isinstance(x, dict):
             parts.append(f"{c}: final-layer row {pct(last(x.get('row_acc')))} (clean "
                          f"{pct(last(base.get('row_acc')))}), col {pct(last(x.get('col_acc')))} (clean "
-                         f"{pct(last(base.get('col_acc')))})")
+                         f"{pct(last(base.get('col_acc')))})" + _removal_text(c, removal.get(c)))
     return "; ".join(parts) or "no conditions"
+
+
+def _rec_text(v: Any, key: str = "mean_rec") -> str:
+    """A recovery with its paired interval, where measured."""
+    v = v if isinstance(v, dict) else {}
+    return f"{fnum(v.get(key), 2)} {ci(v.get(f'{key}_ci95'), digits=2)}".rstrip()
+
+
+def _removal_text(cond: str, rem: Any) -> str:
+    """C3's fractions of one no_<axis> condition with their intervals ("" in results without them)."""
+    if not isinstance(rem, dict):
+        return ""
+    own = cond.removeprefix("no_")
+    other = "col" if own == "row" else "row"
+    return (f", {pct(rem.get('removed'))} {ci(rem.get('removed_ci95'), 100, 1, '%')} of above-chance {own} "
+            f"decodability removed, {pct(rem.get('kept'))} {ci(rem.get('kept_ci95'), 100, 1, '%')} of {other} "
+            "kept").replace("  ", " ")
 
 
 def _summary_heads(doc: dict) -> str:
@@ -326,13 +347,31 @@ def _sec_axis(doc: dict) -> str:
            "layer: <i>retrained</i> = decodable at all, <i>orig. probe</i> = readable by the clean-model probe.</p>")
     out += table(["condition", "axis removed", "restore from", "top-1", "Δ top-1", "row (retrained)",
                    "row (orig. probe)", "col (retrained)", "col (orig. probe)"], rows)
+    removal = dict_at(doc, "removal")
+    rem_rows = []
+    for c in ("no_row", "no_col"):
+        rem = removal.get(c)
+        if isinstance(rem, dict):
+            own = c.removeprefix("no_")
+            rem_rows.append([c, f"{pct(rem.get('removed'))} {ci(rem.get('removed_ci95'), 100, 1, '%')}".rstrip(),
+                             f"{'col' if own == 'row' else 'row'}: "
+                             f"{pct(rem.get('kept'))} {ci(rem.get('kept_ci95'), 100, 1, '%')}".rstrip()])
+    if rem_rows:
+        out += ("<p>C3: share of the baseline's above-chance decodability (mean over layers ≥ 5 points above chance "
+                "of (P_cond − chance) / (P_base − chance), retrained probes) that removing an axis removes from "
+                "that axis and keeps of the other; 95 % paired bootstrap over the probes' test images.</p>")
+        out += table(["condition", "removed of its own axis", "kept of the other axis"], rem_rows)
     rec_rows = []
     for axis, per_r in (doc.get("recovery") or {}).items():
         for r, v in (per_r or {}).items():
             v = v or {}
-            rec_rows.append([str(axis), str(r), fnum(v.get("mean_rec"), 2), fnum(last(v.get("rec")), 2)])
+            rec_rows.append([str(axis), str(r), _rec_text(v), fnum(last(v.get("rec")), 2)])
+        med = dict_at(doc, "median_recovery").get(axis)
+        if isinstance(med, dict):
+            rec_rows.append([str(axis), "median over R (C4)", _rec_text(med, "median_rec"), "—"])
     if rec_rows:
-        out += "<p>Recovery Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off); the study predicts 0 &lt; Rec &lt; 1.</p>"
+        out += ("<p>Recovery Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off); the study predicts 0 &lt; Rec &lt; 1. "
+                "Intervals: 95 % paired bootstrap over the probes' test images.</p>")
         out += table(["axis", "restore from R", "mean Rec after R", "Rec at final layer"], rec_rows)
     return out
 
@@ -344,7 +383,8 @@ def _sec_heads(doc: dict) -> str:
              ("baseline top-1", f"{pct(doc.get('baseline_top1'))} {ci(doc.get('baseline_top1_ci95'), 100)}".rstrip()),
              ("primary rebuilding head", head_name(ph)),
              ("its rebuilding score", fnum(at(doc.get("rebuild_score"), doc, ph))),
-             ("its axis index S (+1 row, −1 col)", fnum(at(doc.get("axis_index"), doc, ph), 2)),
+             ("its axis index S (+1 row, −1 col)", f"{fnum(at(doc.get('axis_index'), doc, ph), 2)} "
+                                                   f"{ci(at(doc.get('axis_index_ci95'), doc, ph), digits=2)}".rstrip()),
              ("top-1 drop when its rotations are ablated", _head_drop(doc, ph)),
              ("its drop rank (1 = largest)", f"{doc.get('primary_head_drop_rank', '?')} of {n}"),
              ("largest-drop head", f"{head_name(lh)}: {_head_drop(doc, lh)}"),

@@ -20,12 +20,18 @@ every measurement and control is defined in docs/methods.md):
             it is stated, not required).
   C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
             (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
-            baseline is >= 0.05 above chance) while the other axis keeps >= MIN_KEPT of its
-            above-chance decodability, for both axes. (No intervals yet: point values.)
-  C4 (RoPE) mean recovery after restoring is partial (0 < Rec < 1) for both axes, and the
-            primary rebuilding head is axis-specialised (|S| >= 0.5). (No intervals yet.) Reported
-            beside it, not in the rule: whether mean-ablating head outputs ranks the same heads
-            (overlap of the top five, and whether the primary head is also first there).
+            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
+            of its above-chance decodability, for both axes: each fraction's interval (paired
+            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
+            threshold; fails if one lies below.
+  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
+            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
+            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
+            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
+            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
+            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
+            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
+            the primary head is also first there).
   C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
@@ -41,10 +47,11 @@ fails / inconclusive) and `holds` (result == holds).
 from __future__ import annotations
 
 import re
-from statistics import median
 from typing import Any, Literal
 
 from vitpos.analysis.stats import seed_interval
+from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
+from vitpos.experiments.rope_axis import kept_fraction, median_recovery
 from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
 
@@ -53,7 +60,7 @@ MIN_DROP = 10.0
 CONTROL_FACTOR = 2.0
 MIN_REMOVED = 0.7
 MIN_KEPT = 0.7
-MIN_ABOVE_CHANCE = 0.05
+SPECIALISED = 0.5  # |S| of an axis-specialised head
 
 CLAIM_TEXT = {
     "C1": "APE: sparse autoencoders recover causal row- and column-specific features.",
@@ -114,6 +121,26 @@ def largest(iv: Interval | None, others: list[Interval]) -> Outcome:
     if not others or iv[0] > max(o[1] for o in others):
         return HOLDS
     return FAILS if iv[1] < max(o[0] for o in others) else INCONCLUSIVE
+
+
+def inside(iv: Interval | None, lo: float, hi: float) -> Outcome:
+    """lo < x < hi: true if the whole interval is strictly inside, false if it lies wholly at or
+    beyond one end, else undecided; a missing or undefined (NaN) measurement is false."""
+    if iv is None or iv[0] != iv[0] or iv[1] != iv[1]:
+        return FAILS
+    if lo < iv[0] and iv[1] < hi:
+        return HOLDS
+    return FAILS if iv[1] <= lo or iv[0] >= hi else INCONCLUSIVE
+
+
+def magnitude(iv: Interval | None) -> Interval | None:
+    """The interval of |x| from that of x."""
+    if iv is None:
+        return None
+    lo, hi = iv
+    if lo >= 0:
+        return lo, hi
+    return (-hi, -lo) if hi <= 0 else (0.0, max(-lo, hi))
 
 
 def all_positive(margins: list[Interval]) -> Outcome:
@@ -226,31 +253,38 @@ def _n(v: dict) -> str:
     return "n/a" if n is None else str(n)
 
 
-def _above_chance_ratio(base: list[float], cond: list[float], chance: float) -> float | None:
-    """Mean over layers of (cond - chance) / (base - chance), where base is clearly above chance."""
-    return _mean([(c - chance) / (b - chance) for b, c in zip(base, cond, strict=False)
-                  if b - chance >= MIN_ABOVE_CHANCE])
-
-
 def _c3(spec: str, ra: dict) -> dict:
     c = ra["conditions"]
     base = c["baseline"]
     chance = {"row": ra["chance_row"], "col": ra["chance_col"]}
-    nums, ok = {}, True
+    removal = ra.get("removal") or {}
+    nums: dict[str, Any] = {}
+    outcomes: list[Outcome] = []
+    ivs: dict[str, Interval | None] = {}
     for a, b in (("row", "col"), ("col", "row")):
         off = c[f"no_{a}"]
-        kept_own = _above_chance_ratio(base[f"{a}_acc"], off[f"{a}_acc"], chance[a])
-        kept_other = _above_chance_ratio(base[f"{b}_acc"], off[f"{b}_acc"], chance[b])
+        kept_own = kept_fraction(base[f"{a}_acc"], off[f"{a}_acc"], chance[a])
+        kept_other = kept_fraction(base[f"{b}_acc"], off[f"{b}_acc"], chance[b])
         removed = None if kept_own is None else 1 - kept_own
-        nums[f"no_{a}_{a}_removed"] = removed
-        nums[f"no_{a}_{b}_kept"] = kept_other
+        measured = removal.get(f"no_{a}") or {}
+        rm, kp = f"no_{a}_{a}_removed", f"no_{a}_{b}_kept"
+        nums[rm] = removed
+        nums[kp] = kept_other
         nums[f"no_{a}_top1"] = off.get("top1")
-        ok &= removed is not None and removed >= MIN_REMOVED and kept_other is not None and kept_other >= MIN_KEPT
-    return {"result": known(ok), "numbers": nums,
-            "text": f"{spec}: no_row removes {_pc(nums['no_row_row_removed'])} of above-chance row decodability, "
-                    f"col keeps {_pc(nums['no_row_col_kept'])}; no_col removes {_pc(nums['no_col_col_removed'])} of "
-                    "col, "
-                    f"row keeps {_pc(nums['no_col_row_kept'])} (top-1 {_f(base.get('top1'))} -> no_row "
+        nums[f"{rm}_ci95"], nums[f"{kp}_ci95"] = measured.get("removed_ci95"), measured.get("kept_ci95")
+        ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
+        ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
+        outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+
+    def frac(key: str) -> str:
+        iv = ivs[key]
+        return _pc(nums[key]) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
+
+    return {"result": all_of(*outcomes), "numbers": nums,
+            "text": f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
+                    f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
+                    f"row keeps {frac('no_col_row_kept')} (needs >= {_pc(MIN_REMOVED)} removed and >= "
+                    f"{_pc(MIN_KEPT)} kept; top-1 {_f(base.get('top1'))} -> no_row "
                     f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
 
 
@@ -258,17 +292,21 @@ def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
-
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
-    rec = {a: median([r["mean_rec"] for r in ra["recovery"][a].values() if r["mean_rec"] is not None]
-                     or [float("nan")]) for a in ("row", "col")}
-    partial = all(0 < v < 1 for v in rec.values())
-    prim, S = None, None
+    rec = {a: median_recovery(ra["recovery"][a]) for a in ("row", "col")}
+    med = ra.get("median_recovery") or {}
+    rec_ci = {a: (med.get(a) or {}).get("median_rec_ci95") for a in ("row", "col")}
+    rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in ("row", "col")}
+    prim, S, S_ci = None, None, None
     if rh and rh.get("primary_rebuilding_head"):
         prim = rh["primary_rebuilding_head"]
         S = rh["axis_index"][prim[0]][prim[1]]
-    specialised = S is not None and abs(S) >= 0.5
-    return {"result": known(partial and specialised),
+        cis = rh.get("axis_index_ci95")
+        S_ci = cis[prim[0]][prim[1]] if cis else None
+    S_iv = None if S is None else bounds(S, S_ci)
+    result = all_of(inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0),
+                    at_least(magnitude(S_iv), SPECIALISED))
+    return {"result": result,
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
                         "primary_axis_index": S,
                         "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None,
@@ -277,9 +315,12 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
                         "primary_tops_mean_ablation": _first_under(rh, prim, "mean_ablate"),
                         # and by its direct effect on the axis probes (iii); every pair of methods' top heads
                         "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
-                        "top_heads_agreement": rh.get("top_heads_agreement") if rh else None},
-            "text": f"{spec}: median recovery row {_f(rec['row'])}, col {_f(rec['col'])}; primary rebuilding head "
-                    f"{_head(prim)} axis index {_f(S)}"}
+                        "top_heads_agreement": rh.get("top_heads_agreement") if rh else None,
+                        "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
+                        "primary_axis_index_ci95": S_ci},
+            "text": f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
+                    f"{_f(rec['col'])}{_iv(rec_iv['col'])} (needs inside (0, 1)); primary rebuilding head "
+                    f"{_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"}
 
 
 def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:
