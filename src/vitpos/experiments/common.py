@@ -312,11 +312,18 @@ def condition_recovery(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapp
                        axis: str, restored: str, R: int, layers: list[int]) -> dict:
     """`recovery` of condition `restored` against `baseline` and `no_<axis>` (the probed conditions'
     docs and fitted probes, by name), with mean Rec's paired bootstrap interval."""
+    return condition_recovery_samples(conditions, fitted, axis, restored, R, layers)[0]
+
+
+def condition_recovery_samples(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]],
+                               axis: str, restored: str, R: int,
+                               layers: list[int]) -> tuple[dict, torch.Tensor | None]:
+    """`condition_recovery` and the bootstrap samples its interval was read from (`recovery_samples`)."""
     r = recovery(conditions["baseline"][f"{axis}_acc"], conditions[f"no_{axis}"][f"{axis}_acc"],
                  conditions[restored][f"{axis}_acc"], R, layers)
-    r["mean_rec_ci95"] = sample_interval(recovery_samples(fitted["baseline"], fitted[f"no_{axis}"], fitted[restored],
-                                                          axis, r))
-    return r
+    samples = recovery_samples(fitted["baseline"], fitted[f"no_{axis}"], fitted[restored], axis, r)
+    r["mean_rec_ci95"] = sample_interval(samples)
+    return r, samples
 
 
 def sae_edit(surface: ModelSurface, sae, fn):

@@ -39,9 +39,8 @@ from vitpos.experiments.common import (
     advance,
     check_restore_points,
     condition_context,
-    condition_recovery,
+    condition_recovery_samples,
     probe_condition,
-    recovery_samples,
     require_rope,
     sample_interval,
 )
@@ -196,10 +195,9 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     for a in ("row", "col"):
         samples = []
         for R in Rs:
-            rec[a][str(R)] = condition_recovery(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
+            rec[a][str(R)], rs = condition_recovery_samples(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
             if rec[a][str(R)]["mean_rec"] is not None:
-                samples.append(recovery_samples(fitted["baseline"], fitted[f"no_{a}"], fitted[f"restore_{a}_R{R}"],
-                                                a, rec[a][str(R)]))
+                samples.append(rs)
         medians[a] = {"median_rec": median_recovery(rec[a]),
                       "median_rec_ci95": sample_interval(median_samples(samples)),
                       "restore_points": [R for R in Rs if rec[a][str(R)]["mean_rec"] is not None]}

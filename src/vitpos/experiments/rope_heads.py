@@ -52,6 +52,7 @@ from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 EPS = 1e-12
+SPECIALISED = 0.5  # |S| at or above which a head is axis-specialised
 AXES = ("row", "col", "both")
 
 
@@ -560,7 +561,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "primary_head_drop_rank_after_R": rank_late,
         "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
-        "specialised_heads": [[li, h] for li in range(L) for h in range(Hh) if abs(S[li][h]) >= 0.5],
+        "specialised_heads": [[li, h] for li in range(L) for h in range(Hh) if abs(S[li][h]) >= SPECIALISED],
     })
     if out is not None:
         RopeHeadsExperiment().write(result, out)

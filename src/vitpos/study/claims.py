@@ -52,6 +52,7 @@ from typing import Any, Literal
 from vitpos.analysis.stats import seed_interval
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
 from vitpos.experiments.rope_axis import kept_fraction, median_recovery
+from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
 from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
 
@@ -60,7 +61,6 @@ MIN_DROP = 10.0
 CONTROL_FACTOR = 2.0
 MIN_REMOVED = 0.7
 MIN_KEPT = 0.7
-SPECIALISED = 0.5  # |S| of an axis-specialised head
 
 CLAIM_TEXT = {
     "C1": "APE: sparse autoencoders recover causal row- and column-specific features.",
