@@ -25,8 +25,7 @@ def toy_images(n: int, seed: int = 0, content: float = 0.03) -> TensorImageDatas
     return TensorImageDataset((x * 255).to(torch.uint8), torch.randint(0, 4, (n,), generator=g), INFO, "test")
 
 
-@pytest.fixture(scope="module")
-def rope_model():
+def planted_rope_model():
     """A planted toy RoPE model: sharp q/k, a strong attention output and a large CLS token, so
     attention (to the unrotated CLS and to neighbours) makes each patch's state a clear function
     of its position; content is near-constant, so all of that position comes from the rotations."""
@@ -37,6 +36,11 @@ def rope_model():
             b.attn.qkv.weight[: 2 * s.width] *= 8
             b.attn.proj.weight.mul_(50)
     return s
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+    return planted_rope_model()
 
 
 def test_both_axes_removed_leaves_no_position(rope_model):

@@ -7,9 +7,8 @@ from statistics import median
 
 import pytest
 import torch
-from test_experiments import toy_images
+from test_experiments import planted_rope_model, toy_images
 
-from conftest import tiny_own
 from vitpos.experiments.rope_axis import (
     MIN_ABOVE_CHANCE,
     kept_fraction,
@@ -24,13 +23,7 @@ from vitpos.study.claims import summarise
 @pytest.fixture(scope="module")
 def planted():
     """test_experiments' planted toy RoPE model: position is decodable from the rotations alone."""
-    s = tiny_own("rope-axial", seed=0)
-    with torch.no_grad():
-        s.model.cls_token.mul_(30)
-        for b in s.model.blocks:
-            b.attn.qkv.weight[: 2 * s.width] *= 8
-            b.attn.proj.weight.mul_(50)
-    return s
+    return planted_rope_model()
 
 
 def test_kept_fraction_uses_only_layers_above_chance():
