@@ -25,6 +25,13 @@ active on the held-out tokens) are reported at that point. Peers:
 * ``torch``: the textbook TopK loop written below (linear encoder/decoder, top-k + ReLU,
   MSE, Adam, decoder renorm, no AuxK).
 * ``vitpos-noaux``: vitpos with ``aux_coeff=0`` (sparsify's default), to show what AuxK costs.
+* ``sparsify-auxk``: sparsify with AuxK on as vitpos has it by default (``auxk_alpha`` = vitpos'
+  ``aux_coeff`` 1/32, dead after ``--dead-tokens`` tokens, the dead mask kept as its ``Trainer``
+  keeps it). Its AuxK trains only the decoder (its fused encoder drops the pre-activations'
+  gradient); vitpos' trains the dead latents' encoder rows too, as Gao et al. do.
+
+Besides the common target, the run prints like-for-like pairs: vitpos vs ``sparsify-auxk`` (both
+with AuxK) and ``vitpos-noaux`` vs ``sparsify`` (both without), each at its own equal FVU.
 
 A peer whose interpreter or package is missing is skipped with the reason printed. Peers are fed
 activations pre-scaled to mean norm √D (what vitpos does internally), so an lr means the same step
@@ -50,6 +57,10 @@ import torch
 
 DEFAULT_SAELENS_PYTHON = "/tmp/saelens-venv/bin/python"
 DEFAULT_SPARSIFY_PYTHON = "/tmp/sparsify-venv/bin/python"
+AUX_COEFF = 1 / 32  # vitpos' default SAEConfig.aux_coeff, given to sparsify-auxk (checked in main)
+PEERS = ("sparsify", "sparsify-auxk", "saelens", "torch", "vitpos-noaux")
+# like-for-like pairs (ours, peer): the same loss, AuxK on or off in both
+LIKE_FOR_LIKE = (("vitpos", "sparsify-auxk"), ("vitpos-noaux", "sparsify"))
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -251,7 +262,8 @@ def run_torch_peer(train, eval_x, args, lr) -> dict:
 
 
 def sparsify_worker(p: dict, train, eval_x) -> dict:
-    """Runs inside the sparsify interpreter: SparseCoder driven as sparsify's Trainer.fit does."""
+    """Runs inside the sparsify interpreter: SparseCoder driven as sparsify's Trainer.fit does
+    (with ``p["auxk"]``: its AuxK loss and dead mask, as its Trainer computes them)."""
     import importlib.metadata
 
     from sparsify import SparseCoder, SparseCoderConfig
@@ -261,6 +273,7 @@ def sparsify_worker(p: dict, train, eval_x) -> dict:
     sae = SparseCoder(D, SparseCoderConfig(expansion_factor=p["expansion"], k=p["k"]), "cpu", dtype=torch.float32)
     opt = torch.optim.Adam(sae.parameters(), lr=p["lr"])
     batches = batches_of(train, p["batch"])
+    since_fired = torch.zeros(sae.num_latents, dtype=torch.long)
 
     def score():
         out = sae(eval_x)
@@ -276,14 +289,25 @@ def sparsify_worker(p: dict, train, eval_x) -> dict:
             if rec.handed == 1:
                 sae.b_dec.data = x.mean(0)
             sae.set_decoder_norm_to_unit_norm()
-            out = sae(x)
-            out.fvu.backward()
+            if p["auxk"]:
+                out = sae(x, dead_mask=since_fired > p["dead_tokens"])
+                loss = out.fvu + p["aux_coeff"] * out.auxk_loss
+            else:
+                out = sae(x)
+                loss = out.fvu
+            loss.backward()
             sae.remove_gradient_parallel_to_decoder_directions()
             opt.step()
             opt.zero_grad()
-            float(out.fvu.detach())
+            if p["auxk"]:
+                did_fire = torch.zeros(sae.num_latents, dtype=torch.bool)
+                did_fire[out.latent_indices.flatten()] = True
+                since_fired += len(x)
+                since_fired[did_fire] = 0
+            float(loss.detach())
     rec.point()
-    return {"trainer": f"sparsify {importlib.metadata.version('eai-sparsify')}", "lr": p["lr"], "points": rec.points}
+    name = f"sparsify {importlib.metadata.version('eai-sparsify')}"
+    return {"trainer": f"{name} + AuxK" if p["auxk"] else name, "lr": p["lr"], "points": rec.points}
 
 
 def saelens_worker(p: dict, train, eval_x) -> dict:
@@ -332,11 +356,12 @@ def worker_main(kind: str, data_file: str, params_file: str, out_file: str) -> N
     p = json.loads(Path(params_file).read_text())
     torch.set_num_threads(p["threads"])
     t = load_file(data_file)
-    fn = sparsify_worker if kind == "sparsify" else saelens_worker
+    fn = sparsify_worker if kind.startswith("sparsify") else saelens_worker
     Path(out_file).write_text(json.dumps(fn(p, t["train"], t["eval"])))
 
 
 PEER_PYTHON = {"sparsify": ("sparsify_python", "pip install eai-sparsify"),
+               "sparsify-auxk": ("sparsify_python", "pip install eai-sparsify"),
                "saelens": ("saelens_python", "pip install sae-lens")}
 
 
@@ -354,7 +379,8 @@ def run_in_interpreter(kind: str, train, eval_x, args, lr) -> dict:
         save_file({"train": train.contiguous(), "eval": eval_x.contiguous()}, data)
         Path(params).write_text(json.dumps({"expansion": args.expansion, "k": args.k, "batch": args.batch,
                                             "epochs": args.epochs, "evals_per_epoch": args.evals_per_epoch,
-                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens}))
+                                            "lr": lr, "threads": args.threads, "dead_tokens": args.dead_tokens,
+                                            "auxk": kind == "sparsify-auxk", "aux_coeff": AUX_COEFF}))
         env = dict(os.environ, SPARSIFY_DISABLE_TRITON="1")
         proc = subprocess.run([py, __file__, "--_worker", kind, data, params, out], capture_output=True, text=True,
                               env=env)
@@ -392,9 +418,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--source", choices=["auto", "model", "synthetic"], default="auto")
     ap.add_argument("--spec", default="builtin:ape")
-    ap.add_argument("--peers", default="sparsify,saelens,torch,vitpos-noaux",
-                    help="comma list of: sparsify, saelens, torch, vitpos-noaux (vitpos with aux_coeff 0, as "
-                         "sparsify's default auxk_alpha 0)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="comma list of: sparsify, sparsify-auxk (with vitpos' AuxK settings), saelens, torch, "
+                         "vitpos-noaux (vitpos with aux_coeff 0, as sparsify's default auxk_alpha 0)")
     ap.add_argument("--saelens-python", default=os.environ.get("VITPOS_SAELENS_PYTHON", DEFAULT_SAELENS_PYTHON))
     ap.add_argument("--sparsify-python", default=os.environ.get("VITPOS_SPARSIFY_PYTHON", DEFAULT_SPARSIFY_PYTHON))
     ap.add_argument("--out", type=Path, default=None)
@@ -408,9 +434,14 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
-        if peer not in ("sparsify", "saelens", "torch", "vitpos-noaux"):
-            print(f"unknown peer {peer!r}; use sparsify, saelens, torch or vitpos-noaux", file=sys.stderr)
+        if peer not in PEERS:
+            print(f"error: unknown peer {peer!r}; use some of {', '.join(PEERS)}", file=sys.stderr)
             return 2
+    from vitpos.sae import SAEConfig
+
+    if SAEConfig(d_in=1, k=1).aux_coeff != AUX_COEFF:
+        print("error: bench_sae's AUX_COEFF no longer equals vitpos' default aux_coeff; update it", file=sys.stderr)
+        return 2
     x, source = get_activations(args)
     train, eval_x = x[: args.tokens], x[args.tokens :]
     D = train.shape[1]
@@ -472,16 +503,20 @@ def main(argv=None) -> int:
         r["vitpos_speedup_cpu"] = up
         print(f"{r['trainer']:24s} {r['lr']:8.1e} {r['cpu_seconds']:7.2f} {'' if up is None else f'{up:.2f}x':>15s} "
               f"{r['dead_frac']:6.1%} {r['l0']:5.1f} {r['best_fvu']:8.4f}")
-    pairs = []
-    for n in done[1:]:
-        target = (1 + args.tol) * max(bests["vitpos"], bests[n])
-        a, b = row("vitpos", target), row(n, target)
+    def pair(ours_name: str, n: str) -> dict:
+        target = (1 + args.tol) * max(bests[ours_name], bests[n])
+        a, b = row(ours_name, target), row(n, target)
         up = b["cpu_seconds"] / a["cpu_seconds"]
-        pairs.append({"peer": b["trainer"], "target_fvu": target, "vitpos": a, "peer_run": b, "vitpos_speedup_cpu": up})
-        print(f"vs {b['trainer']} at FVU {target:.4f}: vitpos {a['cpu_seconds']:.2f} CPU s (lr {a['lr']:.0e}, dead "
-              f"{a['dead_frac']:.1%}), peer {b['cpu_seconds']:.2f} CPU s (lr {b['lr']:.0e}, dead "
-              f"{b['dead_frac']:.1%}): "
-              f"vitpos {up:.2f}x {'faster' if up >= 1 else 'SLOWER'}")
+        print(f"{a['trainer']} vs {b['trainer']} at FVU {target:.4f}: {a['cpu_seconds']:.2f} CPU s (lr {a['lr']:.0e}, "
+              f"dead {a['dead_frac']:.1%}) vs {b['cpu_seconds']:.2f} CPU s (lr {b['lr']:.0e}, dead "
+              f"{b['dead_frac']:.1%}): vitpos {up:.2f}x {'faster' if up >= 1 else 'SLOWER'}")
+        return {"ours": a["trainer"], "peer": b["trainer"], "target_fvu": target, "vitpos": a, "peer_run": b,
+                "vitpos_speedup_cpu": up}
+
+    print("\nvitpos (default: AuxK on) against each peer, at the lowest FVU both reach:")
+    pairs = [pair("vitpos", n) for n in done[1:] if n != "vitpos-noaux"]
+    print("\nlike for like (AuxK on in both, or off in both):")
+    like = [pair(a, b) for a, b in LIKE_FOR_LIKE if a in done and b in done]
     for n, why in skipped.items():
         print(f"{n}: skipped: {why}")
     if args.out:
@@ -489,6 +524,7 @@ def main(argv=None) -> int:
         settings.update(saelens_python=str(args.saelens_python), sparsify_python=str(args.sparsify_python))
         payload = {"source": source, "settings": settings, "d_in": D, "d_sae": F, "torch": torch.__version__,
                    "load_avg": os.getloadavg(), "common_fvu": common, "table": table, "pairs": pairs,
+                   "like_for_like": like,
                    "skipped": skipped, "runs": runs}
         from vitpos.io import write_json
 

@@ -134,6 +134,30 @@ def test_sparse_gradients_match_dense_reference():
             assert int((z != 0).sum()) <= 5 * 30  # k·batch in total, not per token
 
 
+def test_stable_argsort_small_is_torchs_stable_argsort():
+    from vitpos.sae.model import stable_argsort_small
+
+    g = torch.Generator().manual_seed(0)
+    for bound in (1, 7, 768, 1 << 15, (1 << 15) + 1, 100_000):  # the last two take torch's path
+        keys = torch.randint(0, bound, (5000,), generator=g)  # many ties: stability is what is tested
+        assert torch.equal(stable_argsort_small(keys, bound), torch.argsort(keys, stable=True))
+
+
+@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+def test_step_bookkeeping_reads_the_codes(arch):
+    """fired, L0 and the smallest active code of a training step, against the dense codes."""
+    torch.manual_seed(2)
+    sae = SAE(SAEConfig(arch=arch, d_in=12, expansion=4, k=5)).train()
+    with torch.no_grad():
+        sae.b_enc.fill_(-0.8)  # many selected pre-activations negative: selected, yet not active
+    out = sae.step(torch.randn(40, 12), dense_codes=True)
+    z = out.z.detach() if out.z is not None else None
+    assert z is not None and 0 < float((z != 0).sum()) < 5 * 40
+    assert torch.equal(out.fired, (z != 0).any(0))
+    assert torch.equal(out.l0, (z != 0).sum() / 40)
+    assert out.min_act is not None and float(out.min_act.detach()) == float(z[z > 0].min())
+
+
 def test_decode_and_feature_contribution_swap_exact():
     torch.manual_seed(1)
     sae = SAE(SAEConfig(d_in=16, expansion=4, k=6))

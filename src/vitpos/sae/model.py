@@ -148,12 +148,22 @@ def topk_flat(pre: Tensor, k: int) -> Tensor:
     return flat.topk(min(k, flat.numel()), sorted=False).indices
 
 
+def stable_argsort_small(keys: Tensor, bound: int) -> Tensor:
+    """``torch.argsort(keys, stable=True)`` for integer keys in [0, bound): the same permutation.
+
+    On CPU with bound <= 2**15 numpy's stable sort of int16 keys is a radix sort, ~3x faster than
+    torch's merge sort at the sizes of an SAE step (32k entries); anything else goes to torch."""
+    if keys.device.type == "cpu" and bound <= 1 << 15:
+        return torch.from_numpy(np.argsort(keys.numpy().astype(np.int16), kind="stable"))
+    return torch.argsort(keys, stable=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sparse codes as COO entries grouped by token: entry i is (rows[i], cols[i]) with rows sorted,
 # so each token's latents form one embedding_bag "bag". The column order is computed once and
 # shared by the encoder and decoder backward passes.
 class _Sparse:
-    __slots__ = ("rows", "cols", "flat", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets")
+    __slots__ = ("rows", "cols", "flat", "row_offsets", "n_rows", "n_cols", "_order", "_col_offsets", "_rows_by_col")
 
     def __init__(self, rows: Tensor, cols: Tensor, row_offsets: Tensor, n_rows: int, n_cols: int,
                  flat: Tensor | None = None):
@@ -163,6 +173,7 @@ class _Sparse:
         self.flat = rows * n_cols + cols if flat is None else flat
         self._order: Tensor | None = None
         self._col_offsets: Tensor | None = None
+        self._rows_by_col: Tensor | None = None
 
     @classmethod
     def from_topk(cls, idx: Tensor, n_cols: int) -> _Sparse:
@@ -179,18 +190,20 @@ class _Sparse:
         counts = torch.bincount(rows, minlength=n_rows)
         return cls(rows, cols, torch.cumsum(counts, 0) - counts, n_rows, n_cols, flat=flat_idx)
 
-    def by_col(self) -> tuple[Tensor, Tensor]:
+    def by_col(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(entry order grouped by column, each column's first position in it, rows in that order)."""
         if self._order is None:
-            self._order = torch.argsort(self.cols, stable=True)
+            self._order = stable_argsort_small(self.cols, self.n_cols)
             counts = torch.bincount(self.cols, minlength=self.n_cols)
             self._col_offsets = torch.cumsum(counts, 0) - counts
-        return self._order, self._col_offsets  # type: ignore[return-value]
+            self._rows_by_col = self.rows.index_select(0, self._order)
+        return self._order, self._col_offsets, self._rows_by_col  # type: ignore[return-value]
 
     def col_sum(self, per_entry: Tensor, per_row: Tensor) -> Tensor:
         """out[f] = Σ_{entries i with col f} per_entry[i] · per_row[rows[i]]  -> (F, D)."""
-        order, offs = self.by_col()
-        return Fn.embedding_bag(self.rows[order], per_row, offs, mode="sum",
-                                per_sample_weights=per_entry[order].to(per_row.dtype))
+        order, offs, rows = self.by_col()
+        return Fn.embedding_bag(rows, per_row, offs, mode="sum",
+                                per_sample_weights=per_entry.index_select(0, order).to(per_row.dtype))
 
     def row_sum(self, per_entry: Tensor, per_col: Tensor) -> Tensor:
         """out[n] = Σ_{entries i with row n} per_entry[i] · per_col[cols[i]]  -> (N, D)."""
@@ -393,10 +406,11 @@ class SAE(nn.Module):
             xs_hat = _SparseDecode.apply(vals, self.W_dec, sp) + self.b_dec
             z = sp.dense(vals) if dense_codes else None
             active = vals.detach() > 0
-            info["fired"] = torch.zeros(F, dtype=torch.bool, device=xs.device).index_fill_(0, sp.cols[active], True)
-            pos = vals.detach()[active]
-            info["min_act"] = pos.min() if pos.numel() else None
-            info["l0"] = active.sum() / n
+            # bincount and where instead of boolean indexing: same results, several times faster on CPU
+            info["fired"] = torch.bincount(sp.cols, weights=active.to(torch.float32), minlength=F) > 0
+            n_active = active.sum()
+            info["min_act"] = torch.where(active, vals.detach(), torch.inf).min() if bool(n_active) else None
+            info["l0"] = n_active / n
             info["l1"] = zero
         else:
             pre = Fn.linear(xc, self.W_enc, self.b_enc)
