@@ -166,11 +166,13 @@ class HeadDrops(NamedTuple):
     """Per-image top-1 correctness: intact (n,) and with each head's rotations removed (L, H, n).
 
     measured: (L, H) images per head, always the first ones (adaptive top-1: a head out of the race
-    after the screen has only the screen's images; its other entries are meaningless); None: all n."""
+    after the screen has only the screen's images; its other entries are meaningless); None: all n.
+    screened: images in the adaptive top-1 screen (every head saw them); None: no screen ran."""
 
     clean: torch.Tensor
     ablated: torch.Tensor
     measured: torch.Tensor | None = None
+    screened: int | None = None
 
     @property
     def base_top1(self) -> float:
@@ -270,7 +272,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
             return full
         race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), keep)
         measured = torch.tensor([[n if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
-        return HeadDrops(full.clean, full.ablated, measured)
+        return HeadDrops(full.clean, full.ablated, measured, cut)
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
     dev = next(surface.model.parameters()).device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
@@ -304,7 +306,8 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
                 on_head(li, h)
     measured = None if race is None else torch.tensor(
         [[len(y_all) if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
-    return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1), measured)
+    return HeadDrops(torch.cat(clean) == y_all, torch.stack(rows).reshape(L, Hh, -1), measured,
+                     None if race is None else cut)
 
 
 RACE_GUESS = 2  # heads the plan assumes stay in the adaptive top-1 race (the leader and the primary)
@@ -541,8 +544,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
         "restore_from": R, "baseline_top1": base_top1, "baseline_top1_ci95": accuracy_interval(measured.clean),
         "n_top1_images": len(top1_set),
-        "top1_screen_images": None if measured.measured is None else _screen_cut(len(top1_set), sweep_batch(surface),
-                                                                                   top1_screen),
+        "top1_screen_images": measured.screened,
         "top1_images_per_head": None if measured.measured is None else measured.counts(),
         "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
         "recovery_restore_ci95": sample_interval(rec_restore_samples),
