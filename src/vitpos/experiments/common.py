@@ -16,6 +16,7 @@ from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.analysis.stats import accuracy_interval, bootstrap_means, percentile_interval
 from vitpos.errors import VitposError
+from vitpos.experiments.base import Result
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
 
@@ -276,6 +277,20 @@ class ProbedCondition(BaseModel):
     per_group: dict[str, float]
     axis: str | None  # row | col | both removed; None: rotations intact
     restore_from: int | None  # first layer whose rotations come back; None: removed everywhere (or never)
+
+
+class AxisSweepResult(Result):
+    """What every probe sweep over RoPE conditions reports first: which model, data and images, the
+    probed site and layers, and the chance level of each axis' probe."""
+
+    model: str
+    data: str
+    split: str
+    n_images: int
+    site: str
+    layers: list[int]
+    chance_row: float
+    chance_col: float
 
 
 class Recovery(BaseModel):

@@ -30,10 +30,11 @@ from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
+    AxisSweepResult,
     ProbedCondition,
     Recovery,
     advance,
@@ -121,15 +122,7 @@ class MedianRecovery(BaseModel):
     restore_points: list[int]  # the Rs with a mean Rec
 
 
-class RopeAxisResult(Result):
-    model: str
-    data: str
-    split: str
-    n_images: int
-    site: str
-    layers: list[int]
-    chance_row: float
-    chance_col: float
+class RopeAxisResult(AxisSweepResult):
     rope: dict[str, Any]  # the model's RopeAxisMap.to_json(): kind, layout, channels
     conditions: dict[str, Condition]
     recovery: dict[str, dict[str, Recovery]]  # axis -> str(R) -> recovery

@@ -37,11 +37,12 @@ from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
+    AxisSweepResult,
     ProbedCondition,
     Recovery,
     advance,
@@ -67,15 +68,7 @@ class PrefixRecovery(BaseModel):
     blocked: Recovery
 
 
-class RopePrefixResult(Result):
-    model: str
-    data: str
-    split: str
-    n_images: int
-    site: str
-    layers: list[int]
-    chance_row: float
-    chance_col: float
+class RopePrefixResult(AxisSweepResult):
     num_prefix_tokens: int
     block_from: int
     restore_from: int
