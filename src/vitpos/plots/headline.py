@@ -6,6 +6,8 @@
 (c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
 (d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
 A panel without data says so in place, so the figure's layout never depends on what ran.
+In (a) and (c) the seeds of one model family share a colour and one legend entry (its first model
+drawn bold, the other seeds thin), so twelve models read as four encodings.
 """
 
 from __future__ import annotations
@@ -32,17 +34,38 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def _probes(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+class _FamilyStyle:
+    """Colour per model family (fixed by first appearance in `families`, so a family keeps its colour
+    in every panel); the first of its models a panel draws is bold and labelled, the other seeds
+    thin and unlabelled."""
+
+    def __init__(self, families: Mapping[str, str]):
+        self.families = families
+        order = list(dict.fromkeys(families.values()))
+        self.colour = {fam: CYCLE[i % len(CYCLE)] for i, fam in enumerate(order)}
+        self.seen: set[str] = set()
+
+    def __call__(self, spec: str) -> tuple[str, float, float, str | None]:
+        fam = self.families.get(spec, spec)
+        first = fam not in self.seen
+        self.seen.add(fam)
+        n = sum(1 for f in self.families.values() if f == fam)
+        name = mathtext_safe(fam) + (f" ({n} seeds)" if n > 1 else "")
+        colour = self.colour.get(fam, CYCLE[0])
+        return colour, (1.6 if first else 0.8), (1.0 if first else 0.55), (name if first else None)
+
+
+def _probes(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> None:
     drawn = 0
-    for i, (spec, m) in enumerate(models.items()):
+    for spec, m in models.items():
         p = m.get("probe")
         if not isinstance(p, dict) or "layers" not in p:
             continue
         L = max(len(p["layers"]) - 1, 1)
         x = [layer / L for layer in p["layers"]]
-        color = CYCLE[i % len(CYCLE)]
-        ax.plot(x, p["row_acc"], "-", color=color, lw=1.6, label=f"{mathtext_safe(spec)} row")
-        ax.plot(x, p["col_acc"], "--", color=color, lw=1.6, label=f"{mathtext_safe(spec)} col")
+        color, lw, alpha, name = style(spec)
+        ax.plot(x, p["row_acc"], "-", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} row")
+        ax.plot(x, p["col_acc"], "--", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} col")
         drawn += 1
     if not drawn:
         _empty(ax, "no probe results")
@@ -50,10 +73,11 @@ def _probes(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
     ax.set_xlabel("layer / depth")
     ax.set_ylabel("probe accuracy")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=6, ncol=2, frameon=False)
+    # between the APE models' line at 1.0 and the RoPE curves below 0.5: where this study's lines are not
+    ax.legend(fontsize=6, ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.5, 0.95))
 
 
-def _ape(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+def _ape(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> None:
     docs = [(spec, m["ape_permute"]) for spec, m in models.items() if isinstance(m.get("ape_permute"), dict)]
     if not docs:
         _empty(ax, "no APE model: permutation not applicable")
@@ -70,8 +94,12 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
                 lows.append(lo)
                 highs.append(hi)
                 hatches.append("//" if v in _APE_CONTROLS else "")
-        ax.bar(xs, ys, width, yerr=[lows, highs], color=CYCLE[j % len(CYCLE)], label=mathtext_safe(spec), capsize=2,
-               hatch=hatches, edgecolor="black", linewidth=0.4)
+        # the family's colour (as in (a)), lighter for each further seed
+        fam = style.families.get(spec, spec)
+        nth = sum(1 for other, _ in docs[:j] if style.families.get(other, other) == fam)
+        ax.bar(xs, ys, width, yerr=[lows, highs], color=style.colour.get(fam, CYCLE[j % len(CYCLE)]),
+               alpha=max(1.0 - 0.3 * nth, 0.3), label=mathtext_safe(spec), capsize=2, hatch=hatches,
+               edgecolor="black", linewidth=0.4)
     ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=6)
     ax.axhspan(24, 31, color=OKABE_ITO["yellow"], alpha=0.25, lw=0, label="study: 24-31 pts")
     ax.axhline(0, color="black", lw=0.6)
@@ -79,12 +107,13 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
     ax.legend(fontsize=6, frameon=False)
 
 
-def _recovery(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+def _recovery(ax, models: Mapping[str, Mapping[str, Any]], family_style: _FamilyStyle) -> None:
     drawn = 0
-    for i, (spec, m) in enumerate(models.items()):
+    for spec, m in models.items():
         doc = m.get("rope_axis")
         if not isinstance(doc, dict):
             continue
+        color, lw, alpha, name = family_style(spec)
         for axis, style in (("row", "-"), ("col", "--")):
             per_r = (doc.get("recovery") or {}).get(axis) or {}
             if not per_r:
@@ -93,8 +122,8 @@ def _recovery(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
             rec = per_r[R]
             pts = [(layer, r) for layer, r in zip(rec["layers"], rec["rec"], strict=False) if r is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, color=CYCLE[i % len(CYCLE)],
-                        label=f"{mathtext_safe(spec)} {axis} (R={R})")
+                ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3 if name else 2, color=color, lw=lw,
+                        alpha=alpha, label=None if name is None else f"{name} {axis}")
                 drawn += 1
     if not drawn:
         _empty(ax, "no RoPE model: axis removal not applicable")
@@ -102,7 +131,7 @@ def _recovery(ax, models: Mapping[str, Mapping[str, Any]]) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.axhline(1, color="black", lw=0.6, ls=":")
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer (each model restored from its middle R)")
     ax.set_ylabel("recovery Rec(l)")
     ax.legend(fontsize=6, frameon=False)
 
@@ -132,15 +161,18 @@ def _heads(fig, ax, models: Mapping[str, Mapping[str, Any]]) -> None:
     ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(spec)}", fontsize=9)
 
 
-def plot_headline(models: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """`models`: spec -> that model's entry as results.json holds it (experiment name -> result)."""
+def plot_headline(models: Mapping[str, Mapping[str, Any]], path: str | Path,
+                  families: Mapping[str, str] | None = None) -> Path:
+    """`models`: spec -> that model's entry as results.json holds it (experiment name -> result).
+    `families`: spec -> model family (seeds of one model); None: every model its own family."""
     fig = new_figure(13, 8.5)
     axes = fig.subplots(2, 2)
-    _probes(axes[0][0], models)
+    families = families if families is not None else {spec: spec for spec in models}
+    _probes(axes[0][0], models, _FamilyStyle(families))
     axes[0][0].set_title("(a) probes: row (solid) / col (dashed) decodability", fontsize=9)
-    _ape(axes[0][1], models)
+    _ape(axes[0][1], models, _FamilyStyle(families))
     axes[0][1].set_title("(b) C2 APE: permuting features vs controls", fontsize=9)
-    _recovery(axes[1][0], models)
+    _recovery(axes[1][0], models, _FamilyStyle(families))
     axes[1][0].set_title("(c) C3/C4 RoPE: recovery after restoring rotations", fontsize=9)
     _heads(fig, axes[1][1], models)
     if not axes[1][1].get_title():

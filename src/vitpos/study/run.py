@@ -33,7 +33,7 @@ from vitpos.io import exclusive_lock, write_json
 from vitpos.models.head import Head, check_head
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
-from vitpos.study.claims import summarise
+from vitpos.study.claims import model_family, summarise
 from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
@@ -356,7 +356,8 @@ def draw_figures(results: StudyResults, out: Path, log: Callable[[str], None] = 
     rel: dict[str, str] = {}
     try:
         path = Path("figures") / f"{HEADLINE_FIGURE}.png"
-        plots.plot_headline({spec: e.to_json() for spec, e in results.models.items()}, out / path)
+        plots.plot_headline({spec: e.to_json() for spec, e in results.models.items()}, out / path,
+                            families={spec: model_family(spec) for spec in results.models})
         rel[HEADLINE_FIGURE] = path.as_posix()
     except VitposError as err:
         log(f"warning: headline figure skipped: {err}")

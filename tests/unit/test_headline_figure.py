@@ -1,0 +1,41 @@
+"""The headline figure reads 12 models as 4 encodings: seeds of a family share a colour and one legend entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import vitpos.plots.headline as headline
+from vitpos.study.claims import model_family
+
+
+def _probe(level: float) -> dict:
+    return {"probe": {"layers": [0, 1, 2], "row_acc": [level] * 3, "col_acc": [level / 2] * 3}}
+
+
+def _drawn(monkeypatch, models: dict, families: dict | None):
+    figs = []
+    monkeypatch.setattr(headline, "save_figure", lambda fig, path: figs.append(fig) or Path(path))
+    headline.plot_headline(models, "unused.png", families=families)
+    (fig,) = figs
+    return fig.axes[0]  # panel (a): the probes
+
+
+def test_seeds_share_their_familys_colour_and_one_legend_entry(monkeypatch):
+    models = {"ape": _probe(1.0), "rope": _probe(0.4), "ape-seed1": _probe(0.9), "rope-seed1": _probe(0.3)}
+    ax = _drawn(monkeypatch, models, {spec: model_family(spec) for spec in models})
+    lines = ax.get_lines()  # row and col per model, in the models' order
+    colour = {spec: lines[2 * i].get_color() for i, spec in enumerate(models)}
+    assert colour["ape"] == colour["ape-seed1"] != colour["rope"] == colour["rope-seed1"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "ape (2 seeds) row", "ape (2 seeds) col", "rope (2 seeds) row", "rope (2 seeds) col"]
+    # the family's first model bold, its other seeds thin
+    assert lines[0].get_linewidth() > lines[4].get_linewidth()
+
+
+def test_without_families_every_model_is_its_own(monkeypatch):
+    models = {"ape": _probe(1.0), "ape-seed1": _probe(0.9)}
+    ax = _drawn(monkeypatch, models, None)
+    lines = ax.get_lines()
+    assert lines[0].get_color() != lines[2].get_color()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ape row", "ape col", "ape-seed1 row",
+                                                                    "ape-seed1 col"]
