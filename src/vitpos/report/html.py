@@ -40,7 +40,9 @@ def _evidence_cell(entries: list[dict]) -> str:
         block = f"<p>{e(c.get('evidence', ''))}</p>"
         nums = c.get("numbers")
         if isinstance(nums, dict) and nums:
-            block += '<ul class="nums">' + "".join(_numbers_item(k, v) for k, v in nums.items()) + "</ul>"
+            # folded: with several seeds the per-model lists run to pages; the evidence above reads alone
+            block += (f'<details class="nums"><summary>numbers per model ({len(nums)})</summary><ul class="nums">'
+                      + "".join(_numbers_item(k, v) for k, v in nums.items()) + "</ul></details>")
         if c.get("models"):
             block += f'<p class="small">models: {e(", ".join(map(str, c["models"])))}</p>'
         out.append(block)
