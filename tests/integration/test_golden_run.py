@@ -20,7 +20,11 @@ rope_heads `axis_index_ci95`), so both are in RULE_CHANGED: their verdicts, per-
 evidence text are not compared, their numbers are. On the quick run every number under `models`
 stayed (new keys only) and C3 stayed `supported`; C4 moved from `partly supported` to `not
 supported`: builtin:rope-axial's primary head L4H0 has S = 0.61 with interval [0.45, 0.71], which
-straddles 0.5 (holds -> inconclusive), and builtin:rope-mixed still fails (S = 0.05)."""
+straddles 0.5 (holds -> inconclusive), and builtin:rope-mixed still fails (S = 0.05).
+Per-CPU files (2026-12-04): on an AMD EPYC whose torch kernels are AVX2, the code at 96e268e, which
+passed CI against the default file, gave 41 differences from it (probe accuracies a token or two
+apart, largest 0.009 in an SAE selectivity interval end), and HEAD gave 0 differences from 96e268e;
+that run is run_quick_results.AVX2.json."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,19 +48,20 @@ RULE_NUMBERS = {"result", "holds"}  # ... and in each model's numbers
 VOLATILE = {"sae_dir", "train_seconds", "train_store", "reader_peak_bytes"}
 
 
-def differences(want, got, path: str = "") -> list[str]:
+def differences(want, got, path: str = "", tol: float = 1e-6) -> list[str]:
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}/{k}: missing" for k in want if k not in got and k not in VOLATILE]
         for k in want:
             if k in got and k not in VOLATILE:
-                out += differences(want[k], got[k], f"{path}/{k}")
+                out += differences(want[k], got[k], f"{path}/{k}", tol)
         return out
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{path}: length {len(want)} != {len(got)}"]
-        return [d for i, (a, b) in enumerate(zip(want, got, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(want, got, strict=True))
+                for d in differences(a, b, f"{path}[{i}]", tol)]
     if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
-        same = (math.isnan(want) and math.isnan(got)) or abs(want - got) <= 1e-6
+        same = (math.isnan(want) and math.isnan(got)) or abs(want - got) <= tol
         return [] if same else [f"{path}: {want!r} != {got!r}"]
     return [] if want == got and type(want) is type(got) else [f"{path}: {want!r} != {got!r}"]
 
@@ -89,6 +95,37 @@ def test_rule_changed_claims_keep_their_numbers_compared():
     assert differences(unchanged_claims(want), unchanged_claims(got)) == ["[0]/numbers/m/x: 1.0 != 2.0"]
 
 
+def golden_for_this_cpu() -> Path:
+    """The golden file for the CPU kernels torch dispatches to here, else the default one.
+
+    Float reductions differ between torch's AVX2 and AVX-512 kernels, and a probe accuracy then moves
+    by a token or two (1/3200): beyond 1e-6. A file written on another kernel family would fail
+    every refactor for the machine's sake, so each family the suite runs on gets its own file, made
+    by the same code (``run_quick_results.<capability>.json``; the default file is the family CI
+    ran on when it was written)."""
+    import torch
+
+    own = GOLDEN_PATH.with_name(f"{GOLDEN_PATH.stem}.{torch.backends.cpu.get_cpu_capability()}.json")
+    return own if own.exists() else GOLDEN_PATH
+
+
+CPU_TOLERANCE = 0.01  # how far another kernel family's golden numbers may sit from the default file's
+
+
+def test_each_cpu_golden_differs_from_the_default_only_by_float_rounding():
+    """A per-CPU golden file may not carry a real change: the same keys, verdicts, counts, strings and
+    list lengths as the default file, its floats within CPU_TOLERANCE (a token or two of a probe
+    accuracy, and what follows from it)."""
+    default = json.loads(GOLDEN_PATH.read_text())
+    others = sorted(GOLDEN_PATH.parent.glob(f"{GOLDEN_PATH.stem}.*.json"))
+    for path in others:
+        other = json.loads(path.read_text())
+        diffs = differences(default["models"], other["models"], "models", CPU_TOLERANCE) + differences(
+            unchanged_claims(default["summary"]), unchanged_claims(other["summary"]), "summary/claims", CPU_TOLERANCE)
+        assert not diffs, f"{path.name} differs from {GOLDEN_PATH.name} beyond rounding:\n" + "\n".join(diffs[:30])
+        assert differences(default["models"], other["models"], "models"), f"{path.name} equals the default: drop it"
+
+
 @pytest.mark.slow
 def test_quick_run_equals_the_golden_file(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
@@ -96,7 +133,8 @@ def test_quick_run_equals_the_golden_file(tmp_path):
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "results.json").read_text())
-    want = json.loads(GOLDEN_PATH.read_text())
+    golden = golden_for_this_cpu()
+    want = json.loads(golden.read_text())
     diffs = differences(want["models"], got["models"], "models") + differences(
         unchanged_claims(want["summary"]), unchanged_claims(got["summary"]), "summary/claims")
-    assert not diffs, f"{len(diffs)} differences from the golden file:\n" + "\n".join(diffs[:30])
+    assert not diffs, f"{len(diffs)} differences from {golden.name}:\n" + "\n".join(diffs[:30])
