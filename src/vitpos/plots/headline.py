@@ -6,8 +6,8 @@
 (c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
 (d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
 A panel without data says so in place, so the figure's layout never depends on what ran.
-In (a) and (c) the seeds of one model family share a colour and one legend entry (its first model
-drawn bold, the other seeds thin), so twelve models read as four encodings.
+In (a)-(c) the seeds of one model family share a colour ((a), (c): one legend entry, its first model
+drawn bold, the other seeds thin; (b): each seed lighter), so twelve models read as four encodings.
 """
 
 from __future__ import annotations
@@ -36,23 +36,28 @@ def _empty(ax, text: str) -> None:
 
 class _FamilyStyle:
     """Colour per model family (fixed by first appearance in `families`, so a family keeps its colour
-    in every panel); the first of its models a panel draws is bold and labelled, the other seeds
-    thin and unlabelled."""
+    in every panel), and how many of the family's models this panel has drawn before: the first is
+    drawn bold (and, in (b), solid) and labelled, further seeds thin (lighter) and unlabelled."""
 
     def __init__(self, families: Mapping[str, str]):
         self.families = families
         order = list(dict.fromkeys(families.values()))
         self.colour = {fam: CYCLE[i % len(CYCLE)] for i, fam in enumerate(order)}
-        self.seen: set[str] = set()
+        self.drawn: dict[str, int] = {}
 
-    def __call__(self, spec: str) -> tuple[str, float, float, str | None]:
+    def __call__(self, spec: str) -> tuple[str, int, str | None]:
+        """(colour, seeds of its family drawn before in this panel, legend name for the first or None)."""
         fam = self.families.get(spec, spec)
-        first = fam not in self.seen
-        self.seen.add(fam)
+        nth = self.drawn.get(fam, 0)
+        self.drawn[fam] = nth + 1
         n = sum(1 for f in self.families.values() if f == fam)
         name = mathtext_safe(fam) + (f" ({n} seeds)" if n > 1 else "")
-        colour = self.colour.get(fam, CYCLE[0])
-        return colour, (1.6 if first else 0.8), (1.0 if first else 0.55), (name if first else None)
+        return self.colour.get(fam, CYCLE[0]), nth, (name if nth == 0 else None)
+
+    def line(self, spec: str) -> tuple[str, float, float, str | None]:
+        """(colour, line width, alpha, legend name or None) of a curve."""
+        colour, nth, name = self(spec)
+        return colour, (1.6 if nth == 0 else 0.8), (1.0 if nth == 0 else 0.55), name
 
 
 def _probes(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> None:
@@ -63,7 +68,7 @@ def _probes(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) ->
             continue
         L = max(len(p["layers"]) - 1, 1)
         x = [layer / L for layer in p["layers"]]
-        color, lw, alpha, name = style(spec)
+        color, lw, alpha, name = style.line(spec)
         ax.plot(x, p["row_acc"], "-", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} row")
         ax.plot(x, p["col_acc"], "--", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} col")
         drawn += 1
@@ -94,11 +99,9 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> No
                 lows.append(lo)
                 highs.append(hi)
                 hatches.append("//" if v in _APE_CONTROLS else "")
-        # the family's colour (as in (a)), lighter for each further seed
-        fam = style.families.get(spec, spec)
-        nth = sum(1 for other, _ in docs[:j] if style.families.get(other, other) == fam)
-        ax.bar(xs, ys, width, yerr=[lows, highs], color=style.colour.get(fam, CYCLE[j % len(CYCLE)]),
-               alpha=max(1.0 - 0.3 * nth, 0.3), label=mathtext_safe(spec), capsize=2, hatch=hatches,
+        colour, nth, _ = style(spec)  # the family's colour (as in (a)), lighter for each further seed
+        ax.bar(xs, ys, width, yerr=[lows, highs], color=colour, alpha=max(1.0 - 0.3 * nth, 0.3),
+               label=mathtext_safe(spec), capsize=2, hatch=hatches,
                edgecolor="black", linewidth=0.4)
     ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=6)
     ax.axhspan(24, 31, color=OKABE_ITO["yellow"], alpha=0.25, lw=0, label="study: 24-31 pts")
@@ -113,7 +116,7 @@ def _recovery(ax, models: Mapping[str, Mapping[str, Any]], family_style: _Family
         doc = m.get("rope_axis")
         if not isinstance(doc, dict):
             continue
-        color, lw, alpha, name = family_style(spec)
+        color, lw, alpha, name = family_style.line(spec)
         for axis, style in (("row", "-"), ("col", "--")):
             per_r = (doc.get("recovery") or {}).get(axis) or {}
             if not per_r:
