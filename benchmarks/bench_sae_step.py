@@ -108,8 +108,7 @@ def main(argv=None) -> int:
     try:
         fracs = [float(v) for v in args.dead.split(",") if v.strip()]
     except ValueError:
-        print(f"error: --dead must be comma-separated fractions in [0, 1), got {args.dead!r}", file=sys.stderr)
-        return 2
+        fracs = []
     if not fracs or any(not 0 <= f < 1 for f in fracs):
         print(f"error: --dead must be comma-separated fractions in [0, 1), got {args.dead!r}", file=sys.stderr)
         return 2
