@@ -68,6 +68,10 @@ def _attach(surface: ModelSurface, reg: _Registry, site: Site,
             fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
     """Attach fn to a site: fn sees the site's tensor; a returned tensor replaces it."""
     name, layer = site.name, site.layer
+    own = surface.attach_site(site, fn) if name != "pos_embed" else None
+    if own is not None:  # a family adapter that hooks its own modules (models/hf_adapter.py)
+        reg.handles.extend(own)
+        return
     if name == "embed":
         reg.handles.append(surface.embed_module().register_forward_hook(_on_output(fn)))
         return
@@ -238,14 +242,14 @@ def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
             memo: dict[int, torch.Tensor] = {}
 
             def pre(m, args, kwargs, layer=layer, memo=memo):
-                base = kwargs.get("rope")
+                base = kwargs.get(surface.rope_kwarg)
                 if base is None:
                     return None
                 key = id(base)
                 if key not in memo:
                     memo.clear()
                     memo[key] = surface.rope_embed(layer, base, remove, band)
-                return args, {**kwargs, "rope": memo[key]}
+                return args, {**kwargs, surface.rope_kwarg: memo[key]}
 
             reg.handles.append(surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True))
         yield

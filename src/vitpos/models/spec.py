@@ -142,6 +142,13 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
 def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
                timm_kwargs: dict | None = None) -> ModelSurface:
     """Load any supported model SPEC behind the model surface (eval mode)."""
+    if spec.startswith("hf:"):
+        if pretrained:
+            raise VitposError("--pretrained applies to timm:NAME specs; hf: specs load a local folder (hf:DIR), the "
+                              "local Hugging Face cache (hf:ORG/NAME) or --checkpoint FILE.safetensors")
+        from vitpos.models.hf_adapter import load_hf
+
+        return load_hf(spec, checkpoint)
     if not spec.startswith("timm:") and (pretrained or checkpoint is not None):
         flag = "--checkpoint" if checkpoint is not None else "--pretrained"
         raise VitposError(f"{flag} applies to timm:NAME specs only; {spec!r} loads its own weights (drop {flag}, "

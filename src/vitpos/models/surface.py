@@ -26,7 +26,7 @@ import copy
 import hashlib
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -403,3 +403,12 @@ class ModelSurface:
     def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         """Rotate per-head q or k (B, h, T, d) exactly as the model does (prefix untouched)."""
         return x
+
+    # the keyword argument a block gets its rotary tensor as (what `remove_rope` replaces via `rope_embed`)
+    rope_kwarg: str = "rope"
+
+    def attach_site(self, site: Site, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> list | None:
+        """Hook `fn` on `site` for families whose modules are not timm's (the Hugging Face adapter): the
+        handles to remove, fn seeing the site's tensor and a returned tensor replacing it. None: the hook
+        engine's timm path (`hooks._attach`)."""
+        return None
