@@ -211,3 +211,28 @@ def gate_family(spec: str, name: str) -> GateResult:
         return run_gate(name, spec, lambda: load_model(spec))
     except VitposError as e:
         return GateResult(family=name, spec=spec, checks=[GateCheck(name="load", passed=False, detail=str(e))])
+
+
+# --- the same model in two families ------------------------------------------------------------------------
+
+COMPARED = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot", "z",
+            "attn_pattern")
+
+
+def site_differences(a: ModelSurface, b: ModelSurface, images: torch.Tensor,
+                     sites: tuple[str, ...] = COMPARED) -> dict[str, float]:
+    """Largest |a - b| per site (every layer) and for the pooled features, on the same images: two
+    surfaces of one model in two families (timm and transformers) must agree everywhere."""
+    names = [s for s in sites if s != "embed"]
+    wanted = [str(Site(i, n)) for n in names for i in range(a.depth)] + (["embed"] if "embed" in sites else [])
+    out: dict[str, float] = {}
+    with capture(a, wanted) as ca:
+        pa = a.pooled_features(images)
+    with capture(b, wanted) as cb:
+        pb = b.pooled_features(images)
+    for key in wanted:
+        out[key] = _max(ca[key], cb[key])
+    out["pooled"] = _max(pa, pb)
+    if a.has_ape and b.has_ape:
+        out["pos_embed"] = _max(a.patch_pos_embed(), b.patch_pos_embed())
+    return out

@@ -70,7 +70,9 @@ class HFFamily:
     final_norm: str
     pe: Literal["ape", "rope"]
     prefix: str  # words for the README / `vitpos models --families`
-    pool: Literal["cls", "cls_post", "siglip"]  # pooled features of the headless model
+    # pooled features of the headless model: CLS after the final norm; CLIP's CLS through post_layernorm;
+    # DeiT's mean of CLS and distillation tokens (timm's pre-logits); SigLIP's attention-pool head (mean without it)
+    pool: Literal["cls", "cls_post", "cls_dist", "siglip"]
     preprocess: dict
     pre_norm: str | None = None
     tiny: dict = field(default_factory=dict)  # a toy config for the gates
@@ -87,7 +89,7 @@ FAMILIES: dict[str, HFFamily] = {f.key: f for f in (
              "o_proj", "layernorm", "ape", "CLS", "cls", HALF, tiny={**_TINY, "intermediate_size": 64},
              timm_twin="vit_small_patch16_224"),
     HFFamily("deit", "DeiTModel", "DeiTConfig", "DeiTForImageClassification", "layers", "attention",
-             "layernorm_after", "o_proj", "layernorm", "ape", "CLS + distillation", "cls", IMAGENET,
+             "layernorm_after", "o_proj", "layernorm", "ape", "CLS + distillation", "cls_dist", IMAGENET,
              tiny={**_TINY, "intermediate_size": 64}, timm_twin="deit_small_distilled_patch16_224"),
     HFFamily("dinov2", "Dinov2Model", "Dinov2Config", "Dinov2ForImageClassification", "encoder.layer", "attention",
              "norm2", "o_proj", "layernorm", "ape", "CLS", "cls", IMAGENET, tiny={**_TINY, "mlp_ratio": 2},
@@ -258,6 +260,8 @@ class HFSurface(ModelSurface):
     def _pool_output(self, out: Any) -> torch.Tensor:
         if self.family.pool == "cls":
             return out.last_hidden_state[:, 0]
+        if self.family.pool == "cls_dist":
+            return (out.last_hidden_state[:, 0] + out.last_hidden_state[:, 1]) / 2
         if self.family.pool == "siglip" and out.pooler_output is None:
             return out.last_hidden_state.mean(1)
         return out.pooler_output
@@ -276,6 +280,8 @@ class HFSurface(ModelSurface):
         if self.has_classifier and fam.key in ("dinov2", "dinov2_reg"):  # Dinov2ForImageClassification
             return torch.cat([x[:, 0], x[:, self.num_prefix_tokens:].mean(1) if fam.key == "dinov2_reg"
                               else x[:, 1:].mean(1)], dim=1)
+        if fam.pool == "cls_dist" and not self.has_classifier:
+            return (x[:, 0] + x[:, 1]) / 2
         return x[:, 0]
 
     @torch.no_grad()
@@ -517,7 +523,7 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         try:
             config = getattr(tr, fam.config_cls)(**kwargs)
             model = _build(name, config)
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # TypeError / ValueError / huggingface_hub's strict-dataclass validation errors
             raise VitposError(f"transformers could not build {spec!r}: {' '.join(str(e).split())[:200]}; check the "
                               f"?key=value names against {fam.config_cls}") from None
         if checkpoint is not None:
