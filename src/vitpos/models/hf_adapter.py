@@ -463,6 +463,10 @@ def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
     if not checkpoint.is_file():
         raise VitposError(f"checkpoint {checkpoint} does not exist")
     cls: Any = type(model)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one load of a local file: no progress bars in vitpos' output
     with tempfile.TemporaryDirectory() as tmp:
         model.config.save_pretrained(tmp)
         os.symlink(checkpoint.resolve(), Path(tmp) / "model.safetensors")
@@ -472,6 +476,9 @@ def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
         except Exception as e:  # transformers raises several types for a shape mismatch
             raise VitposError(f"checkpoint {checkpoint} does not fit {spec} ({' '.join(str(e).split())[:200]}); pass "
                               "the config it was trained with") from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
     bad = {k: sorted(v)[:4] for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
         raise VitposError(f"checkpoint {checkpoint} does not fit {spec}: {bad}; pass the config it was trained with")
