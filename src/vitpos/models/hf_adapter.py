@@ -154,7 +154,7 @@ def _dispatch(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
         fn(key)
     if hooks is None or not hooks.pattern:
         if impl == "eager":
-            fam_eager = getattr(__import__(type(module).__module__, fromlist=["x"]), "eager_attention_forward")
+            fam_eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
             return fam_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         return ALL_ATTENTION_FUNCTIONS[impl](module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
@@ -410,8 +410,7 @@ class HFSurface(ModelSurface):
         if not self.has_ape:
             return super().patch_pos_embed()
         emb: Any = self.embed_module()
-        table = emb.position_embeddings if isinstance(emb.position_embeddings, torch.Tensor) \
-            else emb.position_embedding.weight
+        table = emb.position_embedding.weight if hasattr(emb, "position_embedding") else emb.position_embeddings
         table = table.detach().reshape(-1, self.width)
         skip = {"deit": 2, "siglip": 0}.get(self.family.key, 1)  # the table's CLS / distillation rows
         pe = table[skip:]
@@ -465,8 +464,9 @@ def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
     cls: Any = type(model)
     from transformers.utils import logging as hf_logging
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one load of a local file: no progress bars in vitpos' output
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()  # one load of a local file: no progress bars or load report in vitpos' output;
+    hf_logging.set_verbosity_error()  # a mismatch is raised below as one error line
     with tempfile.TemporaryDirectory() as tmp:
         model.config.save_pretrained(tmp)
         os.symlink(checkpoint.resolve(), Path(tmp) / "model.safetensors")
@@ -477,12 +477,19 @@ def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
             raise VitposError(f"checkpoint {checkpoint} does not fit {spec} ({' '.join(str(e).split())[:200]}); pass "
                               "the config it was trained with") from None
         finally:
+            hf_logging.set_verbosity(level)
             if bars:
                 hf_logging.enable_progress_bar()
-    bad = {k: sorted(v)[:4] for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    bad = _load_problems(info)
     if bad:
         raise VitposError(f"checkpoint {checkpoint} does not fit {spec}: {bad}; pass the config it was trained with")
     return loaded
+
+
+def _load_problems(info: dict) -> dict:
+    """Missing, unexpected or mis-shaped keys of a from_pretrained load (empty: every key loaded)."""
+    return {k: sorted(map(str, v))[:4] for k, v in info.items()
+            if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
 
 
 def _read_preprocess(folder: Path) -> dict:
@@ -549,10 +556,13 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
             model, info = getattr(tr, cls_name).from_pretrained(name, local_files_only=True, use_safetensors=True,
                                                                 output_loading_info=True)
         except OSError:
-            raise VitposError(f"{spec}: no safetensors weights for {name} in the local cache; pass --checkpoint") from None
+            raise VitposError(f"{spec}: no safetensors weights for {name} in the local cache; pass "
+                              "--checkpoint") from None
+        if _load_problems(info):
+            raise VitposError(f"{spec}: the cached weights do not fit its config: {_load_problems(info)}")
         return HFSurface(model, spec, fam)
-    raise VitposError(f"{spec}: {name!r} is neither a transformers class vitpos supports ({', '.join(sorted(_BY_CLASS))})"
-                      ", an existing save_pretrained folder, nor an ORG/NAME in the local Hugging Face cache")
+    raise VitposError(f"{spec}: {name!r} is neither a transformers class vitpos supports "
+                      f"({', '.join(sorted(_BY_CLASS))}), an existing save_pretrained folder, nor an ORG/NAME in the local Hugging Face cache")
 
 
 def tiny_spec(key: str, **extra) -> str:

@@ -43,13 +43,15 @@ def _renames(family: str) -> list[tuple[str, str]]:
            ("blocks.{i}.attn.proj.bias", f"{L}.attention.o_proj.bias")]
     fc1, fc2 = ("up_proj", "down_proj") if family == "dinov3" else ("fc1", "fc2")
     for t, h in (("fc1", fc1), ("fc2", fc2)):
-        out += [(f"blocks.{{i}}.mlp.{t}.weight", f"{L}.mlp.{h}.weight"), (f"blocks.{{i}}.mlp.{t}.bias", f"{L}.mlp.{h}.bias")]
+        out += [(f"blocks.{{i}}.mlp.{t}.weight", f"{L}.mlp.{h}.weight"),
+                (f"blocks.{{i}}.mlp.{t}.bias", f"{L}.mlp.{h}.bias")]
     if family in ("vit", "deit", "dinov2"):
         out.append(("pos_embed", "embeddings.position_embeddings"))
     if family == "deit":
         out.append(("dist_token", "embeddings.distillation_token"))
     if family == "dinov2":
-        out += [("blocks.{i}.ls1.gamma", f"{L}.layer_scale1.lambda1"), ("blocks.{i}.ls2.gamma", f"{L}.layer_scale2.lambda1")]
+        out += [("blocks.{i}.ls1.gamma", f"{L}.layer_scale1.lambda1"),
+                ("blocks.{i}.ls2.gamma", f"{L}.layer_scale2.lambda1")]
     if family == "dinov3":
         out += [("reg_token", "embeddings.register_tokens"), ("blocks.{i}.gamma_1", f"{L}.layer_scale1.lambda1"),
                 ("blocks.{i}.gamma_2", f"{L}.layer_scale2.lambda1")]
@@ -140,7 +142,8 @@ def hf_config_for_timm(model: nn.Module, family: str) -> dict[str, Any]:
         cfg.update(intermediate_size=hidden, qkv_bias=has_bias, hidden_act="gelu")
     elif family == "dinov2":
         ratio = hidden / width
-        cfg.update(mlp_ratio=int(ratio) if ratio == int(ratio) else ratio, qkv_bias=has_bias, hidden_act="gelu", layerscale_value=1.0)
+        cfg.update(mlp_ratio=int(ratio) if ratio == int(ratio) else ratio,  # the config field is strict about int
+                   qkv_bias=has_bias, hidden_act="gelu", layerscale_value=1.0)
     elif family == "dinov3":
         cfg.update(intermediate_size=hidden, query_bias=has_bias, key_bias=has_bias, value_bias=has_bias,
                    proj_bias=attn.proj.bias is not None, mlp_bias=blk.mlp.fc1.bias is not None,
