@@ -562,7 +562,8 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
             raise VitposError(f"{spec}: the cached weights do not fit its config: {_load_problems(info)}")
         return HFSurface(model, spec, fam)
     raise VitposError(f"{spec}: {name!r} is neither a transformers class vitpos supports "
-                      f"({', '.join(sorted(_BY_CLASS))}), an existing save_pretrained folder, nor an ORG/NAME in the local Hugging Face cache")
+                      f"({', '.join(sorted(_BY_CLASS))}), an existing save_pretrained folder, nor an ORG/NAME in the "
+                      "local Hugging Face cache")
 
 
 def tiny_spec(key: str, **extra) -> str:
