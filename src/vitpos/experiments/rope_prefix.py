@@ -129,7 +129,7 @@ def prefix_attention(surface: ModelSurface, images: torch.Tensor) -> list[float]
             counts[layer] += mass.numel()
         return fn
 
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     with observe(surface, {Site(layer, "attn_pattern"): add(layer) for layer in range(L)}):
         surface(images.to(dev))
     return [s / max(1, c) for s, c in zip(sums, counts, strict=True)]

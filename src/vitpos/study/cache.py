@@ -13,18 +13,12 @@ from vitpos.study.config import RunConfig
 
 
 def model_fingerprint(spec: str, cfg: RunConfig) -> str:
-    """Content identity of a model: its weights file hash, or timm spec + weights source."""
-    from vitpos.models.spec import BUILTIN_DIR
+    """Content identity of a model: its weights file hash, or hub spec + weights source."""
+    from vitpos.models.spec import weights_file
 
-    if spec.startswith("builtin:"):
-        path = BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
-    elif spec.startswith("timm:"):
-        ck = cfg.checkpoints.get(spec)
-        path = Path(ck) if ck else None
-        if path is None:
-            return hashlib.sha256(f"{spec}|pretrained={cfg.pretrained}".encode()).hexdigest()[:16]
-    else:
-        path = Path(spec) / "model.safetensors"
+    path = weights_file(spec, cfg.checkpoints.get(spec))
+    if path is None:
+        return hashlib.sha256(f"{spec}|pretrained={cfg.pretrained}".encode()).hexdigest()[:16]
     if not path.is_file():
         return hashlib.sha256(spec.encode()).hexdigest()[:16]  # load_model will give the clear error
     h = hashlib.sha256()

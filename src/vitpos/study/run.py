@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import timm
 import torch
 
 import vitpos
@@ -31,6 +30,7 @@ from vitpos.experiments.base import Done, Experiment, Result, StageInput, StageP
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.io import exclusive_lock, write_json
 from vitpos.models.head import Head, check_head
+from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import model_family, summarise
@@ -140,7 +140,7 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
             quick: bool, reproduce: str | None, log: Callable[[str], None]) -> StudyResults:
 
     results = StudyResults(
-        vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=timm.__version__,
+        vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=library_versions()["timm"],
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise({k: e.to_json() for k, e in entries.items()}))
