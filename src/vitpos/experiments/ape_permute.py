@@ -386,6 +386,7 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
 
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
+    version = 1
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

@@ -151,6 +151,7 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
 
 class ProbeExperiment(Experiment[ProbeResults]):
     name = "probe"
+    version = 1
     title = "Linear position probes"
     result_type = ProbeSiteResult
 

@@ -612,6 +612,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
+    version = 1
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult

@@ -241,6 +241,7 @@ def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
 
 class RopePrefixExperiment(Experiment[RopePrefixResult]):
     name = "rope_prefix"
+    version = 1
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
     result_type = RopePrefixResult
     scheme = "rope"

@@ -48,6 +48,10 @@ from vitpos.store.manifest import (
 )
 from vitpos.store.writer import ActivationWriter
 
+# The version of what a capture stores (the hook sites' tensors as `vitpos.hooks` reads them): it is
+# part of every store's meta, so an interrupted store of another version is not resumed into and
+# run_sae does not train on its own scratch store of another version. Bump it when a site's values change.
+CAPTURE_VERSION = 1
 STORABLE_SITES = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot")
 
 
@@ -60,7 +64,7 @@ def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_ima
     """What a store records of its source; one description for single-process and sharded capture,
     with the weights digest so a store is never mistaken for one of retrained weights."""
     return {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split,
-            "limit": limit, "n_images": n_images}
+            "limit": limit, "n_images": n_images, "capture_version": CAPTURE_VERSION}
 
 
 def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, out, *, limit: int | None = None,

@@ -1,5 +1,7 @@
 """The study's stage cache: OUT/stages/<model>/<stage>-<key>.json, keyed by a content hash of
-(model weights or timm spec, data, seed, the stage's settings, vitpos version)."""
+(model weights or hub spec, data, seed, the stage's settings, the stage's version: its experiment's
+`version` and those of the experiments it reads, `vitpos.experiments.registry.stage_versions`;
+the head stage's `HEAD_VERSION`)."""
 
 from __future__ import annotations
 
