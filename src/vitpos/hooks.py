@@ -287,15 +287,6 @@ def mean_ablate(mean: torch.Tensor) -> EditFn:
     return lambda t: mean.to(t.dtype).expand_as(t).clone()
 
 
-def replace_with(source: torch.Tensor) -> EditFn:
-    """Patch in activations from another run (same shape)."""
-    def fn(t: torch.Tensor) -> torch.Tensor:
-        if source.shape != t.shape:
-            raise VitposError(f"patch source has shape {tuple(source.shape)}, site has {tuple(t.shape)}")
-        return source.to(t.dtype)
-    return fn
-
-
 def stack(*managers) -> ExitStack:
     """Enter several hook contexts as one: `with stack(edit(...), remove_rope(...)):`."""
     es = ExitStack()

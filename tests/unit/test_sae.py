@@ -292,6 +292,20 @@ def test_training_is_deterministic(planted):
     assert la.fvu == lb.fvu
 
 
+def test_training_settings_object_equals_keywords_and_keywords_override_it(planted):
+    from vitpos.sae import TrainSettings
+
+    _, x, _ = planted
+    cfg = SAEConfig(d_in=32, expansion=2, k=4, seed=7)
+    a, la = train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=2, lr=3e-3), progress=False)
+    b, lb = train_sae(chunks(x[:2048], 512), cfg, epochs=2, lr=3e-3, progress=False)
+    c, lc = train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=5, lr=1e-2), epochs=2, lr=3e-3, progress=False)
+    assert torch.equal(a.W_dec, b.W_dec) and torch.equal(a.W_dec, c.W_dec) and la.fvu == lb.fvu == lc.fvu
+    assert la.steps == 8 and la.lr == 3e-3
+    with pytest.raises(VitposError, match="epochs must be >= 1"):
+        train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=0), progress=False)
+
+
 def test_training_sources_steps_and_errors(planted):
     _, x, _ = planted
     cfg = SAEConfig(d_in=32, expansion=2, k=4)

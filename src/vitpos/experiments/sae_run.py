@@ -40,7 +40,7 @@ from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
@@ -239,7 +239,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
+        sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,

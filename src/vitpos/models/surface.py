@@ -309,11 +309,6 @@ class ModelSurface:
         self.model.to(device)
         return self
 
-    @property
-    def classifier_classes(self) -> int:
-        """Classes of whatever turns the model's outputs into logits (0: none, outputs are features)."""
-        return self.head.num_classes if self.head is not None else self.num_classes
-
     def with_head(self, head: Head, info: DatasetInfo | None = None, data: str | None = None) -> ModelSurface:
         """This surface (same model, same hooks) with `head` on its pooled features as the classifier.
 
