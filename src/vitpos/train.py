@@ -17,7 +17,7 @@ from vitpos.data import load_split
 from vitpos.errors import VitposError
 from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
 from vitpos.models.checkpoint import save_own_model
-from vitpos.models.own import OwnViTConfig, build_own_vit
+from vitpos.models.own import OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
@@ -167,7 +167,7 @@ def train(
 
     torch.manual_seed(seed)
     model = build_own_vit(cfg)
-    skip = model.no_weight_decay()  # timm's list: pos_embed, cls_token, rope freqs
+    skip = decay_exempt(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     decay = [p for n, p in named if p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip]

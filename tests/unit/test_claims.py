@@ -295,3 +295,22 @@ def test_inside_and_magnitude():
     assert inside(None, 0, 1) == FAILS and inside((float("nan"), float("nan")), 0, 1) == FAILS
     assert magnitude((0.2, 0.4)) == (0.2, 0.4) and magnitude((-0.4, -0.2)) == (0.2, 0.4)
     assert magnitude((-0.6, 0.3)) == (0.0, 0.6) and magnitude(None) is None
+
+
+def test_rules_are_data_and_survive_python_OO():
+    """The rules the summary records come from data, not from a docstring (python -OO strips those):
+    one rule per claim, each naming its claim and thresholds, the same text with and without -OO."""
+    import subprocess
+    import sys
+
+    from vitpos.study.claims import CLAIM_RULES, CLAIM_TEXT, rules_text
+
+    assert set(CLAIM_RULES) == set(CLAIM_TEXT)
+    assert all(rule.lstrip().startswith(f"{cid} (") for cid, rule in CLAIM_RULES.items())
+    assert "MIN_DROP" in CLAIM_RULES["C2"] and "SELECTIVE" in CLAIM_RULES["C1"]
+    code = ("import vitpos.study.claims as c; assert c.__doc__ is None; "
+            "import sys; sys.stdout.write(c.summarise({}).rules)")
+    proc = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == rules_text() == summarise({}).rules
+    assert all(rule in proc.stdout for rule in CLAIM_RULES.values())

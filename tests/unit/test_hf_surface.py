@@ -170,7 +170,7 @@ def test_classifier_variant_outputs_logits():
     s = tiny("vit")
     torch.manual_seed(0)
     c = load_model("hf:ViTForImageClassification?" + tiny_spec("vit").split("?")[1] + "&num_labels=4")
-    assert c.num_classes == 4 and c.classifier_classes == 4
+    assert c.num_classes == 4
     x = images(s)
     out = c(x)
     assert out.shape == (2, 4) and torch.equal(out, c.forward_from(0, c.embed_tokens(x)))

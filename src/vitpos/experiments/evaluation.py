@@ -23,6 +23,7 @@ class EvalResult(Result):
 
 class EvalExperiment(Experiment[EvalResult]):
     name = "eval"
+    version = 1
     title = "Test accuracy"
     result_type = EvalResult
 

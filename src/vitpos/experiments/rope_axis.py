@@ -250,6 +250,7 @@ def _order(Rs: list[int]):
 
 class RopeAxisExperiment(Experiment[RopeAxisResult]):
     name = "rope_axis"
+    version = 1
     title = "RoPE axis removal and restoring (C3, C4)"
     claims = ("C3", "C4")
     result_type = RopeAxisResult

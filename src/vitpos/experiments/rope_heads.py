@@ -274,7 +274,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
         measured = torch.tensor([[n if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
         return HeadDrops(full.clean, full.ablated, measured, cut)
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
     cut = _screen_cut(len(dataset), batch_size, screen)
@@ -407,7 +407,7 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
         return fn
 
     sites = {Site(li, "z"): add(li) for li in layers}
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     if start is None:
         with context(), observe(surface, sites):
             for x, _ in dataset.batches(sweep_batch(surface)):
@@ -612,6 +612,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
+    version = 1
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult

@@ -16,11 +16,12 @@ Every site is reached on transformers' own modules; nothing of a family's forwar
   attn_pattern             softmax(q_rot k_rot^T * scale) computed in the attention function, so it carries
                            RoPE even when the model runs SDPA
 The attention function: at construction the model's `config._attn_implementation` is pointed at a
-dispatcher registered with transformers' AttentionInterface. With no vitpos hook on a module it calls
-the implementation the model had (sdpa or eager) with the same arguments, so the plain forward is bit
-for bit the model's own; with q_rot / k_rot / attn_pattern hooks it hands them the tensors, and for a
-pattern hook it computes attention as transformers' `eager_attention_forward` does (matmul, scale,
-softmax, dropout, matmul), with the hook between softmax and dropout.
+dispatcher registered with transformers' AttentionInterface, and each attention module gets a
+parameter-free `vitpos_taps` child (identity modules: the hook points of q_rot, k_rot, attn_pattern).
+The dispatcher passes query and key through the taps and calls the implementation the model had (sdpa
+or eager) with the same arguments, so the plain forward is the model's own bit for bit; while a
+pattern hook is attached it computes attention as transformers' `eager_attention_forward` does
+(matmul, scale, softmax, dropout, matmul) with the pattern tap between softmax and dropout.
 
 Weights: `hf:CLASS?key=value&...` builds CLASS from its config class with those keys (random init);
 `hf:DIR` reads a `save_pretrained` folder (config.json + model.safetensors) with transformers' own
@@ -34,8 +35,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +43,10 @@ from urllib.parse import parse_qsl
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from vitpos.errors import VitposError
-from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap, Site
+from vitpos.models.adapter import HookPoint, Undo
+from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
 from vitpos.rope import axial_channel_axis, axial_channel_freqs, remove_axial_channels
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
@@ -127,18 +126,23 @@ def _transformers():
 
 # --- the attention dispatcher ---------------------------------------------------------------------
 
-class _AttnHooks:
-    """vitpos hooks on one attention module, run by the dispatcher; `impl` is the model's own implementation."""
+class _Tap(nn.Module):
+    """Identity: a module for a hook point on a tensor that only exists inside the attention function."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class _Taps(nn.Module):
+    """The hook points of one attention module's attention function (no parameters, no state dict)."""
 
     def __init__(self, impl: str):
-        self.impl = impl
-        # OrderedDicts: torch's RemovableHandle keeps a weak reference to the dict it removes from
-        self.q_rot: OrderedDict[int, Callable] = OrderedDict()
-        self.k_rot: OrderedDict[int, Callable] = OrderedDict()
-        self.pattern: OrderedDict[int, Callable] = OrderedDict()
+        super().__init__()
+        self.impl = impl  # the model's own implementation (sdpa or eager)
+        self.q_rot, self.k_rot, self.pattern = _Tap(), _Tap(), _Tap()
+        self.patterns_on = 0  # pattern hooks attached: attention runs as eager attention with the tap
 
 
-_HOOKS: weakref.WeakKeyDictionary[nn.Module, _AttnHooks] = weakref.WeakKeyDictionary()
 DISPATCH = "vitpos_hooks"
 
 
@@ -146,27 +150,22 @@ def _dispatch(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    hooks = _HOOKS.get(module)
-    impl = hooks.impl if hooks is not None else "sdpa"
-    for fn in (hooks.q_rot.values() if hooks else ()):
-        fn(query)
-    for fn in (hooks.k_rot.values() if hooks else ()):
-        fn(key)
-    if hooks is None or not hooks.pattern:
+    taps = getattr(module, "vitpos_taps", None)
+    impl = taps.impl if isinstance(taps, _Taps) else "sdpa"
+    if isinstance(taps, _Taps):
+        query, key = taps.q_rot(query), taps.k_rot(key)  # identities; capture-only sites
+    if not isinstance(taps, _Taps) or taps.patterns_on == 0:
         if impl == "eager":
-            fam_eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
+            fam_eager = getattr(__import__(type(module).__module__, fromlist=["x"]), "eager_attention_forward")
             return fam_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         return ALL_ATTENTION_FUNCTIONS[impl](module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
-    # transformers' eager_attention_forward, with the pattern hooks between softmax and dropout
+    # transformers' eager_attention_forward, with the pattern tap between softmax and dropout
     scale = query.size(-1) ** -0.5 if scaling is None else scaling
     weights = torch.matmul(query, key.transpose(2, 3)) * scale
     if attention_mask is not None:
         weights = weights + attention_mask
-    weights = nn.functional.softmax(weights, dim=-1)
-    for fn in hooks.pattern.values():
-        new = fn(weights)
-        weights = weights if new is None else new
+    weights = taps.pattern(nn.functional.softmax(weights, dim=-1))
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return out, weights
@@ -224,7 +223,9 @@ class HFSurface(ModelSurface):
             raise VitposError(f"{self.spec}: attention implementation {impl!r} is not supported; load it with sdpa "
                               "or eager attention")
         for i in range(self.depth):
-            _HOOKS[self.attention(i)] = _AttnHooks(impl)
+            attn = self.attention(i)
+            if not isinstance(getattr(attn, "vitpos_taps", None), _Taps):
+                attn.add_module("vitpos_taps", _Taps(impl))
         self.model.set_attn_implementation(DISPATCH)
 
     # --- modules --------------------------------------------------------------------------------
@@ -313,47 +314,59 @@ class HFSurface(ModelSurface):
             return self.head(pooled)
         return self.model.get_submodule("classifier")(pooled) if self.has_classifier else pooled
 
-    # --- hook points ----------------------------------------------------------------------------
-    def attach_site(self, site: Site, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> list[RemovableHandle]:
-        name, layer = site.name, site.layer
-        if name == "embed":
-            return [self.embed_module().register_forward_hook(lambda m, a, out: fn(out))]
-        if layer is None or not 0 <= layer < self.depth:
-            raise VitposError(f"site {site} is outside layers 0..{self.depth - 1}")
+    # --- hook points (vitpos.models.adapter.FamilyAdapter) ------------------------------------------
+    def hook_point(self, layer: int | None, site: str) -> HookPoint:
+        if layer is None:
+            if site == "embed":
+                return HookPoint(self.embed_module())
+            raise VitposError(f"unknown global site {site!r}")
         blk, attn, heads = self.block(layer), self.attention(layer), self.num_heads
-        if name == "resid_pre":
-            def pre(m, args, kwargs):
-                new = fn(args[0])
-                return None if new is None else ((new, *args[1:]), kwargs)
-            return [blk.register_forward_pre_hook(pre, with_kwargs=True)]
-        if name == "resid_post":
-            return [blk.register_forward_hook(lambda m, a, out: fn(out))]
-        if name == "resid_mid":
-            return [blk.get_submodule(self.family.norm2).register_forward_pre_hook(lambda m, a: (fn(a[0]), None)[1])]
-        if name == "attn_out":
-            def post_attn(m, a, out):
-                new = fn(out[0])
-                return None if new is None else (new, *out[1:])
-            return [attn.register_forward_hook(post_attn)]
-        if name == "mlp_out":
-            return [blk.get_submodule("mlp").register_forward_hook(lambda m, a, out: fn(out))]
-        if name in ("q", "k"):
-            def per_head(m, a, out):
-                new = fn(_heads_view(out, heads))
-                return None if new is None else _heads_merge(new)
-            return [attn.get_submodule(f"{name}_proj").register_forward_hook(per_head)]
-        if name == "z":
-            def pre_proj(m, args):
-                new = fn(_heads_view(args[0], heads))
-                return None if new is None else (_heads_merge(new), *args[1:])
-            return [attn.get_submodule(self.family.out_proj).register_forward_pre_hook(pre_proj)]
-        if name in ("q_rot", "k_rot", "attn_pattern"):
-            table = {"q_rot": "q_rot", "k_rot": "k_rot", "attn_pattern": "pattern"}[name]
-            hooks: OrderedDict[int, Callable] = getattr(_HOOKS[attn], table)
-            handle = RemovableHandle(hooks)
-            hooks[handle.id] = fn
-            return [handle]
-        raise VitposError(f"unknown site {site}")
+        if site == "resid_pre":
+            return HookPoint(blk, "input")
+        if site == "resid_post":
+            return HookPoint(blk)
+        if site == "resid_mid":
+            return HookPoint(blk.get_submodule(self.family.norm2), "input")
+        if site == "attn_out":  # transformers' attention returns (output, weights)
+            return HookPoint(attn, view=lambda out: out[0], unview=lambda new, out: (new, *out[1:]))
+        if site == "mlp_out":
+            return HookPoint(blk.get_submodule("mlp"))
+        if site in ("q", "k"):  # the projection's (B, T, h*d) output seen per head
+            return HookPoint(attn.get_submodule(f"{site}_proj"), view=lambda out: _heads_view(out, heads),
+                             unview=lambda new, out: _heads_merge(new))
+        if site == "z":
+            return HookPoint(attn.get_submodule(self.family.out_proj), "input", view=lambda x: _heads_view(x, heads),
+                             unview=lambda new, x: _heads_merge(new))
+        taps: Any = attn.get_submodule("vitpos_taps")
+        if site in ("q_rot", "k_rot"):
+            return HookPoint(taps.get_submodule(site))
+        if site == "attn_pattern":
+            def prepare() -> Undo:
+                taps.patterns_on += 1
+
+                def undo() -> None:
+                    taps.patterns_on -= 1
+                return undo
+            return HookPoint(taps.get_submodule("pattern"), prepare=prepare)
+        raise VitposError(f"unknown site blocks.{layer}.{site}")
+
+    def rotary_input(self, layer: int) -> HookPoint:
+        """DINOv3 layers get (cos, sin) as `position_embeddings`; `rope_embed` takes and returns that pair."""
+        if not self.has_rope:
+            return super().rotary_input(layer)
+        return HookPoint(self.block(layer), "input", arg=self.rope_kwarg)
+
+    def image_transform(self) -> Callable[[Any], torch.Tensor]:
+        """One PIL image -> (C, H, W): resized to the input size (the family's interpolation), to [0, 1],
+        normalised with the family's (or the folder's preprocessor_config.json) mean and std."""
+        from torchvision import transforms
+
+        cfg = self.data_config()
+        mode = {"bilinear": transforms.InterpolationMode.BILINEAR, "nearest": transforms.InterpolationMode.NEAREST}
+        return transforms.Compose([
+            transforms.Resize(self.input_size[1:], interpolation=mode.get(cfg["interpolation"],
+                                                                          transforms.InterpolationMode.BICUBIC)),
+            transforms.ToTensor(), transforms.Normalize(cfg["mean"], cfg["std"])])
 
     # --- RoPE (DINOv3) ----------------------------------------------------------------------------
     def rope_table(self) -> torch.Tensor:
@@ -393,17 +406,6 @@ class HFSurface(ModelSurface):
             if chans:
                 out[head] = remove_axial_channels(out[head], chans)
         return out[..., d:], out[..., :d]
-
-    def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
-        """vitpos' own recomputation of the rotation (timm's apply_rot_embed_cat, rotate-half layout as the
-        axis map says) on a per-head (B, h, T, d) tensor; prefix tokens untouched."""
-        if rope is None:
-            return x
-        from timm.layers.pos_embed_sincos import apply_rot_embed_cat
-
-        npt = self.num_prefix_tokens
-        half = self.rope_axis_map().layout == "half"
-        return torch.cat([x[:, :, :npt], apply_rot_embed_cat(x[:, :, npt:], rope, half=half)], dim=2).type_as(x)
 
     # --- APE --------------------------------------------------------------------------------------
     def patch_pos_embed(self) -> torch.Tensor:

@@ -81,3 +81,9 @@ def build_own_vit(cfg: OwnViTConfig) -> Eva:
         if cfg.pe == "ape-sincos":
             pos_embed.requires_grad_(False)
     return model
+
+
+def decay_exempt(model: Eva) -> set[str]:
+    """Parameter names (or their top-level module) trained without weight decay: timm's
+    no_weight_decay list (pos_embed, cls_token, rope freqs)."""
+    return set(model.no_weight_decay())
