@@ -234,3 +234,29 @@ def test_models_families_lists_every_family_with_its_gate(capsys):
     for fam in FAMILIES.values():
         assert fam.model_cls in out
     assert "timm DINOv3" in out and "FAILS" not in out and out.count("passes") == len(FAMILIES) + 7
+
+
+@pytest.mark.parametrize("family,name,kwargs", [(f, n, k) for f, n, k, c in TWINS if f in ("dinov2", "dinov3")])
+def test_resized_twins_still_agree(family, name, kwargs):
+    """at_size at 1.5x: DINOv3's rotary grid is the same in both libraries. DINOv2's resampled APE tables differ
+    (timm: bicubic with antialias, PIL's a=-0.5 kernel; transformers: bicubic without, a=-0.75): each library's
+    own resize, kept as it is; with transformers' table put into timm, every site agrees again."""
+    import timm
+
+    from vitpos.models.hf_convert import hf_from_timm
+    from vitpos.models.timm_adapter import surface_for
+
+    torch.manual_seed(0)
+    t = timm.create_model(name, img_size=16, patch_size=4, depth=2, embed_dim=32, num_heads=2, **kwargs).eval()
+    a = surface_for(t, "timm").at_size(24)
+    b = HFSurface(hf_from_timm(t, family), "hf", FAMILIES[family]).at_size(24)
+    assert a.grid == b.grid == (6, 6)
+    if a.has_ape:
+        gap = float((a.patch_pos_embed() - b.patch_pos_embed()).abs().max())
+        assert 1e-4 < gap < 0.1 * float(b.patch_pos_embed().abs().max()), gap  # other kernels, the same table
+        with torch.no_grad():
+            a.model.pos_embed[0, 1:] = b.patch_pos_embed()
+    diffs = site_differences(a, b, images(a))
+    assert max(diffs.values()) <= 1e-5, {k: v for k, v in diffs.items() if v > 1e-5}
+    with pytest.raises(VitposError, match="positive multiple"):
+        b.at_size(25)

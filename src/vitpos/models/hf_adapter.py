@@ -32,6 +32,7 @@ is an error.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -212,6 +213,7 @@ class HFSurface(ModelSurface):
         self.num_classes = int(getattr(model.config, "num_labels", 0)) if self.has_classifier else 0
         self.scheme = "rope" if family.pe == "rope" else "ape"
         self._preprocess = {**family.preprocess, "interpolation": "bicubic", **(preprocess or {})}
+        self.resizable = family.key not in ("clip", "siglip")  # nn.Embedding position tables: see at_size
         self._axis_map: RopeAxisMap | None = None
         self._install_dispatch()
 
@@ -227,6 +229,39 @@ class HFSurface(ModelSurface):
             if not isinstance(getattr(attn, "vitpos_taps", None), _Taps):
                 attn.add_module("vitpos_taps", _Taps(impl))
         self.model.set_attn_implementation(DISPATCH)
+
+    def at_size(self, img_size: int | tuple[int, int]) -> ModelSurface:
+        """A copy taking `img_size` images: DINOv3's rotary angles come from the input's own grid (patch
+        centres normalised to [-1, 1], so a larger grid is rescaled, not extended); absolute tables are
+        resampled once by the family's own `interpolate_pos_encoding` (bicubic) and stored, square sizes only."""
+        h, w = (img_size, img_size) if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
+        ph, pw = self.patch_size
+        if h < ph or w < pw or h % ph or w % pw:
+            raise VitposError(f"img_size {h}x{w} does not fit {self.spec}: it must be a positive multiple of the "
+                              f"patch size {ph}x{pw}")
+        if not self.resizable:
+            raise VitposError(f"{self.spec}: {type(self.model).__name__} keeps its position table in an nn.Embedding "
+                              "that vitpos does not resample; extrapolation is not available for it")
+        if self.has_ape and h != w:
+            raise VitposError(f"{self.spec}: transformers resamples absolute tables to square grids only; pass a "
+                              "square img_size")
+        model: Any = copy.deepcopy(self.model)
+        base: Any = model.base_model if self.has_classifier else model
+        if self.has_ape:
+            emb = base.embeddings
+            skip = {"deit": 2}.get(self.family.key, 1)
+            with torch.no_grad():
+                table = emb.interpolate_pos_encoding(torch.zeros(1, skip + (h // ph) * (w // pw), self.width), h, w)
+            emb.position_embeddings = nn.Parameter(table.detach().clone())
+            pe = getattr(emb, "patch_embeddings", None)
+            if pe is not None and hasattr(pe, "image_size"):
+                pe.image_size, pe.num_patches = (h, w), (h // ph) * (w // pw)
+            if hasattr(emb, "image_size"):  # ViT / DeiT check the input against it
+                emb.image_size = (h, w)
+        base.config.image_size = h if h == w else [h, w]
+        out = HFSurface(model, self.spec, self.family, self._preprocess)
+        out.head, out.trained_classes = self.head, self.trained_classes
+        return out
 
     # --- modules --------------------------------------------------------------------------------
     def block(self, layer: int) -> nn.Module:
