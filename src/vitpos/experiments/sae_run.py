@@ -58,10 +58,11 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
-    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
-    row_drop_ci95: list[float] | None = None
-    col_drop_ci95: list[float] | None = None
-    selectivity_ci95: list[float] | None = None
+    # 95 % paired-bootstrap intervals over the probes' test images (selectivity's None where it is
+    # undefined on too many resamples, `percentile_interval`)
+    row_drop_ci95: list[float] | None
+    col_drop_ci95: list[float] | None
+    selectivity_ci95: list[float] | None
 
 
 class CausalCheck(BaseModel):

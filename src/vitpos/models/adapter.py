@@ -91,6 +91,11 @@ class FamilyAdapter(Protocol):
     input_size: tuple[int, int, int]
 
     # --- hook points (vitpos.hooks) -----------------------------------------------------------
+    def block(self, layer: int) -> nn.Module:
+        """The module of transformer layer `layer` (attention + MLP: its parameters are the layer's;
+        the plan's cost estimate counts its linear layers)."""
+        ...
+
     def hook_point(self, layer: int | None, site: str) -> HookPoint:
         """Where `site` passes through the model. layer None: the global site "embed" (block 0's
         input before any pre-block norm: the tokens right after the absolute embedding is added).

@@ -391,6 +391,10 @@ class ModelSurface:
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
     # --- what the hook engine uses (vitpos.models.adapter.FamilyAdapter) --------------------------
+    def block(self, layer: int) -> nn.Module:
+        """The module of transformer layer `layer` (its parameters are the layer's)."""
+        raise NotImplementedError
+
     def hook_point(self, layer: int | None, site: str) -> HookPoint:
         """Where `site` of `layer` (None: the global site "embed") passes through the model."""
         raise NotImplementedError

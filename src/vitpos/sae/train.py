@@ -225,42 +225,66 @@ def train_sae(batches: Batches, cfg: SAEConfig, settings: TrainSettings | None =
     s = replace(settings if settings is not None else TrainSettings(), **overrides)
     factory, repeatable = _pass_factory(batches)
     r = _resolve(s, opts, cfg, repeatable)
-    sae = SAE(cfg).to(r.dev)
-    sae.train()
-    opt = torch.optim.Adam(sae.parameters(), lr=r.lr)
-    log = TrainLog(lr=r.lr, device=str(r.dev))
-    since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=r.dev)
-    par = None
-    if r.parallel:
-        from vitpos.sae.parallel import ParallelStep
-
-        par = ParallelStep(sae, r.dev)
-    # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
-    # number of ranks (equal up to float rounding).
-    run_key = {"lr": r.lr, "steps": r.steps, "epochs": r.epochs,
-               **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
-    epoch0, skip = (0, 0) if r.checkpoint_dir is None else _resume(r, opts, sae, opt, since_fired, log, run_key,
-                                                                    factory, repeatable)
-
-    def save_state(pass_index: int, batch_in_pass: int) -> None:
-        if r.checkpoint_dir is not None and rdist.is_main():
-            save_train_state(r.checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index,
-                             batch_in_pass=batch_in_pass, run=run_key)
-
-    step = _Stepper(sae, cfg, opt, r, par, since_fired, log)
-    steps = r.steps
-    total = steps
+    t = _Trainer(cfg, r, opts)
+    start = (0, 0) if r.checkpoint_dir is None else _resume(r, opts, t.sae, t.opt, t.since_fired, t.log, t.run_key,
+                                                            factory, repeatable)
+    total = r.steps
     if total is None and hasattr(batches, "__len__") and not isinstance(batches, Tensor):
         total = len(batches) * r.epochs  # type: ignore[arg-type]
     t0 = time.perf_counter()
-    stop = False
     with _progress(progress, total) as bar:
-        task = bar.add_task("train", total=total, fvu=float("nan"), l0=0.0, dead=0.0)
-        epoch = epoch0
-        end_pos = (epoch0, skip)  # where a rerun continues: (pass index, batches consumed in it)
+        end_pos = t.passes(factory, repeatable, start, bar, bar.add_task("train", total=total, fvu=float("nan"),
+                                                                          l0=0.0, dead=0.0), on_step)
+    if r.checkpoint_dir is not None:
+        t.save_state(*end_pos)
+    if r.dev.type == "cuda":
+        torch.cuda.synchronize(r.dev)
+    sae, log = t.sae, t.log
+    log.seconds = time.perf_counter() - t0
+    sae.eval()
+    if eval_batches is not None:
+        log.eval = sae_metrics(sae, eval_batches)
+    if s.device is None and opts.device is not None and r.dev.type != "cpu":
+        sae.cpu()  # an options (CLI --device) choice covers training only; callers' models live on the CPU
+    return sae, log
+
+
+class _Trainer:
+    """One training run's state (the SAE, Adam, the log, steps since each latent fired, DDP) and its
+    two units: `step` (one optimiser step on one batch) and `passes` (the epochs / steps loop)."""
+
+    def __init__(self, cfg: SAEConfig, r: _Resolved, opts: RunOptions):
+        self.cfg, self.r = cfg, r
+        self.sae = sae = SAE(cfg).to(r.dev)
+        sae.train()
+        self.opt = torch.optim.Adam(sae.parameters(), lr=r.lr)
+        self.log = TrainLog(lr=r.lr, device=str(r.dev))
+        self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=r.dev)
+        self.par: Any = None
+        if r.parallel:
+            from vitpos.sae.parallel import ParallelStep
+
+            self.par = ParallelStep(sae, r.dev)
+        # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
+        # number of ranks (equal up to float rounding).
+        self.run_key = {"lr": r.lr, "steps": r.steps, "epochs": r.epochs,
+                        **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
+        self.piece = 1 << 62  # tokens per forward piece: the whole batch until a CUDA OOM halves it
+
+    def save_state(self, pass_index: int, batch_in_pass: int) -> None:
+        if self.r.checkpoint_dir is not None and rdist.is_main():
+            save_train_state(self.r.checkpoint_dir, self.sae, self.opt, self.since_fired, self.log, epoch=pass_index,
+                             batch_in_pass=batch_in_pass, run=self.run_key)
+
+    def passes(self, factory: Callable[[], Iterator[Tensor]], repeatable: bool, start: tuple[int, int], bar: Any,
+               task: Any, on_step: OnStep | None) -> tuple[int, int]:
+        """Train from `start` (pass index, batches of it already consumed) until the epochs or steps
+        are done, `on_step` says stop or the batches run out; returns where a rerun continues."""
+        r, log, steps = self.r, self.log, self.r.steps
+        epoch, skip = start
+        end_pos = start
         bar.update(task, completed=log.steps)
-        if steps is not None and log.steps >= steps:
-            stop = True
+        stop = steps is not None and log.steps >= steps
         while not stop:
             if steps is None and epoch >= r.epochs:
                 break
@@ -273,10 +297,10 @@ def train_sae(batches: Batches, cfg: SAEConfig, settings: TrainSettings | None =
                 if skip:  # resume: these batches were consumed before the checkpoint
                     skip -= 1
                     continue
-                m = step(batch)
+                m = self.step(batch)
                 bar.update(task, advance=1, fvu=m["fvu"], l0=m["l0"], dead=m["dead_frac"])
                 if r.checkpoint_every and log.steps % r.checkpoint_every == 0:
-                    save_state(epoch, n_seen)
+                    self.save_state(epoch, n_seen)
                 if on_step is not None and on_step(log.steps, m):
                     stop = True
                 if stop or (steps is not None and log.steps >= steps):
@@ -289,28 +313,7 @@ def train_sae(batches: Batches, cfg: SAEConfig, settings: TrainSettings | None =
             epoch += 1
             log.epochs_done = epoch
             end_pos = (epoch - 1, n_seen) if stop else (epoch, 0)
-    if r.checkpoint_dir is not None:
-        save_state(*end_pos)
-    if r.dev.type == "cuda":
-        torch.cuda.synchronize(r.dev)
-    log.seconds = time.perf_counter() - t0
-    sae.eval()
-    if eval_batches is not None:
-        log.eval = sae_metrics(sae, eval_batches)
-    if s.device is None and opts.device is not None and r.dev.type != "cpu":
-        sae.cpu()  # an options (CLI --device) choice covers training only; callers' models live on the CPU
-    return sae, log
-
-
-class _Stepper:
-    """One optimiser step on one batch: forward / backward (DDP, or pieces after a CUDA OOM), the
-    decoder projection and renorm, dead-latent bookkeeping, the log's per-step metrics."""
-
-    def __init__(self, sae: SAE, cfg: SAEConfig, opt: torch.optim.Optimizer, r: _Resolved, par: Any,
-                 since_fired: Tensor, log: TrainLog):
-        self.sae, self.cfg, self.opt, self.r, self.par, self.since_fired, self.log = (
-            sae, cfg, opt, r, par, since_fired, log)
-        self.piece = 1 << 62  # tokens per forward piece: the whole batch until a CUDA OOM halves it
+        return end_pos
 
     def _amp(self):
         return rdevice.autocast(self.r.dev, self.r.amp)
@@ -331,7 +334,9 @@ class _Stepper:
         self.log.notes.append(f"step {self.log.steps + 1}: out of memory at {old} tokens per forward, continuing with "
                               f"{new} (gradients accumulated: same step)")
 
-    def __call__(self, batch: Any) -> dict[str, float]:
+    def step(self, batch: Any) -> dict[str, float]:
+        """One optimiser step on one batch: forward / backward (DDP, or pieces after a CUDA OOM), the
+        decoder projection and renorm, dead-latent bookkeeping, the log's per-step metrics."""
         sae, cfg, par, log, since_fired = self.sae, self.cfg, self.par, self.log, self.since_fired
         x = _tokens(batch, cfg.d_in).to(self.r.dev, torch.float32, non_blocking=True)
         if par is not None:

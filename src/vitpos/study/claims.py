@@ -67,9 +67,7 @@ CLAIM_RULES: dict[str, str] = {
             the primary head is also first there).""",
     "C5": """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
-            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
-            Results without margins fall back to the per-head `drop_ci95` intervals (the
-            primary's above every other's), then to the point ranking.""",
+            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.""",
 }
 AGGREGATION = """Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
 `partly supported` when it holds for some but not all, `not supported` when it holds for none and
@@ -345,7 +343,7 @@ def _head(lh: list[int] | None) -> str:
 def _c5(spec: str, rh: dict) -> dict:
     prim, rank = rh.get("primary_rebuilding_head"), rh.get("primary_head_drop_rank")
     drop = rh["drop_points"][prim[0]][prim[1]] if prim else None
-    cis = rh.get("drop_ci95")
+    cis = rh["drop_ci95"]
     big = rh["largest_drop_head"]
     n_heads = len(rh["layers"]) * rh["num_heads"]
     n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
@@ -372,20 +370,11 @@ def _ci(iv: list[float]) -> str:
 
 
 def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
-    """Paired margins (`primary_margin_ci95`) where measured; else the primary's `drop_ci95` above
-    every other head's; else the point ranking (`primary_is_largest_drop`)."""
+    """The paired margins (`primary_margin_ci95`): every other head's below the primary's drop."""
     if prim is None:
         return FAILS
-    margins = rh.get("primary_margin_ci95")
-    if margins is not None:
-        return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
-    cis = rh.get("drop_ci95")
-    if cis is None:
-        return known(bool(rh.get("primary_is_largest_drop")))
-    drops = rh["drop_points"]
-    others = [iv for layer, row in enumerate(drops) for h, d in enumerate(row)
-              if [layer, h] != list(prim) and (iv := bounds(d, cis[layer][h])) is not None]
-    return largest(bounds(drops[prim[0]][prim[1]], cis[prim[0]][prim[1]]), others)
+    margins = rh["primary_margin_ci95"]
+    return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
 
 
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
