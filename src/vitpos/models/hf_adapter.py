@@ -157,7 +157,7 @@ def _dispatch(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
         query, key = taps.q_rot(query), taps.k_rot(key)  # identities; capture-only sites
     if not isinstance(taps, _Taps) or taps.patterns_on == 0:
         if impl == "eager":
-            fam_eager = getattr(__import__(type(module).__module__, fromlist=["x"]), "eager_attention_forward")
+            fam_eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
             return fam_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         return ALL_ATTENTION_FUNCTIONS[impl](module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
@@ -198,7 +198,8 @@ class HFSurface(ModelSurface):
         self.spec = spec
         self.family = family
         self.has_classifier = type(model).__name__ == family.classifier_cls
-        self.base = model.base_model if self.has_classifier else model
+        m: Any = model  # a transformers PreTrainedModel (nn.Module attribute access is untyped)
+        self.base: Any = m.base_model if self.has_classifier else m
         cfg: Any = self.base.config
         self.config = cfg
         size = cfg.image_size if isinstance(cfg.image_size, (list, tuple)) else (cfg.image_size, cfg.image_size)
@@ -228,7 +229,8 @@ class HFSurface(ModelSurface):
             attn = self.attention(i)
             if not isinstance(getattr(attn, "vitpos_taps", None), _Taps):
                 attn.add_module("vitpos_taps", _Taps(impl))
-        self.model.set_attn_implementation(DISPATCH)
+        hf_model: Any = self.model
+        hf_model.set_attn_implementation(DISPATCH)
 
     def at_size(self, img_size: int | tuple[int, int]) -> ModelSurface:
         """A copy taking `img_size` images: DINOv3's rotary angles come from the input's own grid (patch
@@ -265,7 +267,8 @@ class HFSurface(ModelSurface):
 
     # --- modules --------------------------------------------------------------------------------
     def block(self, layer: int) -> nn.Module:
-        return self.base.get_submodule(self.family.layers)[layer]
+        layers: Any = self.base.get_submodule(self.family.layers)
+        return layers[layer]
 
     def attention(self, layer: int) -> nn.Module:
         return self.block(layer).get_submodule(self.family.attn)
@@ -274,7 +277,7 @@ class HFSurface(ModelSurface):
         return self.base.get_submodule("embeddings")
 
     def head_projections(self, layer: int) -> torch.Tensor:
-        weight = self.attention(layer).get_submodule(self.family.out_proj).weight.detach()  # (D, h * d)
+        weight = torch.as_tensor(self.attention(layer).get_submodule(self.family.out_proj).weight).detach()  # (D, h*d)
         D, hd = weight.shape
         return weight.T.reshape(self.num_heads, hd // self.num_heads, D)
 
@@ -308,9 +311,10 @@ class HFSurface(ModelSurface):
     def _pool_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """The classifier's input (or the headless model's pooled output) from the last layer's output."""
         fam, base = self.family, self.base
+        norm: Any = base.get_submodule(fam.final_norm)
         if fam.pool == "cls_post":  # CLIP: the CLS state through post_layernorm
-            return base.get_submodule(fam.final_norm)(tokens[:, 0])
-        x = base.get_submodule(fam.final_norm)(tokens)
+            return norm(tokens[:, 0])
+        x = norm(tokens)
         if fam.pool == "siglip":
             return base.head(x) if getattr(base, "use_head", False) else x.mean(1)
         if self.has_classifier and fam.key in ("dinov2", "dinov2_reg"):  # Dinov2ForImageClassification
@@ -435,7 +439,7 @@ class HFSurface(ModelSurface):
         out = torch.cat([sin, cos], dim=-1).expand(self.num_heads, *cos.shape[-2:-1], 2 * d).clone()
         amap = self.rope_axis_map()
         for head in range(self.num_heads):
-            axes = [a for a, heads in remove.items() if heads is None or head in heads]
+            axes: list[Axis] = [a for a, heads in remove.items() if heads is None or head in heads]
             chans = [j for a in axes for j in (amap.channels(a) if band is None
                                                else amap.band_channels(a, layer, head, band))]
             if chans:
@@ -505,7 +509,8 @@ def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
     hf_logging.disable_progress_bar()  # one load of a local file: no progress bars or load report in vitpos' output;
     hf_logging.set_verbosity_error()  # a mismatch is raised below as one error line
     with tempfile.TemporaryDirectory() as tmp:
-        model.config.save_pretrained(tmp)
+        hf_model: Any = model
+        hf_model.config.save_pretrained(tmp)
         os.symlink(checkpoint.resolve(), Path(tmp) / "model.safetensors")
         try:
             loaded, info = cls.from_pretrained(tmp, local_files_only=True, use_safetensors=True,
