@@ -590,7 +590,8 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
             config = tr.AutoConfig.from_pretrained(name, local_files_only=True)
         except OSError:
             raise VitposError(f"{spec}: {name} is not in the local Hugging Face cache and vitpos does not download; "
-                              "save it with save_pretrained where the hub is reachable and pass hf:DIR") from None
+                              "save it with save_pretrained where the hub is reachable and pass hf:DIR, or pass "
+                              "hf:CLASS?config-keys with --checkpoint FILE.safetensors") from None
         archs = list(getattr(config, "architectures", None) or [])
         cls_name = archs[0] if archs else type(config).__name__.replace("Config", "Model")
         fam = _family_of(cls_name, spec)
