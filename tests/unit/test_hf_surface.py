@@ -260,3 +260,19 @@ def test_resized_twins_still_agree(family, name, kwargs):
     assert max(diffs.values()) <= 1e-5, {k: v for k, v in diffs.items() if v > 1e-5}
     with pytest.raises(VitposError, match="positive multiple"):
         b.at_size(25)
+
+
+def test_eager_models_keep_eager_attention():
+    """A model set to eager attention runs its family's own eager function (bit for bit) when no pattern is hooked."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Dinov2Model(transformers.Dinov2Config(**FAMILIES["dinov2"].tiny)).eval()
+    model.set_attn_implementation("eager")
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(pixel_values=x).last_hidden_state[:, 0]
+    s = HFSurface(model, "hf:eager", FAMILIES["dinov2"])
+    assert s.attention(0).get_submodule("vitpos_taps").impl == "eager"
+    assert torch.equal(s(x), ref)
+    assert run_gate("dinov2", "hf:eager", lambda: s).passed

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def _dispatch(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
         query, key = taps.q_rot(query), taps.k_rot(key)  # identities; capture-only sites
     if not isinstance(taps, _Taps) or taps.patterns_on == 0:
         if impl == "eager":
-            fam_eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
+            fam_eager = sys.modules[type(module).__module__].eager_attention_forward  # the family's own eager
             return fam_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         return ALL_ATTENTION_FUNCTIONS[impl](module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
