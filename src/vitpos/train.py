@@ -19,7 +19,7 @@ from vitpos.data import load_split
 from vitpos.errors import VitposError
 from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
 from vitpos.models.checkpoint import save_own_model
-from vitpos.models.own import OwnViTConfig, build_own_vit, decay_exempt
+from vitpos.models.own import OwnViT, OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
@@ -148,8 +148,7 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
     return None
 
 
-def _optimizer(model: torch.nn.Module, lr: float, weight_decay: float
-               ) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+def _optimizer(model: OwnViT, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
     """AdamW with weight decay on matrices except the exempt ones (position tables, tokens); the
     trained parameters (for gradient clipping)."""
     skip = decay_exempt(model)
