@@ -18,7 +18,7 @@ from vitpos.errors import VitposError
 DATA = "pairs"
 SEEDS = (0, 1, 2)
 MODEL = dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, patch_size=4)
-TRAIN = dict(epochs=6, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5)
+TRAIN = dict(epochs=4, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5)
 
 
 @dataclass(frozen=True)
