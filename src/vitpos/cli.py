@@ -90,7 +90,8 @@ def train(
     embed_dim: int | None = typer.Option(None, "--embed-dim", min=8, max=4096, help="width (default 96; 32 --quick)"),
     depth: int | None = typer.Option(None, "--depth", min=1, max=64, help="blocks (default 6; 2 --quick)"),
     heads: int | None = typer.Option(None, "--heads", min=1, max=64, help="attention heads (default 4; 2 --quick)"),
-    mlp_ratio: float | None = typer.Option(None, "--mlp-ratio", min=0.25, max=16.0, help="MLP width / width (default 2)"),
+    mlp_ratio: float | None = typer.Option(None, "--mlp-ratio", min=0.25, max=16.0,
+                                           help="MLP width / width (default 2)"),
     patch_size: int | None = typer.Option(None, "--patch-size", min=1, max=64, help="patch side in px (default 4)"),
     img_size: int | None = typer.Option(None, "--img-size", help="imagefolder only: train at this size (default: the "
                                         "images' own size)"),
@@ -115,7 +116,8 @@ def train(
     overrides = {k: v for k, v in sizes.items() if v is not None}
     if ape_init is not None and ape_init not in ("sincos", "trunc_normal"):
         raise VitposError(f"unknown --ape-init {ape_init!r}; use sincos or trunc_normal")
-    width, n_heads = overrides.get("embed_dim", 32 if quick else 96), overrides.get("num_heads", 2 if quick else 4)
+    width = embed_dim if embed_dim is not None else (32 if quick else 96)
+    n_heads = heads if heads is not None else (2 if quick else 4)
     if width % n_heads or (pe.startswith("rope") and (width // n_heads) % 4):
         raise VitposError(f"--embed-dim {width} must split into {n_heads} heads"
                           + (" of a dimension divisible by 4 (2D RoPE)" if pe.startswith("rope") else "")
@@ -139,7 +141,8 @@ def zoo_list():
         metrics = BUILTIN_DIR / name / "metrics.json"
         m = read_json(metrics) if metrics.is_file() else {}
         groups = m.get("group_top1") or {}
-        t.add_row(f"builtin:{name}", enc.pe + (f" ({enc.ape_init} init)" if enc.pe in ("ape", "rope-mixed-ape") else ""),
+        init = f" ({enc.ape_init} init)" if enc.pe in ("ape", "rope-mixed-ape") else ""
+        t.add_row(f"builtin:{name}", enc.pe + init,
                   "yes" if m else "no",
                   f"{m['test_top1']:.4f}" if m else "-",
                   " / ".join(f"{groups[g]:.3f}" for g in ("content", "vertical", "horizontal") if g in groups) or "-")
