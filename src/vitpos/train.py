@@ -19,7 +19,7 @@ from vitpos.data import load_split
 from vitpos.errors import VitposError
 from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
 from vitpos.models.checkpoint import save_own_model
-from vitpos.models.own import OwnViTConfig, build_own_vit, decay_exempt
+from vitpos.models.own import OwnViT, OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
@@ -32,6 +32,21 @@ def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmu
              quick: bool) -> dict:
     return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 warmup_epochs=warmup_epochs, seed=seed, data=data, quick=quick)
+
+
+def _input_transform(data: str, img_size: int | None):
+    """None for built-in data (their native size); for an imagefolder, resize to `img_size` or,
+    by default, to the images' own size."""
+    from vitpos.data import imagefolder
+
+    if not data.startswith(imagefolder.PREFIX):
+        if img_size is not None:
+            raise VitposError(f"--img-size applies to imagefolder data only; {data!r} has a fixed size "
+                              "(drop --img-size)")
+        return None
+    if img_size is not None and not 8 <= img_size <= 1024:
+        raise VitposError(f"--img-size must lie in 8..1024 (got {img_size})")
+    return imagefolder.default_transform(img_size or imagefolder.native_size(data))
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -50,6 +65,22 @@ def accuracy(model: torch.nn.Module, dataset, batch_size: int = 256) -> float:
         correct += int((model(x).argmax(-1) == y).sum())
         total += len(y)
     return correct / max(1, total)
+
+
+@torch.no_grad()
+def group_accuracy(model: torch.nn.Module, dataset, batch_size: int = 256) -> dict[str, float]:
+    """Top-1 within each of the data's class groups (e.g. the row-decided and column-decided classes)."""
+    model.eval()
+    hits, labels = [], []
+    for x, y in dataset.batches(batch_size):
+        hits.append(model(x).argmax(-1) == y)
+        labels.append(y)
+    hit, label = torch.cat(hits), torch.cat(labels)
+    out = {}
+    for group, classes in dataset.info.class_groups.items():
+        members = torch.isin(label, torch.tensor(classes))
+        out[group] = float(hit[members].float().mean()) if bool(members.any()) else float("nan")
+    return out
 
 
 def _save_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
@@ -116,20 +147,22 @@ def _recover_checkpoint(out: Path) -> None:
             os.replace(old, ckpt)
 
 
-def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | None, limits: dict):
-    """The train and val splits and the model config they fix (image size, channels, classes)."""
-    train_set = load_split(data, "train", seed=0, limit=limits.get("train"))
-    val_set = load_split(data, "val", seed=0, limit=limits.get("val"))
+def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | None, limits: dict, transform=None):
+    """The train and val splits (through `transform`) and the model config they fix (image size,
+    channels, classes; patch size and model sizes from the quick sizes and `model_overrides`)."""
+    train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
+    val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
     info = train_set.info
     if info.image_size[0] != info.image_size[1]:
         raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
-    patch = 4
-    if info.image_size[0] % patch:
-        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}")
+    sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
+    patch = sized["patch_size"]
+    if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
+        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
+                          "pick a patch size that divides it")
     # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
-    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
-                                           num_classes=info.num_classes,
-                                           **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})}))
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], in_chans=info.in_chans,
+                                           num_classes=info.num_classes, **sized))
     return train_set, val_set, cfg
 
 
@@ -148,8 +181,7 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
     return None
 
 
-def _optimizer(model: torch.nn.Module, lr: float, weight_decay: float
-               ) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+def _optimizer(model: OwnViT, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
     """AdamW with weight decay on matrices except the exempt ones (position tables, tokens); the
     trained parameters (for gradient clipping)."""
     skip = decay_exempt(model)
@@ -219,10 +251,13 @@ def train(
     force: bool = False,
     progress: bool = True,
     model_overrides: dict | None = None,
+    img_size: int | None = None,
 ) -> dict:
     """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops.
 
     epochs: default 3, or 2 with `quick` (tiny model and data); an explicit value is honoured either way.
+    model_overrides: OwnViTConfig fields (embed_dim, depth, num_heads, mlp_ratio, patch_size, ape_init, ...).
+    img_size: imagefolder data only: train at this size (default: the images' own size).
     """
     out = Path(out)
     limits = QUICK_LIMITS if quick else {}
@@ -230,7 +265,8 @@ def train(
         epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS
     if epochs < 1:
         raise VitposError(f"epochs must be at least 1 (got {epochs})")
-    train_set, val_set, cfg = _data_and_config(pe, data, quick, model_overrides, limits)
+    transform = _input_transform(data, img_size)
+    train_set, val_set, cfg = _data_and_config(pe, data, quick, model_overrides, limits, transform)
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
     done = _finished(out, run_doc, force)
@@ -259,9 +295,10 @@ def train(
             _save_checkpoint(out, model, opt,
                              {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
-    test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
+    test_set = load_split(data, "test", seed=0, limit=limits.get("test"), transform=transform)
     metrics = {
         "pe": pe, "data": data, "test_top1": accuracy(model, test_set),
+        **({"group_top1": group_accuracy(model, test_set)} if train_set.info.class_groups else {}),
         "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
         "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
         "n_train": len(train_set), "n_test": len(test_set),

@@ -1,5 +1,5 @@
-"""Only `vitpos/models/` knows a model family: no timm import and no timm submodule / API name
-anywhere else in the package, and the timm adapters implement the family protocol."""
+"""Only `vitpos/models/` knows a model family: no timm (or transformers) import and no timm submodule
+/ API name anywhere else in the package, and the timm adapters implement the family protocol."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from vitpos.models.surface import LAYER_SITES, ModelSurface
 
 PACKAGE = Path(vitpos.__file__).parent
 MODELS = PACKAGE / "models"
+FAMILY_LIBRARIES = {"timm", "transformers"}  # imported by the family adapters only
 # timm's module and method names the hook sites, preprocessing and training once reached for directly
 TIMM_NAMES = {"norm1", "norm2", "mlp", "q_norm", "k_norm", "proj", "attn_drop", "fused_attn", "pos_drop", "qkv",
               "patch_embed", "norm_pre", "forward_head", "forward_features", "no_weight_decay",
@@ -43,9 +44,9 @@ def timm_uses(source: str, where: str) -> list[str]:
     found = []
     for node in ast.walk(tree):
         what = None
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "timm" for a in node.names):
-            what = "import timm"
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "timm":
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] in FAMILY_LIBRARIES for a in node.names):
+            what = f"import {', '.join(a.name for a in node.names)}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FAMILY_LIBRARIES:
             what = f"from {node.module} import"
         elif isinstance(node, ast.Attribute) and node.attr in TIMM_ATTRIBUTES:
             what = f".{node.attr}"
@@ -59,9 +60,10 @@ def timm_uses(source: str, where: str) -> list[str]:
 
 def test_the_scan_sees_imports_module_names_and_strings_but_not_prose():
     src = ('"""Mentions norm2 and timm in prose."""\nimport timm\nfrom timm.layers import x\n'
+           'import transformers.models\n'
            'def f(b):\n    """q_norm in a docstring"""\n    return b.norm2, b.get_submodule("attn_drop")\n')
     assert [u.split(": ", 1)[1] for u in timm_uses(src, "m")] == [
-        "import timm", "from timm.layers import", ".norm2", "'attn_drop'"]
+        "import timm", "from timm.layers import", "import transformers.models", ".norm2", "'attn_drop'"]
 
 
 def test_no_timm_outside_the_model_adapters():
