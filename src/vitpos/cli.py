@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -247,11 +246,11 @@ def models(families: bool = typer.Option(False, "--families", help="run each fam
 
 def _print_families() -> None:
     """`vitpos models --families`: every timm and Hugging Face family with its gate status, run now."""
-    from vitpos.models.gates import family_rows, gate_family
+    from vitpos.models.gates import family_rows, gate_family, hf_available
 
     t = Table("family", "positional encoding", "prefix tokens", "gate")
     for name, pe, prefix, spec in family_rows():
-        if name.startswith("hf ") and importlib.util.find_spec("transformers") is None:
+        if name.startswith("hf ") and not hf_available():
             t.add_row(name, pe, prefix, "skipped: transformers not installed (pip install 'vitpos[hf]')")
             continue
         g = gate_family(spec, name)

@@ -193,6 +193,13 @@ TIMM_FAMILIES: dict[str, tuple[str, str, str]] = {  # family -> (toy spec, posit
 }
 
 
+def hf_available() -> bool:
+    """Whether Hugging Face transformers is installed (the `hf` rows can run their gates)."""
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
 def family_rows() -> list[tuple[str, str, str, str]]:
     """(family, positional encoding, prefix tokens, toy spec) for every timm and Hugging Face family."""
     from vitpos.models.hf_adapter import FAMILIES, tiny_spec
