@@ -242,6 +242,9 @@ def models(families: bool = typer.Option(False, "--families", help="run each fam
     out_console.print(t)
     out_console.print("timm: VisionTransformer (vit_*, deit_*, deit3_*, vit_*_reg*) and Eva "
                       "(vit_*_rope_*, vit_*_rope_mixed_*, vit_*_rope_ape_*, eva02_*, vit_*_dinov3)")
+    out_console.print("hf (pip install 'vitpos[hf]'): ViTModel, DeiTModel, Dinov2Model, Dinov2WithRegistersModel (and "
+                      "their *ForImageClassification), DINOv3ViTModel, CLIPVisionModel, SiglipVisionModel; "
+                      "`vitpos models --families` runs each family's gate")
 
 
 def _print_families() -> None:
