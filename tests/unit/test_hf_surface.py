@@ -276,3 +276,15 @@ def test_eager_models_keep_eager_attention():
     assert s.attention(0).get_submodule("vitpos_taps").impl == "eager"
     assert torch.equal(s(x), ref)
     assert run_gate("dinov2", "hf:eager", lambda: s).passed
+
+
+def test_image_transform_uses_the_family_preprocessing():
+    from PIL import Image
+
+    s = tiny("clip")
+    img = Image.new("RGB", (40, 30), (255, 0, 0))
+    t = s.image_transform()(img)
+    assert t.shape == (3, 16, 16)
+    mean, std = s.data_config()["mean"], s.data_config()["std"]
+    assert mean[0] == pytest.approx(0.48145466)  # CLIP's own normalisation, not ImageNet's
+    torch.testing.assert_close(t[:, 5, 5], torch.tensor([(1 - mean[0]) / std[0], -mean[1] / std[1], -mean[2] / std[2]]))
