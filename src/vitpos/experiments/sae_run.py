@@ -262,6 +262,18 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     return result, sae
 
 
+def sae_doc_from_held(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int = 0) -> dict[str, Any]:
+    """What the claims and ape_permute read of an SAE result, for an SAE that is given (not trained
+    here, e.g. a planted one): `evaluate_sae` on `eval_set` with class logits."""
+    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=True)
+    sc = held.scores
+    return {"model": surface.spec, "layer": s.layer, "site": s.name, "data": data_name(eval_set), **held.metrics,
+            "top1": held.top1, "top1_spliced": held.top1_spliced, "row_features": sc.row_features,
+            "col_features": sc.col_features, "mixed_features": sc.mixed_features,
+            "n_row_features": len(sc.row_features), "n_col_features": len(sc.col_features),
+            "n_mixed_features": len(sc.mixed_features), "thresholds": vars(sc.thresholds), "causal": held.causal}
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """What run_sae measures on the held-out images: SAE metrics, feature scores, the splice's
