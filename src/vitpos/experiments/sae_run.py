@@ -141,7 +141,7 @@ class SAEResult(Result):
     n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
-    eta2_null: dict[str, Any] | None = None  # issue 28: eta2 under positions shuffled within image, counts per threshold
+    eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
 

@@ -331,7 +331,8 @@ def _c2(spec: str, ap: dict, t: Any = None, none_top1: float | None = None) -> d
                        f"({gain:.1f} pts over the none model)")
                     + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
                       f"{t['C2.null_factor']:g}x its same-position swap)"
-                    f"{', within' if in_range else ', outside'} the study's {t['C2.study_low']:g}-{t['C2.study_high']:g}"}
+                    f"{', within' if in_range else ', outside'} the study's "
+                    f"{t['C2.study_low']:g}-{t['C2.study_high']:g}"}
 
 
 def _n(v: dict) -> str:

@@ -20,6 +20,7 @@ from vitpos.experiments.registry import BY_NAME, NAMES
 from vitpos.study.config import RunConfig
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.rules import RuleSet, Sensitivity
+from vitpos.validation.table import ValidationTable
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1
@@ -125,6 +126,7 @@ class Summary(BaseModel):
     rules_version: int | None = None  # study.rules.RULES (None: written before rules were versioned)
     rules_hash: str | None = None
     rule_set: RuleSet | None = None
+    validation: ValidationTable | None = None  # planted models: claim x planted truth -> verdict (vitpos.validation)
 
 
 class StudyResults(BaseModel):

@@ -11,7 +11,8 @@ weights are written by hand, so what the label depends on is known exactly:
 * block 0 is the identity (its attention and MLP write nothing): the SAE reads its output;
 * block 1's MLP computes the label from the channels (GELU units of slope `GAIN`, which act as AND
   gates on 0/1 inputs; two weak colour units, `PRIOR`, make a model that cannot read position guess
-  red-top / green-left, the best it can do, instead of tying), the final norm and average pooling pass the output channels to the head.
+  red-top / green-left, the best it can do, instead of tying), the final norm and average pooling
+  pass the output channels to the head.
   Every LayerNorm gets eps = 1e6 and weight 1e3, so it is (x - mean(x)) to 1e-6, and every weight
   row that reads it sums to 0 over the channels (the `sink` takes the balance), so the mean
   subtraction cancels: the model is exactly the circuit written below.
@@ -112,8 +113,9 @@ def build_planted_ape(positional: Positional, label: Label, seed: int = 0) -> Ow
     the label read through them (`position`) or from colour alone (`colour`)."""
     cfg = OwnViTConfig(pe="ape", img_size=16, patch_size=4, in_chans=3, num_classes=4, embed_dim=D, depth=2,
                        num_heads=2, mlp_ratio=2.0)
-    torch.manual_seed(seed)
-    m: Any = build_own_vit(cfg).eval()
+    with torch.random.fork_rng(devices=[]):  # timm's init draws from the global generator: leave it as it was
+        torch.manual_seed(seed)
+        m: Any = build_own_vit(cfg).eval()
     for p in m.parameters():
         p.zero_()
     # APE: the positional one-hots
