@@ -511,8 +511,8 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     layer = L // 2 if layer is None else int(layer)
     resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
     sae_runs = (len(ALL_VARIANTS) - 2) * seeds + 1  # every permuted set, control and null per seed; mean ablation once
-    # feature mass, then per seed the APE-table shuffle (a full forward: it edits the input)
-    plan = StagePlan.full(min(MASS_IMAGES, n), L) + StagePlan.full(n, L, seeds)
+    # feature mass and edit sizes, then per seed the APE-table shuffle (a full forward: it edits the input)
+    plan = StagePlan.full(min(MASS_IMAGES, n), L, 2) + StagePlan.full(n, L, seeds)  # + the edit-size capture
     if resume is None:
         plan = plan + StagePlan.full(n, L, 1 + sae_runs)
     else:  # the clean prefix once, then the blocks after the site for the baseline and every SAE variant

@@ -599,8 +599,9 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture, held-out capture, spliced forward, the causal check's two ablations
-        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (2 if later else 0))
+        # train capture, held-out capture, spliced forward, the causal check's two ablations and their two
+        # matched random removals
+        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (4 if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
         tokens = n_train * N * settings["epochs"]
         latents = settings["expansion"] * surface.width
