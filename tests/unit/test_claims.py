@@ -104,7 +104,7 @@ def test_rules_are_versioned_hashed_and_each_threshold_has_a_curve():
     from vitpos.study.rules import RULES
 
     s = summarise({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}})
-    assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash) == 16
+    assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash or "") == 16
     c1 = next(c for c in s.claims if c.id == "C1")
     curves = {x.threshold: x for x in c1.sensitivity or []}
     assert set(curves) == {t.name for t in RULES.of("C1")}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitpos.study.rules import RULES
-from vitpos.validation.planted_ape import CH, build_planted_ape, planted_data, planted_sae
+from vitpos.validation.planted_ape import CH, Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.validation.table import validation_table
 
 
@@ -37,8 +37,9 @@ def test_the_table_can_fail(table):
 @torch.no_grad()
 def test_planted_models_compute_their_labels():
     """The hand-written circuit: 100 % top-1 where the label is readable, 50 % (colour only) without position."""
-    for positional, label, want in (("row_col", "position", 1.0), ("cell", "position", 1.0),
-                                    ("row_col", "colour", 1.0)):
+    cases: tuple[tuple[Positional, Label, float], ...] = (("row_col", "position", 1.0), ("cell", "position", 1.0),
+                                                          ("row_col", "colour", 1.0))
+    for positional, label, want in cases:
         s = build_planted_ape(positional, label)
         x, y = next(planted_data(200, label).batches(200))
         assert float((s(x).argmax(-1) == y).float().mean()) == want, (positional, label)

@@ -226,11 +226,12 @@ def _c1(spec: str, sae: dict, t: Any = None) -> dict:
     own = {k: _pts_iv(eff[k].get(f"{k}_drop"), eff[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
     own_ctl = {k: _pts_iv(ctl[k].get(f"{k}_drop"), ctl[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
     top1 = {k: bounds(eff[k].get("top1_drop"), eff[k].get("top1_drop_ci95")) for k in ("row", "col")}
-    conds = [known(sae["n_row_features"] > 0 and sae["n_col_features"] > 0)]
+    both = bool(sae["n_row_features"] > 0 and sae["n_col_features"] > 0)
+    conds: list[Outcome] = [known(both)]
     for k in ("row", "col"):
-        conds += [at_least(iv[k], t["C1.selective"]), at_least(own[k], t["C1.min_probe_drop"]),
-                  exceeds(own[k], own_ctl[k], t["C1.control_factor"]) if own[k] is not None else FAILS,
-                  _measured_at_least(top1[k], t["C1.min_top1_drop"])]
+        conds.extend((at_least(iv[k], t["C1.selective"]), at_least(own[k], t["C1.min_probe_drop"]),
+                      exceeds(own[k], own_ctl[k], t["C1.control_factor"]),  # a missing own drop is false
+                      _measured_at_least(top1[k], t["C1.min_top1_drop"])))
     result = all_of(*conds)
     null = sae.get("eta2_null") or {}
     nums = {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
@@ -238,9 +239,10 @@ def _c1(spec: str, sae: dict, t: Any = None) -> dict:
             "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
     for k in ("row", "col"):
         nums[f"{k}_probe_drop"] = _pts(eff[k].get(f"{k}_drop"))
-        nums[f"{k}_probe_drop_ci95"] = None if own[k] is None else list(own[k])
+        own_k, ctl_k = own[k], own_ctl[k]
+        nums[f"{k}_probe_drop_ci95"] = None if own_k is None else list(own_k)
         nums[f"{k}_control_probe_drop"] = _pts(ctl[k].get(f"{k}_drop"))
-        nums[f"{k}_control_probe_drop_ci95"] = None if own_ctl[k] is None else list(own_ctl[k])
+        nums[f"{k}_control_probe_drop_ci95"] = None if ctl_k is None else list(ctl_k)
         nums[f"{k}_top1_drop"] = eff[k].get("top1_drop")
         nums[f"{k}_top1_drop_ci95"] = eff[k].get("top1_drop_ci95")
         nums[f"{k}_top1_drop_per_group"] = eff[k].get("per_group_drop")

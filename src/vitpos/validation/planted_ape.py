@@ -215,7 +215,7 @@ def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: t
     from vitpos.models.surface import Site
 
     sae = planted_sae()
-    data = planted_data(n_images, label, seed=7)
+    data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`
     sae_doc = sae_doc_from_held(surface, sae, Site(0, "resid_post"), data, seed=0)
     ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds).to_json()
     return {"describe": {"scheme": surface.scheme}, "data": data.info.name, "sae": sae_doc, "ape_permute": ap}
