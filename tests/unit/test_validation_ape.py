@@ -69,7 +69,11 @@ def test_planted_measurements_behind_the_verdicts():
     sae, ap = entry["sae"], entry["ape_permute"]
     null = sae["eta2_null"]
     assert null["used_above_null"] and null["null_row_q"] < 0.05 and null["null_pos_q"] < 0.05
-    assert null["null_thresholds"]["row"] == 4 and null["null_thresholds"]["col"] == 4
+    # the null-derived thresholds (~0.002) admit the 4 + 4 planted features and some content latents whose
+    # eta2 only sampling noise lifts above that null: why the lists keep 0.3 and report these counts beside
+    assert null["null_thresholds"]["row"] >= 4 and null["null_thresholds"]["col"] >= 4
+    assert next(a for a in null["admitted"] if a["threshold"] == 0.3) == {"threshold": 0.3, "row": 4, "col": 4,
+                                                                          "mixed": 0}
     row, ctrl = sae["causal"]["ablate_row"], sae["causal"]["control_row"]
     assert row["per_group_drop"]["horizontal"] == 0.0 and row["per_group_drop"]["vertical"] > 30
     assert not set(ctrl["features"]) & set(CH.row + CH.col) and abs(ctrl["row_drop"]) < 0.02
