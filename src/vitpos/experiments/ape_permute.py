@@ -296,14 +296,17 @@ def _start_after(site: Site) -> int | None:
 
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
-                    progress: bool = False, shared_prefix: bool = True) -> ApePermuteResult:
+                    progress: bool = False, shared_prefix: bool = True,
+                    keep_correct: dict[str, torch.Tensor] | None = None) -> ApePermuteResult:
     """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists).
 
     shared_prefix (default): per batch the clean stream up to the SAE's site and its SAE codes are
     computed once, and every variant runs only the blocks after the site; shared_prefix=False runs
     each variant as a full forward with a hook at the site. The numbers are the same (each variant
     keeps its own generator across batches, so the permutations drawn are too); mean ablation is
-    deterministic, so it runs once and counts for every seed."""
+    deterministic, so it runs once and counts for every seed. `keep_correct` (a dict, filled): the
+    per-image correctness, "baseline" (images,) and each variant run (seeds, images), e.g. for a
+    paired bootstrap across layers (`sae_sweep`)."""
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
@@ -460,6 +463,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     labels = torch.cat(label_parts)
     base = accuracy_report(torch.cat(base_preds), labels, info)
     base_correct = torch.cat(base_preds) == labels
+    if keep_correct is not None:
+        keep_correct["baseline"] = base_correct
     per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
     for seed in seeds:
         for v in ALL_VARIANTS:
@@ -487,6 +492,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
             groups[gname] = {"top1": float(gt.mean()),
                              "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
         correct = torch.stack([c for _, c in runs]).float()  # (seeds, images)
+        if keep_correct is not None:
+            keep_correct[v] = correct.bool()
         doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
