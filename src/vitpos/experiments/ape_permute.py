@@ -68,6 +68,7 @@ CONTROLS = {"all_positional": "random_all_positional", "all": "random_features",
             "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
 CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
 NULLS = {"swap_all_positional": "all_positional", "crossed": "all", "norm_all_positional": "all_positional"}
+NULLS_VERSION = 1  # in the stage settings: a cached stage from before the nulls is redone
 NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 reads swap_all_positional)
 ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS
 _CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS + NULL_VARIANTS)}  # + 10_000 + seed
@@ -536,10 +537,10 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     requires = ("sae",)
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}
+        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings), "nulls": NULLS_VERSION}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {}))}
+        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {})), "nulls": NULLS_VERSION}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_ape_permute(settings, surface, sizes)

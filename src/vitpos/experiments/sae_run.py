@@ -46,6 +46,9 @@ from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+# what the held-out evaluation measures; in the run key and the stage settings, so an SAE result or a
+# cached stage from before a change (2: issue 28's removal controls, top-1 and eta2 null) is redone
+MEASURES = 2
 
 
 class AblationEffect(BaseModel):
@@ -238,7 +241,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture", "measures": MEASURES,
                **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
@@ -583,12 +586,12 @@ class SAEExperiment(Experiment[SAEResult]):
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         given = config.sae.layer is not None
         layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**config.sae.model_dump(), "layer": layer,
+        return {**config.sae.model_dump(), "layer": layer, "measures": MEASURES,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
         given = config.sae.layer is not None
-        return {**config.sae.model_dump(), "layer": config.sae.layer,
+        return {**config.sae.model_dump(), "layer": config.sae.layer, "measures": MEASURES,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
