@@ -68,7 +68,6 @@ CONTROLS = {"all_positional": "random_all_positional", "all": "random_features",
             "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
 CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
 NULLS = {"swap_all_positional": "all_positional", "crossed": "all", "norm_all_positional": "all_positional"}
-NULLS_VERSION = 1  # in the stage settings: a cached stage from before the nulls is redone
 NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 reads swap_all_positional)
 ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS
 _CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS + NULL_VARIANTS)}  # + 10_000 + seed
@@ -435,7 +434,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     del mass_acts
 
     resume = _start_after(site) if shared_prefix else None
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     preds: dict[tuple[str, int], list[torch.Tensor]] = {k: [] for k in sae_runs}
     preds.update({("pos_embed_shuffle", seed): [] for seed in seeds})
     base_preds, label_parts = [], []
@@ -530,6 +529,7 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
 
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
+    version = 2  # 2 (issue 28): the nulls by construction and each variant's edit size
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult
@@ -537,10 +537,10 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     requires = ("sae",)
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings), "nulls": NULLS_VERSION}
+        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {})), "nulls": NULLS_VERSION}
+        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {}))}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_ape_permute(settings, surface, sizes)

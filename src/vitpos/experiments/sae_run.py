@@ -41,14 +41,15 @@ from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
-# what the held-out evaluation measures; in the run key and the stage settings, so an SAE result or a
-# cached stage from before a change (2: issue 28's removal controls, top-1 and eta2 null) is redone
-MEASURES = 2
+# The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
+# reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
+# 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
+SAE_VERSION = 2
 
 
 class AblationEffect(BaseModel):
@@ -59,10 +60,11 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
-    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
-    row_drop_ci95: list[float] | None = None
-    col_drop_ci95: list[float] | None = None
-    selectivity_ci95: list[float] | None = None
+    # 95 % paired-bootstrap intervals over the probes' test images (selectivity's None where it is
+    # undefined on too many resamples, `percentile_interval`)
+    row_drop_ci95: list[float] | None
+    col_drop_ci95: list[float] | None
+    selectivity_ci95: list[float] | None
     # issue 28: the behavioural read-out and the size of the edit (None: written before they existed)
     n_features: int | None = None
     edit_norm: float | None = None  # mean ||removed contribution|| over the held-out patch tokens
@@ -161,6 +163,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
+    from vitpos.store.capture import CAPTURE_VERSION
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
@@ -173,6 +176,9 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     if meta.get("weights") not in (None, surface.weights_digest()):
         raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
                           f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
+    if meta.get("capture_version") != CAPTURE_VERSION:
+        raise VitposError(f"--store {st.dir} was captured by capture version {meta.get('capture_version')}, this "
+                          f"vitpos captures version {CAPTURE_VERSION} (the site values may differ); {fix}")
     if str(site) not in st.sites:
         raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
                           f"--layer/--site or {fix}")
@@ -193,15 +199,16 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
                          force: bool, options: RunOptions | None = None):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.store.capture import capture_to_store
+    from vitpos.store.capture import CAPTURE_VERSION, capture_to_store
     from vitpos.store.manifest import MANIFEST
     from vitpos.store.reader import ActivationStore
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
             meta = read_json(acts_dir / MANIFEST).get("meta", {})
-            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images))
+            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"),
+                      meta.get("capture_version"))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION))
         except Exception:  # unreadable: start over
             force = True
     opts = options if options is not None else RunOptions()
@@ -237,11 +244,12 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
                           f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
                           "smaller --batch-tokens")
-    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site,
+    run_key = {"version": SAE_VERSION, "model": surface.spec, "weights": surface.weights_digest(), "layer": layer,
+               "site": site,
                "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture", "measures": MEASURES,
+               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
                **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
@@ -257,7 +265,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
+        sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
@@ -577,6 +585,7 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
 
 class SAEExperiment(Experiment[SAEResult]):
     name = "sae"
+    version = SAE_VERSION
     title = "Sparse autoencoder"
     claims = ("C1",)
     result_type = SAEResult
@@ -586,12 +595,12 @@ class SAEExperiment(Experiment[SAEResult]):
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         given = config.sae.layer is not None
         layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**config.sae.model_dump(), "layer": layer, "measures": MEASURES,
+        return {**config.sae.model_dump(), "layer": layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
         given = config.sae.layer is not None
-        return {**config.sae.model_dump(), "layer": config.sae.layer, "measures": MEASURES,
+        return {**config.sae.model_dump(), "layer": config.sae.layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
