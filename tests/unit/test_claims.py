@@ -370,7 +370,8 @@ def test_rules_are_data_and_survive_python_OO():
 
     assert set(CLAIM_RULES) == set(CLAIM_TEXT)
     assert all(rule.lstrip().startswith(f"{cid} (") for cid, rule in CLAIM_RULES.items())
-    assert "MIN_DROP" in CLAIM_RULES["C2"] and "SELECTIVE" in CLAIM_RULES["C1"]
+    assert "C2.min_drop" in CLAIM_RULES["C2"] and "C1.selective" in CLAIM_RULES["C1"]
+    assert "C1.min_top1_drop = 5 points" in rules_text()  # the rule set's values are part of the text
     code = ("import vitpos.study.claims as c; assert c.__doc__ is None; "
             "import sys; sys.stdout.write(c.summarise({}).rules)")
     proc = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True, timeout=120)

@@ -45,16 +45,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import (
+    Done,
+    Experiment,
+    Figure,
+    Result,
+    Skipped,
+    SplitSizes,
+    StageInput,
+    StagePlan,
+    omit_unmeasured,
+)
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
@@ -81,6 +92,10 @@ def variant_names(doc: Mapping) -> list[str]:
     return names + [c for c in (doc.get("nulls") or {}) if c not in names]
 
 
+# measured since issue 28: left out of a result's JSON where a result written before them has none
+NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS})
+
+
 class GroupDrop(BaseModel):
     top1: float
     drop_points: float
@@ -101,6 +116,10 @@ class VariantResult(BaseModel):
     note: str | None = None  # e.g. a control smaller than its set
     edit_norm: float | None = None  # mean ||x' - x|| over patch tokens (first MASS_IMAGES images, fresh draws)
     edit_rel: float | None = None  # edit_norm / mean ||x||
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), NEW_FIELDS)
 
 
 Outcome = VariantResult | Skipped
@@ -133,6 +152,10 @@ class ApePermuteResult(Result):
     crossed: Outcome | None = None
     norm_all_positional: Outcome | None = None
     nulls: dict[str, str] | None = None  # null variant -> the permuted set it is the null of
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), NEW_FIELDS)
 
     def variant(self, name: str) -> VariantResult | None:
         v = getattr(self, name, None)

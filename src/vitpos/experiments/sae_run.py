@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import forward_batches
@@ -35,7 +35,16 @@ from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percen
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.ape_permute import matched_control
-from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import (
+    Done,
+    Experiment,
+    Result,
+    Skipped,
+    SplitSizes,
+    StageInput,
+    StagePlan,
+    omit_unmeasured,
+)
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
@@ -50,6 +59,11 @@ EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
 # 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
 SAE_VERSION = 2
+
+
+# measured since issue 28: left out of a result's JSON where a result written before them has none
+ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
+                            "control_row", "control_col", "clean_top1", "eta2_null"})
 
 
 class AblationEffect(BaseModel):
@@ -73,6 +87,10 @@ class AblationEffect(BaseModel):
     top1_drop_ci95: list[float] | None = None  # paired bootstrap over the held-out images, points
     per_group_drop: dict[str, float] | None = None  # points per class group of the data
 
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+
 
 class RemovalControl(AblationEffect):
     """A matched random-latent removal: as many live non-positional latents as the set, each matched
@@ -91,6 +109,10 @@ class CausalCheck(BaseModel):
     control_row: RemovalControl | Skipped | None = None  # issue 28: the row set's matched random removal
     control_col: RemovalControl | Skipped | None = None
     clean_top1: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
 
     def control(self, kind: str) -> RemovalControl | None:
         c = self.control_row if kind == "row" else self.control_col
@@ -149,6 +171,10 @@ class SAEResult(Result):
     eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:

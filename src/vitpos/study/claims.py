@@ -93,7 +93,9 @@ fails / inconclusive) and `holds` (result == holds)."""
 
 def rules_text() -> str:
     """The verdict rules as one text (what the summary records as `rules`)."""
-    return "\n".join([RULES_PREAMBLE, *CLAIM_RULES.values(), AGGREGATION])
+    values = "\n".join(f"  {t.name} = {t.value:g} {t.unit} ({t.source}): {t.meaning}" for t in RULES.thresholds)
+    return "\n".join([RULES_PREAMBLE, *CLAIM_RULES.values(), f"Rule set version {RULES.version} "
+                      f"(study/rules.py, hash {RULES.digest()}):", values, AGGREGATION])
 
 
 CLAIM_SCHEME = {"C1": "ape", "C2": "ape", "C3": "rope", "C4": "rope", "C5": "rope"}
