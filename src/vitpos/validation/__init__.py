@@ -1,0 +1,1 @@
+"""Planted models and the validation table: verdicts checked against planted truths."""
