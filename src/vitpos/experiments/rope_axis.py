@@ -35,11 +35,13 @@ from vitpos.experiments.common import (
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
     AxisSweepResult,
+    CountMatched,
     ProbedCondition,
     Recovery,
     advance,
     check_restore_points,
     condition_context,
+    condition_rebuilt_share,
     condition_recovery_samples,
     probe_condition,
     require_rope,
@@ -90,6 +92,12 @@ def median_recovery(per_r: Mapping[str, Mapping[str, Any]]) -> float:
     return median([r["mean_rec"] for r in per_r.values() if r["mean_rec"] is not None] or [float("nan")])
 
 
+def median_rebuilt_share(per_r: Mapping[str, Mapping[str, Any]]) -> float:
+    """Median over the restore points of the mean rebuilt share (those with one; NaN if none):
+    what C4 reads, against the count-matched reference (`CountMatched`)."""
+    return median([r["mean_share"] for r in per_r.values() if r["mean_share"] is not None] or [float("nan")])
+
+
 def median_samples(samples: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
     """Per resample the median over restore points (statistics.median's: the mean of the two
     middle values for an even count) of paired bootstrap samples; None if any is missing."""
@@ -122,6 +130,15 @@ class MedianRecovery(BaseModel):
     restore_points: list[int]  # the Rs with a mean Rec
 
 
+class MedianShare(BaseModel):
+    """C4's count-matched number for one axis: the median over restore points of the mean rebuilt
+    share (`CountMatched`), its interval the median over restore points of each paired resample's."""
+
+    median_share: float
+    median_share_ci95: list[float] | None = None
+    restore_points: list[int]  # the Rs with a mean rebuilt share
+
+
 class RopeAxisResult(AxisSweepResult):
     rope: dict[str, Any]  # the model's RopeAxisMap.to_json(): kind, layout, channels
     conditions: dict[str, Condition]
@@ -130,6 +147,9 @@ class RopeAxisResult(AxisSweepResult):
     # C3 / C4 with intervals (None in results written before them)
     removal: dict[str, AxisRemoval] | None = None  # no_row / no_col -> fractions
     median_recovery: dict[str, MedianRecovery] | None = None  # row / col
+    # count-matched reference (None in results written before it): axis -> str(R) -> CountMatched
+    count_matched: dict[str, dict[str, CountMatched]] | None = None
+    median_rebuilt_share: dict[str, MedianShare] | None = None  # row / col: what C4 reads
 
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
@@ -185,15 +205,23 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
     rec: dict[str, dict] = {"row": {}, "col": {}}
     medians: dict[str, dict] = {}
+    matched: dict[str, dict] = {"row": {}, "col": {}}
+    shares: dict[str, dict] = {}
     for a in ("row", "col"):
-        samples = []
+        samples, share_samples = [], []
         for R in Rs:
             rec[a][str(R)], rs = condition_recovery_samples(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
             if rec[a][str(R)]["mean_rec"] is not None:
                 samples.append(rs)
+            matched[a][str(R)], bs = condition_rebuilt_share(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
+            if matched[a][str(R)]["mean_share"] is not None:
+                share_samples.append(bs)
         medians[a] = {"median_rec": median_recovery(rec[a]),
                       "median_rec_ci95": sample_interval(median_samples(samples)),
                       "restore_points": [R for R in Rs if rec[a][str(R)]["mean_rec"] is not None]}
+        shares[a] = {"median_share": median_rebuilt_share(matched[a]),
+                     "median_share_ci95": sample_interval(median_samples(share_samples)),
+                     "restore_points": [R for R in Rs if matched[a][str(R)]["mean_share"] is not None]}
     H, W = surface.grid
     chance = {"row": 1 / H, "col": 1 / W}
     result = RopeAxisResult.model_validate({
@@ -201,7 +229,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
         "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
         "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "median_recovery": medians})
+        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares})
     if out is not None:
         RopeAxisExperiment().write(result, out)
     return result

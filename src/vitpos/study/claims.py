@@ -24,14 +24,23 @@ every measurement and control is defined in docs/methods.md):
             of its above-chance decodability, for both axes: each fraction's interval (paired
             bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
             threshold; fails if one lies below.
-  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
-            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
-            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
-            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
-            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
-            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
-            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
-            the primary head is also first there).
+  C4 (RoPE) recovery after restoring is partial, against a count-matched reference: for both
+            axes the interval of the median over restore points R of the mean rebuilt share
+            B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)), l >= R (the share
+            of the deficit at R that the restored layers close beyond what the same layers add in
+            the clean model; paired bootstrap, rope_axis `median_rebuilt_share`) lies inside (0, 1),
+            fails if it lies wholly at or below 0 or at or above 1; and the primary rebuilding head
+            is specialised on the axis it rebuilds, where it rebuilds: its axis index S measured in
+            the restore condition, signed to the axis whose recovery it carries (+ row, - col;
+            `primary_axis_index_matched`, bootstrap over the attention images), lies at or above
+            the null threshold (the 0.95 quantile of |S| with each head's rotary pairs relabelled
+            at random, `axis_index_null_threshold`), fails if below; and it explains at least
+            MIN_HEAD_SHARE of the recovery (its fall in Rec / Rec, paired bootstrap,
+            `primary_recovery_share`). Results written before these fall back to median Rec inside
+            (0, 1) and the clean-attention |S| >= 0.5. Reported beside the rule, not in it: median
+            Rec, how often the primary head would be chosen again over image resamples
+            (`selection_frequency`), the top-k heads' joint share with its interval, and whether
+            mean-ablating head outputs ranks the same heads.
   C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
@@ -61,6 +70,7 @@ MIN_DROP = 10.0
 CONTROL_FACTOR = 2.0
 MIN_REMOVED = 0.7
 MIN_KEPT = 0.7
+MIN_HEAD_SHARE = 0.25  # C4: the primary rebuilding head explains at least this share of the recovery
 
 CLAIM_TEXT = {
     "C1": "APE: sparse autoencoders recover causal row- and column-specific features.",
@@ -292,11 +302,18 @@ def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
+def _pc_iv(iv: Interval | None) -> str:
+    return "" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
+
+
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
     rec = {a: median_recovery(ra["recovery"][a]) for a in ("row", "col")}
     med = ra.get("median_recovery") or {}
     rec_ci = {a: (med.get(a) or {}).get("median_rec_ci95") for a in ("row", "col")}
     rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in ("row", "col")}
+    shares = ra.get("median_rebuilt_share")  # the count-matched reading (issue 29); None in older results
+    share = {a: (shares or {}).get(a) or {} for a in ("row", "col")}
+    share_iv = {a: bounds(share[a].get("median_share"), share[a].get("median_share_ci95")) for a in ("row", "col")}
     prim, S, S_ci = None, None, None
     if rh and rh.get("primary_rebuilding_head"):
         prim = rh["primary_rebuilding_head"]
@@ -304,8 +321,37 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
         cis = rh.get("axis_index_ci95")
         S_ci = cis[prim[0]][prim[1]] if cis else None
     S_iv = None if S is None else bounds(S, S_ci)
-    result = all_of(inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0),
-                    at_least(magnitude(S_iv), SPECIALISED))
+    rh = rh or {}
+    restore_rule = rh.get("axis_index_null_threshold") is not None
+    matched, threshold = rh.get("primary_axis_index_matched"), rh.get("axis_index_null_threshold")
+    matched_iv = None if matched is None else bounds(matched, rh.get("primary_axis_index_matched_ci95"))
+    head_share = rh.get("primary_recovery_share")
+    head_share_iv = None if head_share is None else bounds(head_share, rh.get("primary_recovery_share_ci95"))
+    if shares is not None:
+        recovered = (inside(share_iv["row"], 0.0, 1.0), inside(share_iv["col"], 0.0, 1.0))
+    else:  # results before the count-matched reference: Rec itself
+        recovered = (inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0))
+    if restore_rule:
+        head = (at_least(matched_iv, float(threshold)), at_least(head_share_iv, MIN_HEAD_SHARE))
+    else:  # results before the restore-condition S: |S| of clean attention against the round number
+        head = (at_least(magnitude(S_iv), SPECIALISED),)
+    result = all_of(*recovered, *head)
+    text = (f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
+            f"{_f(rec['col'])}{_iv(rec_iv['col'])}")
+    if shares is not None:
+        text += (f"; count-matched rebuilt share row {_f(share['row'].get('median_share'))}{_iv(share_iv['row'])}, "
+                 f"col {_f(share['col'].get('median_share'))}{_iv(share_iv['col'])} (needs inside (0, 1))")
+    else:
+        text += " (needs inside (0, 1))"
+    if restore_rule:
+        freq = rh.get("primary_selection_frequency")
+        text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(freq)} of image resamples) carries "
+                 f"{rh.get('primary_axis')}: its axis index where it rebuilds, signed to that axis, "
+                 f"{_f(matched)}{_iv(matched_iv)} (needs >= the null's {_f(threshold, 3)}), and it explains "
+                 f"{_pc(head_share)}{_pc_iv(head_share_iv)} of the recovery (needs >= {_pc(MIN_HEAD_SHARE)}); "
+                 f"clean-attention axis index {_f(S)}{_iv(S_iv)}")
+    else:
+        text += f"; primary rebuilding head {_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"
     return {"result": result,
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
                         "primary_axis_index": S,
@@ -317,10 +363,19 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
                         "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
                         "top_heads_agreement": rh.get("top_heads_agreement") if rh else None,
                         "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
-                        "primary_axis_index_ci95": S_ci},
-            "text": f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
-                    f"{_f(rec['col'])}{_iv(rec_iv['col'])} (needs inside (0, 1)); primary rebuilding head "
-                    f"{_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"}
+                        "primary_axis_index_ci95": S_ci,
+                        # issue 29: what the rule reads now
+                        "median_rebuilt_share_row": share["row"].get("median_share"),
+                        "median_rebuilt_share_col": share["col"].get("median_share"),
+                        "median_rebuilt_share_row_ci95": share["row"].get("median_share_ci95"),
+                        "median_rebuilt_share_col_ci95": share["col"].get("median_share_ci95"),
+                        "primary_axis": rh.get("primary_axis"), "primary_axis_index_matched": matched,
+                        "primary_axis_index_matched_ci95": rh.get("primary_axis_index_matched_ci95"),
+                        "axis_index_null_threshold": threshold,
+                        "primary_selection_frequency": rh.get("primary_selection_frequency"),
+                        "primary_recovery_share": head_share,
+                        "primary_recovery_share_ci95": rh.get("primary_recovery_share_ci95")},
+            "text": text}
 
 
 def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:

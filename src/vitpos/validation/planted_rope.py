@@ -20,11 +20,13 @@ The cases (claim, planted truth):
             (col) rotations, so removing one removes its axis and leaves the other
   C3 false  rope-ape: the same with a learned APE added, which carries both axes whatever the
             rotations do: removing a rotation cannot remove its axis
-  C4 true   layer 0 builds position with both axes; from R = 1 on one row-only and one col-only
-            head: once restored they rebuild part of what layer 0 would have built, each on its axis
-  C4 false  the same, but the blocks from R on are silent: nothing is rebuilt (rebuilt share 0)
-  C4 false  (unspecialised) from R on every head uses both axes: recovery by heads that are not
-            axis-specialised (|S| inside its null)
+  C4 true   depth 3: layers 0-1 build position on both axes until the clean probes saturate (the
+            clean model gains nothing after R = 2); layer 2 holds one row-only and one col-only
+            head writing a quarter as strongly: once restored they close part of the deficit, each
+            on its axis (count-matched rebuilt share inside (0, 1), S = +-1 exactly)
+  C4 false  the same, but block 2 is silent: nothing is rebuilt (rebuilt share exactly 0)
+  C4 false  (unspecialised) block 2's heads have the same query / key weights on row and column
+            channels of each frequency: they rebuild, but treat both axes alike (S ~ 0)
   C5 true   every head inert but L1H0 (row only), which alone carries position and the classifier's
             input: labels are the model's own clean predictions, so only its ablation moves top-1
   C5 false  the same plus an active layer-0 head writing straight into the class token that the
@@ -49,6 +51,7 @@ from vitpos.models.spec import OwnSurface
 
 GRID_PX, PATCH = 16, 4  # 4 x 4 patches
 WIDTH, HEADS = 64, 2  # head_dim 32: 8 row and 8 column rotary pairs per head
+REBUILD_SCALE = 0.25  # C4's rebuilders write a quarter of the other heads' output: a partial rebuild
 INFO = DatasetInfo(name="planted", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(GRID_PX, GRID_PX),
                    in_chans=3)
 
@@ -96,6 +99,23 @@ def make_one_axis(surface: OwnSurface, layer: int, head: int, axis: str) -> None
     rows = _qk_rows(surface, head, surface.rope_axis_map().channels(other))  # type: ignore[arg-type]
     qkv.weight[rows] = 0
     qkv.bias[rows] = 0
+
+
+@torch.no_grad()
+def make_symmetric(surface: OwnSurface, layer: int, head: int) -> None:
+    """Query and key weights of the row channels copied from the column channels of the same
+    frequency: the head's scores are symmetric under swapping row and column offsets, so on a
+    square grid with position-independent content it depends on both axes alike (S = 0)."""
+    amap = surface.rope_axis_map()
+    rows, cols = amap.channels("row"), amap.channels("col")  # type: ignore[arg-type]
+    doc = amap.to_json()
+    if not torch.allclose(torch.tensor(doc["row_freqs"]), torch.tensor(doc["col_freqs"]), rtol=1e-5):
+        raise ValueError("make_symmetric needs the same frequencies on both axes")
+    qkv = surface.model.blocks[layer].attn.qkv
+    for q, k in ((True, False), (False, True)):
+        src, dst = _qk_rows(surface, head, cols, q, k), _qk_rows(surface, head, rows, q, k)
+        qkv.weight[dst] = qkv.weight[src]
+        qkv.bias[dst] = qkv.bias[src]
 
 
 @torch.no_grad()
@@ -193,13 +213,22 @@ def _c3(pe: str) -> OwnSurface:
 
 
 def _c4(kind: str) -> OwnSurface:
-    s = planted_surface("rope-axial", depth=2)
-    make_inert(s, 0, 1)
+    """Layers 0 and 1 build position on both axes (the clean model's probes saturate by layer 1, so
+    the layers after R = 2 add nothing in the clean run); layer 2 holds the candidate rebuilders,
+    their output scaled by REBUILD_SCALE so that restoring closes only part of the deficit."""
+    s = planted_surface("rope-axial", depth=3)
+    last = s.depth - 1
     if kind == "rebuild":
-        make_one_axis(s, 1, 0, "row")
-        make_one_axis(s, 1, 1, "col")
-    elif kind == "silent":
-        make_silent(s, 1)
+        make_one_axis(s, last, 0, "row")
+        make_one_axis(s, last, 1, "col")
+    if kind == "symmetric":
+        make_symmetric(s, last, 0)
+        make_symmetric(s, last, 1)
+    if kind == "silent":
+        make_silent(s, last)
+    else:
+        with torch.no_grad():
+            s.model.blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
     return s
 
 
@@ -234,8 +263,8 @@ def rope_cases() -> list[PlantedCase]:
         PlantedCase("C4", "one-axis rebuilders", True, "from R on one row-only and one col-only head",
                     lambda: _c4("rebuild"), _flat),
         PlantedCase("C4", "silent after R", False, "blocks from R on are the identity", lambda: _c4("silent"), _flat),
-        PlantedCase("C4", "unspecialised rebuilders", False, "from R on every head uses both axes",
-                    lambda: _c4("both"), _flat),
+        PlantedCase("C4", "symmetric rebuilders", False, "after R every head treats row and column alike",
+                    lambda: _c4("symmetric"), _flat),
         PlantedCase("C5", "only the rebuilder matters", True, "every other head inert",
                     lambda: _classified(_c5("true"), (1, 0), None), _own),
         PlantedCase("C5", "a layer-0 head matters more", False, "an active layer-0 head that the classifier reads",
@@ -280,9 +309,10 @@ def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240,
 
     s = case.build()
     ds = case.data(s)
-    doc: dict = {"rope_axis": run_rope_axis(s, data=ds, n_images=probe_images, restore_points=[1]).to_json()}
+    R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
+    doc: dict = {"rope_axis": run_rope_axis(s, data=ds, n_images=probe_images, restore_points=[R]).to_json()}
     if case.claim in ("C4", "C5"):
-        doc["rope_heads"] = run_rope_heads(s, data=ds, axis="both", restore_from=1, n_probe_images=probe_images,
+        doc["rope_heads"] = run_rope_heads(s, data=ds, axis="both", restore_from=R, n_probe_images=probe_images,
                                            n_top1_images=top1_images, n_attn_images=attn_images).to_json()
     return doc
 
