@@ -770,7 +770,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         # direct effects and the three joint top-k conditions, each a full forward fitting every later layer
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
                 + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
-                + StagePlan.full(n_t, L, 1 + L * Hh))
+                + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
@@ -786,7 +786,15 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
                            note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
                                 "race (data-dependent)")
-    return attn + probes + rebuild + drops
+    return attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R)
+
+
+def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NULL_SPLITS) -> StagePlan:
+    """What `restore_axis_index` runs: the restore stream to R, then per later layer the restored
+    pattern, two axis removals and 2 x n_null relabelled removals per head (single blocks), and
+    the step to the next layer."""
+    later = L - R
+    return StagePlan(forwards=n_images, blocks=n_images * (R + later * (2 + Hh * (2 + 2 * n_null))))
 
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
