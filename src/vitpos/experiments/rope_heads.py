@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from pydantic import BaseModel
 
 from vitpos import plots
 from vitpos.analysis.forward import predict
@@ -31,7 +32,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, position_labels
 from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     SWEEP_TRAIN_TOKENS,
@@ -122,6 +123,7 @@ class RopeHeadsResult(Result):
     primary_recovery_share: float | None = None  # the primary's fall in Rec / Rec
     primary_recovery_share_ci95: list[float] | None = None
     top_heads_recovery_fraction_ci95: dict[str, list[float] | None] | None = None
+    restore_sweep: dict[str, SweepPoint] | None = None  # str(R) -> the primary chosen at R (R's own included)
 
 
 def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -560,11 +562,95 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
     return RestoreStats(means, torch.stack([torch.cat(direct[li]) for li in layers], dim=1))
 
 
+class SweepPoint(BaseModel):
+    """The primary rebuilding head chosen at one restore point R: every head's fall in mean Rec
+    when its rotations stay removed (heads of layers >= R), the head with the largest fall, and
+    how often each head would be chosen over paired bootstrap resamples of the probe images."""
+
+    recovery_restore: float
+    rebuild_score: list[list[float | None]]
+    primary: list[int] | None
+    selection_frequency: dict[str, float] | None = None
+
+
+@torch.no_grad()
+def rebuild_sweep(surface: ModelSurface, probe_set, axes: tuple[Axis, ...], Rs: list[int],
+                  seed: int = 0) -> dict[str, dict]:
+    """`SweepPoint` at each R in Rs: clean and axis-off fits once over layers >= min(Rs), per R the
+    restore condition (its stream kept at R) and, from it, each later head's rotations removed."""
+    L, Hh = surface.depth, surface.num_heads
+    layers = list(range(min(Rs), L))
+    clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=layers)
+    base = clean_fit["probes"]
+    off_fit = probe_condition(surface, probe_set, condition_context(surface, axes), base, seed=seed, layers=layers)
+    out: dict[str, dict] = {}
+    for R in Rs:
+        def mean_rec(fit: Mapping[str, Any], R: int = R) -> tuple[float, torch.Tensor | None]:
+            vals, samples = [], []
+            for a in axes:
+                r = recovery(clean_fit["doc"][f"{a}_acc"], off_fit["doc"][f"{a}_acc"], fit["doc"][f"{a}_acc"], R,
+                             layers)
+                if r["mean_rec"] is not None:
+                    vals.append(r["mean_rec"])
+                    samples.append(recovery_samples(clean_fit["probes"], off_fit["probes"], fit["probes"], a, r))
+            paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
+            return (sum(vals) / len(vals) if vals else float("nan")), paired
+
+        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), base, seed=seed,
+                                   layers=layers, keep_pre=R)
+        rec, rec_samples = mean_rec(restored)
+        start = restored.pop("start")
+        scores: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        samples: dict[tuple[int, int], torch.Tensor | None] = {}
+        for li in range(R, L):
+            if li > start.layer:
+                start = advance(surface, start, li)
+            for h in range(Hh):
+                fit = probe_condition(surface, probe_set, _rotations_off(surface, {li: [h]}, axes), base, seed=seed,
+                                      layers=layers, start=start, reuse=restored)
+                value, s = mean_rec(fit)
+                scores[li][h] = rec - value
+                samples[li, h] = None if s is None or rec_samples is None else rec_samples - s
+        flat = [(v, li, h) for li, row in enumerate(scores) for h, v in enumerate(row) if v is not None and v == v]
+        best = max(flat) if flat else None
+        out[str(R)] = {"recovery_restore": rec, "rebuild_score": scores,
+                       "primary": None if best is None else [best[1], best[2]],
+                       "selection_frequency": selection_frequency(samples)}
+    return out
+
+
+def sweep_plan(n_p: int, L: int, Hh: int, N: int, Rs: list[int]) -> StagePlan:
+    """What `rebuild_sweep` runs: clean and off over every block, fits over layers >= min(Rs); per R
+    the restore condition (full forward), its stream moved on layer by layer, and per later head
+    blocks >= its layer with fits of the layers >= that block."""
+    if not Rs:
+        return StagePlan()
+    fitted = L - min(Rs)
+
+    def fits(count: int, l2_values: int = 2) -> StagePlan:
+        return StagePlan.probe_fits(count, n_p, N, SWEEP_TRAIN_TOKENS, l2_values)
+
+    plan = StagePlan.full(n_p, L, 2) + fits(fitted, len(DEFAULT_L2_GRID)) + fits(fitted)
+    for R in Rs:
+        tails = sum(L - li for li in range(R, L))
+        plan += (StagePlan.full(n_p, L) + fits(fitted) + StagePlan(blocks=n_p * ((L - 1 - R) + Hh * tails))
+                 + fits(Hh * tails))
+    return plan
+
+
+def sweep_points(L: int, R: int, sweep: list[int] | None, quick: bool) -> list[int]:
+    """The restore points of the R sweep besides R: `sweep` if given, else every valid R (1..L-1),
+    or under --quick R's neighbours."""
+    if sweep is None:
+        sweep = [R - 1, R + 1] if quick else list(range(1, L))
+    return sorted({r for r in sweep if 1 <= r <= L - 1} - {R})
+
+
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
                    progress: bool = False, shared_prefix: bool = True,
-                   top1_screen: int | None = None) -> RopeHeadsResult:
+                   top1_screen: int | None = None, sweep_restore: list[int] | None = None) -> RopeHeadsResult:
     """shared_prefix (default): every per-head intervention in layer l runs only blocks >= l from
     the stream it shares with a reference condition, and the rebuild probes of layers R..l-1 (fits
     on activations identical to the plain restore condition's) are copied from it: the same
@@ -573,7 +659,10 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     top1_screen (adaptive top-1, off by default): every head's drop on the first ~`top1_screen`
     images, the remaining top-1 images only for the heads still in the race (`in_the_race`: the
     leader, heads whose interval reaches its lower end, the primary rebuilding head). The drops
-    and intervals of the others rest on the screen's images (`top1_images_per_head`)."""
+    and intervals of the others rest on the screen's images (`top1_images_per_head`).
+
+    sweep_restore: further restore points at which the primary rebuilding head is chosen again
+    (`rebuild_sweep`, `restore_sweep` in the result, beside R's own point); None or []: none."""
     require_rope(surface)
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
@@ -683,9 +772,15 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         del start_r
         flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
         primary = (max(flat)[1], max(flat)[2]) if flat else None
+        sweep = {str(R): {"recovery_restore": rec_restore, "rebuild_score": rebuild,
+                          "primary": None if primary is None else list(primary),
+                          "selection_frequency": selection_frequency(rebuild_samples)}}
+        if sweep_restore:
+            check_restore_points(surface, list(sweep_restore), "sweep_restore")
+            sweep.update(rebuild_sweep(surface, probe_set, axes, sorted(set(sweep_restore) - {R}), seed=seed))
         # where it rebuilds: S in the restore condition, its null, the axis the primary carries
         restore_S = restore_axis_index(surface, attn_images, axes, R, seed=seed)
-        freq = selection_frequency(rebuild_samples)
+        freq = sweep[str(R)]["selection_frequency"]
         carried = matched = matched_ci = share = share_ci = None
         if primary is not None:
             pl, ph = primary
@@ -743,6 +838,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "axis_index_null_quantiles": null_q, "primary_axis": carried, "primary_axis_index_matched": matched,
         "primary_axis_index_matched_ci95": matched_ci, "primary_recovery_share": share,
         "primary_recovery_share_ci95": share_ci, "top_heads_recovery_fraction_ci95": explained_ci,
+        "restore_sweep": {k: sweep[k] for k in sorted(sweep, key=int)},
     })
     if out is not None:
         RopeHeadsExperiment().write(result, out)
@@ -770,7 +866,8 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         # direct effects and the three joint top-k conditions, each a full forward fitting every later layer
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
                 + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
-                + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R))
+                + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R)
+                + sweep_plan(n_p, L, Hh, N, sorted(set(settings.get("sweep_restore") or []) - {R})))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
@@ -786,7 +883,8 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
                            note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
                                 "race (data-dependent)")
-    return attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R)
+    Rs = sorted(set(settings.get("sweep_restore") or []) - {R})
+    return attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, Rs)
 
 
 def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NULL_SPLITS) -> StagePlan:
@@ -804,6 +902,11 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     result_type = RopeHeadsResult
     scheme = "rope"
 
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        s = config.rope_heads.model_dump()
+        R = s["restore_from"] if s["restore_from"] is not None else max(1, surface.depth // 2)
+        return {**s, "sweep_restore": sweep_points(surface.depth, R, s.get("sweep_restore"), quick)}
+
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_heads(settings, surface, sizes)
 
@@ -812,7 +915,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
                               n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images"))
+                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:
         return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",

@@ -64,6 +64,9 @@ class RopeHeadsStage(_Strict):
     top1_screen_images: int | None = Field(
         default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
         "only for the heads still in the race; None = every head on every image")
+    sweep_restore: list[int] | None = Field(
+        default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
+        "None = every valid R (1..depth-1) in a full run, the neighbours of restore_from under --quick")
 
 
 class RopePrefixStage(_Strict):
