@@ -18,12 +18,18 @@ every measurement and control is defined in docs/methods.md):
             inconclusive. Row+col, row-only and col-only are reported beside their own controls
             but do not enter the verdict (the 24-31 range is ImageNet's; whether the drop falls in
             it is stated, not required).
-  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
-            (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
-            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
-            of its above-chance decodability, for both axes: each fraction's interval (paired
-            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
-            threshold; fails if one lies below.
+  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
+            content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
+            fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
+            whose baseline is >= MIN_ABOVE_CHANCE above the floor), the floor of a layer = the same
+            model's no_both accuracy there (no rotations: what content alone gives), never below
+            chance; each fraction's interval (paired bootstrap over the probes' test images,
+            rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
+            and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
+            fraction's interval >= MIN_REMOVED). Kept above 100 % is reported as an interaction.
+            Reported beside it: the fractions above chance, the floor from the matched `none`
+            model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
+            the floors read the fractions above chance.
   C4 (RoPE) recovery after restoring is partial, against a count-matched reference: for both
             axes the interval of the median over restore points R of the mean rebuilt share
             B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)), l >= R (the share
@@ -60,7 +66,7 @@ from typing import Any, Literal
 
 from vitpos.analysis.stats import seed_interval
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
-from vitpos.experiments.rope_axis import kept_fraction, median_recovery
+from vitpos.experiments.rope_axis import floored_kept, kept_fraction, median_recovery
 from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
 from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
@@ -263,11 +269,13 @@ def _n(v: dict) -> str:
     return "n/a" if n is None else str(n)
 
 
-def _c3(spec: str, ra: dict) -> dict:
+def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
     c = ra["conditions"]
     base = c["baseline"]
     chance = {"row": ra["chance_row"], "col": ra["chance_col"]}
     removal = ra.get("removal") or {}
+    floored = ra.get("removal_floored")  # issue 29: per-layer content floors; None in older results
+    mlp = ((ra.get("readouts") or {}).get("removal")) or None
     nums: dict[str, Any] = {}
     outcomes: list[Outcome] = []
     ivs: dict[str, Interval | None] = {}
@@ -284,18 +292,65 @@ def _c3(spec: str, ra: dict) -> dict:
         nums[f"{rm}_ci95"], nums[f"{kp}_ci95"] = measured.get("removed_ci95"), measured.get("kept_ci95")
         ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
         ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
-        outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+        if floored is None:  # results before the floors: fractions above chance
+            outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+            continue
+        fl = floored.get(f"no_{a}") or {}
+        for key, num in (("removed", f"{rm}_floored"), ("kept", f"{kp}_floored")):
+            nums[num], nums[f"{num}_ci95"] = fl.get(key), fl.get(f"{key}_ci95")
+            ivs[num] = None if fl.get(key) is None else bounds(fl.get(key), fl.get(f"{key}_ci95"))
+        nums[f"{kp}_interaction"] = bool(fl.get("interaction"))
+        outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
+        if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
+            m = (mlp.get(f"no_{a}") or {}).get("mlp") or {}
+            for key, num in (("removed", f"{rm}_mlp"), ("kept", f"{kp}_mlp"), ("removed_pair", f"{rm}_pair_mlp"),
+                             ("kept_pair", f"{kp}_pair_mlp")):
+                nums[num], nums[f"{num}_ci95"] = m.get(key), m.get(f"{key}_ci95")
+                ivs[num] = None if m.get(key) is None else bounds(m.get(key), m.get(f"{key}_ci95"))
+            outcomes.append(at_least(ivs[f"{rm}_mlp"], MIN_REMOVED))
+        if none_probe is not None and len(none_probe.get(f"{a}_acc") or []) == len(base[f"{a}_acc"]):
+            # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
+            floor = [max(chance[a], f) for f in none_probe[f"{a}_acc"]]
+            kept_none, _ = floored_kept(base[f"{a}_acc"], off[f"{a}_acc"], floor)
+            nums[f"{rm}_none_floor"] = None if kept_none is None else 1 - kept_none
 
     def frac(key: str) -> str:
-        iv = ivs[key]
-        return _pc(nums[key]) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
+        iv = ivs.get(key)
+        return _pc(nums.get(key)) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
 
-    return {"result": all_of(*outcomes), "numbers": nums,
-            "text": f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
-                    f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
-                    f"row keeps {frac('no_col_row_kept')} (needs >= {_pc(MIN_REMOVED)} removed and >= "
-                    f"{_pc(MIN_KEPT)} kept; top-1 {_f(base.get('top1'))} -> no_row "
-                    f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
+    text = (f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
+            f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
+            f"row keeps {frac('no_col_row_kept')}")
+    if floored is None:
+        text += f" (needs >= {_pc(MIN_REMOVED)} removed and >= {_pc(MIN_KEPT)} kept"
+    else:
+        text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
+                 f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
+                 f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
+        if mlp is not None:
+            text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
+                     f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
+                     f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
+        if "no_row_row_removed_none_floor" in nums:
+            text += (f"; against the matched none model's floor: row {_pc(nums.get('no_row_row_removed_none_floor'))}, "
+                     f"col {_pc(nums.get('no_col_col_removed_none_floor'))} removed")
+        text += (f" (needs >= {_pc(MIN_REMOVED)} removed above the floor{' and by the MLP probe' if mlp else ''}, "
+                 f">= {_pc(MIN_KEPT)} kept")
+    text += (f"; top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, no_col "
+             f"{_f(nums['no_col_top1'])})")
+    return {"result": all_of(*outcomes), "numbers": nums, "text": text}
+
+
+def matched_none(spec: str, models: dict[str, dict]) -> dict | None:
+    """The `probe` result of the `none` model matched to a RoPE model (rope-axial / rope-mixed in its
+    name replaced by none: builtin:rope-axial-seed1 -> builtin:none-seed1), if it ran."""
+    for pe in ("rope-axial", "rope-mixed"):
+        if pe in spec:
+            probe = (models.get(spec.replace(pe, "none")) or {}).get("probe")
+            return probe if isinstance(probe, dict) and "row_acc" in probe else None
+    return None
 
 
 def _pc(v) -> str:
@@ -493,7 +548,7 @@ def summarise(models: dict[str, dict]) -> Summary:
         if m.get("ape_permute"):
             per["C2"].append((spec, _c2(spec, m["ape_permute"])))
         if m.get("rope_axis"):
-            per["C3"].append((spec, _c3(spec, m["rope_axis"])))
+            per["C3"].append((spec, _c3(spec, m["rope_axis"], matched_none(spec, models))))
             per["C4"].append((spec, _c4(spec, m["rope_axis"], m.get("rope_heads"))))
         if m.get("rope_heads"):
             per["C5"].append((spec, _c5(spec, m["rope_heads"])))

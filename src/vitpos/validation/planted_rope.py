@@ -302,7 +302,8 @@ class ValidationTable(BaseModel):
         return "\n".join(lines)
 
 
-def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16) -> dict:
+def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16,
+             readout_images: int = 48) -> dict:
     """The experiments a claim reads, on the case's model: {'rope_axis': ..., 'rope_heads': ...}."""
     from vitpos.experiments.rope_axis import run_rope_axis
     from vitpos.experiments.rope_heads import run_rope_heads
@@ -310,7 +311,8 @@ def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240,
     s = case.build()
     ds = case.data(s)
     R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
-    doc: dict = {"rope_axis": run_rope_axis(s, data=ds, n_images=probe_images, restore_points=[R]).to_json()}
+    doc: dict = {"rope_axis": run_rope_axis(s, data=ds, n_images=probe_images, restore_points=[R],
+                                            readout_images=readout_images if case.claim == "C3" else 0).to_json()}
     if case.claim in ("C4", "C5"):
         doc["rope_heads"] = run_rope_heads(s, data=ds, axis="both", restore_from=R, n_probe_images=probe_images,
                                            n_top1_images=top1_images, n_attn_images=attn_images).to_json()
