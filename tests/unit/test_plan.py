@@ -94,11 +94,12 @@ def rope4():
 @pytest.mark.parametrize("shared", [True, False])
 def test_rope_axis_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
-    for restore in (None, [2, 3]):
-        settings = {"images": 280, "restore": restore}
+    for restore, readout in ((None, 0), ([2, 3], 24)):
+        settings = {"images": 280, "restore": restore, "readout_images": readout}
         plan = plan_rope_axis(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
-            run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared)
+            run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared,
+                          readout_images=readout)
         assert_counts(plan, counts)
 
 

@@ -65,3 +65,27 @@ def test_restore_axis_index_reads_planted_heads_and_its_null_stays_below_one():
     assert row_head == pytest.approx(1.0, abs=1e-6)  # removing the column rotation moves nothing
     assert sym_head is not None and abs(sym_head) < 0.05  # row and column alike
     assert res.threshold is not None and 0 < res.threshold < 1 and len(res.null) == 16
+
+
+def test_readouts_find_planted_positions_and_nothing_where_there_is_none():
+    """Tokens that are one-hot codes of (row, col) plus noise: every probe reads both axes and both
+    offsets (the MLP at least as well as chance allows); tokens without position read at chance."""
+    from vitpos.analysis.readout import chance, readouts
+
+    g = torch.Generator().manual_seed(0)
+    H = W = 4
+    pos = torch.arange(H * W)
+    code = torch.cat([torch.nn.functional.one_hot(pos // W, H), torch.nn.functional.one_hot(pos % W, W)], -1).float()
+    tokens = 3 * code.expand(40, -1, -1) + 0.3 * torch.randn(40, H * W, 8, generator=g)
+    ch = chance((H, W))
+    assert ch["row"] == 0.25 and 0.2 < ch["drow"] < 0.3
+    got = readouts(tokens, (H, W))
+    for t in ("row", "col"):
+        assert float(got["linear"][t].mean()) > 0.95 and float(got["mlp"][t].mean()) > 0.95
+    for t in ("drow", "dcol"):
+        assert float(got["mlp"][t].mean()) > 0.8  # offsets need the MLP: a difference of one-hot codes
+    flat = torch.randn(40, H * W, 8, generator=g)
+    got = readouts(flat, (H, W))
+    for kind in ("linear", "mlp"):
+        for t in ("row", "col", "drow", "dcol"):
+            assert float(got[kind][t].mean()) < ch[t] + 0.15, (kind, t)
