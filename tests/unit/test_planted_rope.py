@@ -68,3 +68,16 @@ def test_table_renders_and_reports_a_miss():
     assert not table.ok and ValidationTable(rows=[good]).ok
     md = table.markdown()
     assert md.count("\n") == 3 and "| NO |" in md and "| yes |" in md
+
+
+def test_report_shows_the_count_matched_share_and_the_head_selection():
+    from vitpos.report.sections import SECTIONS
+
+    case = next(c for c in CASES if c.claim == "C4" and c.truth)
+    doc = run_case(case)
+    axis_html, heads_html = SECTIONS["rope_axis"](doc["rope_axis"]), SECTIONS["rope_heads"](doc["rope_heads"])
+    share = doc["rope_axis"]["median_rebuilt_share"]["row"]["median_share"]
+    assert "count-matched" in axis_html and f"{share:.2f}" in axis_html
+    assert "content floor" in axis_html
+    assert "bootstrap" in heads_html and "restore condition" in heads_html and "L2H0 100.0%" in heads_html
+    assert "R=2: L2 h0" in heads_html
