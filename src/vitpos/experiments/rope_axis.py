@@ -14,6 +14,13 @@ resamples for every condition):
               (P_cond - chance) / (P_base - chance) (`kept_fraction`; claims.py reads the same function)
   median_recovery[a]  median over the restore points R of mean Rec (`median_recovery`), its interval
               the median over R of each resample's mean Rec
+Issue 29 (what C3 and C4 read now):
+  count_matched[a][R]  the clean model's gain over the same layers and the rebuilt share
+              B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)) (`common.CountMatched`);
+              median_rebuilt_share[a] its median over R (C4)
+  removal_floored[no_<a>]  C3's fractions above each layer's content floor max(chance, P_no_both)
+  readouts    linear and MLP probes of row / col and of pairwise offsets Δrow / Δcol under baseline,
+              no_row, no_col, no_both (`analysis.readout`), with removal fractions
 """
 
 from __future__ import annotations

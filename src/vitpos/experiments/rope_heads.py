@@ -11,9 +11,13 @@ Per (layer, head):
               (0 for heads in layers < R, whose rotation is removed anyway: reported as null)
   drop_points  100 x (top-1 intact - top-1 with all of this head's rotations removed), with
               drop_ci95: paired bootstrap over the top-1 images (the same images intact and ablated)
-primary_rebuilding_head = argmax rebuild_score. primary_margin_ci95[layer][head]: interval of
-drop(primary) - drop(head), paired over the same images (null for the primary itself); C5 holds
-when every margin's interval lies above 0 (analysis/stats.py, docs/methods.md).
+primary_rebuilding_head = argmax rebuild_score. Issue 29: how often it would be chosen again
+(`selection_frequency`, bootstrap over the probe images; `restore_sweep` at other R), S measured in
+the restore condition (`axis_index_restore`) signed to the axis it carries, the |S| null from
+relabelled rotary pairs (`axis_index_null_threshold`), and its share of the recovery.
+primary_margin_ci95[layer][head]: interval of drop(primary) - drop(head), paired over the same
+images (null for the primary itself); C5 holds when every margin's interval lies above 0
+(analysis/stats.py, docs/methods.md).
 """
 
 from __future__ import annotations
