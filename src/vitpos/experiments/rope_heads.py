@@ -788,8 +788,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         carried = matched = matched_ci = share = share_ci = None
         if primary is not None:
             pl, ph = primary
-            by = {a: rebuild_axis[a][pl][ph] for a in axes if rebuild_axis[a][pl][ph] is not None}
-            carried = axes[0] if len(axes) == 1 else (max(by, key=lambda a: by[a]) if by else None)
+            by = {a: v for a in axes if (v := rebuild_axis[a][pl][ph]) is not None}
+            carried = axes[0] if len(axes) == 1 else (max(by, key=by.__getitem__) if by else None)
             s_r, s_ci = restore_S.S[pl][ph], restore_S.ci95[pl][ph]
             if carried is not None and s_r is not None:
                 sign = 1.0 if carried == "row" else -1.0

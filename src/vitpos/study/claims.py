@@ -386,7 +386,7 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
         recovered = (inside(share_iv["row"], 0.0, 1.0), inside(share_iv["col"], 0.0, 1.0))
     else:  # results before the count-matched reference: Rec itself
         recovered = (inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0))
-    if restore_rule:
+    if threshold is not None:
         head = (at_least(matched_iv, float(threshold)), at_least(head_share_iv, MIN_HEAD_SHARE))
     else:  # results before the restore-condition S: |S| of clean attention against the round number
         head = (at_least(magnitude(S_iv), SPECIALISED),)

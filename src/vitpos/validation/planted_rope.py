@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from pydantic import BaseModel
@@ -61,15 +62,21 @@ def planted_surface(pe: str = "rope-axial", depth: int = 2, seed: int = 0) -> Ow
     depends on the query's absolute position), sharp q / k and a strong attention output, so the
     rotations alone make each patch's state a clear function of its position."""
     torch.manual_seed(seed)
-    cfg = OwnViTConfig(pe=pe, img_size=GRID_PX, patch_size=PATCH, in_chans=3, num_classes=4, embed_dim=WIDTH,
-                       depth=depth, num_heads=HEADS, mlp_ratio=2.0)  # type: ignore[arg-type]
+    cfg = OwnViTConfig.model_validate({"pe": pe, "img_size": GRID_PX, "patch_size": PATCH, "in_chans": 3,
+                                       "num_classes": 4, "embed_dim": WIDTH, "depth": depth, "num_heads": HEADS,
+                                       "mlp_ratio": 2.0})
     s = OwnSurface(build_own_vit(cfg).eval(), f"planted:{pe}", cfg)
     with torch.no_grad():
-        s.model.cls_token.mul_(30)
-        for b in s.model.blocks:
+        _eva(s).cls_token.mul_(30)
+        for b in _eva(s).blocks:
             b.attn.qkv.weight[: 2 * WIDTH] *= 8
             b.attn.proj.weight.mul_(50)
     return s
+
+
+def _eva(surface: OwnSurface) -> Any:
+    """The surface's timm Eva (blocks, cls_token, head), untyped for attribute access."""
+    return surface.model
 
 
 def _qk_rows(surface: OwnSurface, head: int, channels: list[int], q: bool = True, k: bool = True) -> list[int]:
@@ -85,7 +92,7 @@ def _qk_rows(surface: OwnSurface, head: int, channels: list[int], q: bool = True
 @torch.no_grad()
 def make_inert(surface: OwnSurface, layer: int, head: int) -> None:
     """Query of this head = 0: uniform attention whatever the rotations."""
-    qkv = surface.model.blocks[layer].attn.qkv
+    qkv = _eva(surface).blocks[layer].attn.qkv
     rows = _qk_rows(surface, head, list(range(surface.head_dim)), k=False)
     qkv.weight[rows] = 0
     qkv.bias[rows] = 0
@@ -95,7 +102,7 @@ def make_inert(surface: OwnSurface, layer: int, head: int) -> None:
 def make_one_axis(surface: OwnSurface, layer: int, head: int, axis: str) -> None:
     """Query and key channels of the other axis = 0: this head's scores turn with `axis` only."""
     other = "col" if axis == "row" else "row"
-    qkv = surface.model.blocks[layer].attn.qkv
+    qkv = _eva(surface).blocks[layer].attn.qkv
     rows = _qk_rows(surface, head, surface.rope_axis_map().channels(other))  # type: ignore[arg-type]
     qkv.weight[rows] = 0
     qkv.bias[rows] = 0
@@ -111,7 +118,7 @@ def make_symmetric(surface: OwnSurface, layer: int, head: int) -> None:
     doc = amap.to_json()
     if not torch.allclose(torch.tensor(doc["row_freqs"]), torch.tensor(doc["col_freqs"]), rtol=1e-5):
         raise ValueError("make_symmetric needs the same frequencies on both axes")
-    qkv = surface.model.blocks[layer].attn.qkv
+    qkv = _eva(surface).blocks[layer].attn.qkv
     for q, k in ((True, False), (False, True)):
         src, dst = _qk_rows(surface, head, cols, q, k), _qk_rows(surface, head, rows, q, k)
         qkv.weight[dst] = qkv.weight[src]
@@ -121,7 +128,7 @@ def make_symmetric(surface: OwnSurface, layer: int, head: int) -> None:
 @torch.no_grad()
 def make_silent(surface: OwnSurface, layer: int) -> None:
     """Attention output and MLP output = 0: block `layer` is the identity."""
-    b = surface.model.blocks[layer]
+    b = _eva(surface).blocks[layer]
     for lin in (b.attn.proj, b.mlp.fc2):
         lin.weight.zero_()
         lin.bias.zero_()
@@ -161,10 +168,10 @@ def set_classifier(surface: OwnSurface, images: torch.Tensor, reads: tuple[int, 
     site = Site(layer, "z")
     proj = surface.head_projections(layer)[h].double()  # (d, D)
     with capture(surface, [site]) as c:
-        feats = surface.model.forward_features(x)[:, 0].double()  # (n, D): final norm, class token
+        feats = _eva(surface).forward_features(x)[:, 0].double()  # (n, D): final norm, class token
     write = c[str(site)][:, h, 0].double() @ proj  # (n, D): the head's write into the class token
     with remove_rope(surface, {"row": [h], "col": [h]}, layers=[layer]), capture(surface, [site]) as c2:
-        surface.model.forward_features(x)
+        _eva(surface).forward_features(x)
     shift = (write - c2[str(site)][:, h, 0].double() @ proj).mean(0)
     centred = write - write.mean(0)
     blind = None
@@ -177,7 +184,7 @@ def set_classifier(surface: OwnSurface, images: torch.Tensor, reads: tuple[int, 
         centred = centred - centred @ blind @ blind.T
     e2 = torch.linalg.svd(centred, full_matrices=False)[2][0]
     weight = torch.stack([e1, e2, -e1, -e2])
-    head = surface.model.head
+    head = _eva(surface).head
     head.weight.copy_(weight.float())
     head.bias.copy_((-weight @ feats.mean(0)).float())
 
@@ -228,7 +235,7 @@ def _c4(kind: str) -> OwnSurface:
         make_silent(s, last)
     else:
         with torch.no_grad():
-            s.model.blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
+            _eva(s).blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
     return s
 
 
@@ -311,11 +318,12 @@ def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240,
     s = case.build()
     ds = case.data(s)
     R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
-    doc: dict = {"rope_axis": run_rope_axis(s, data=ds, n_images=probe_images, restore_points=[R],
+    doc: dict = {"rope_axis": run_rope_axis(s, data=cast(Any, ds), n_images=probe_images, restore_points=[R],
                                             readout_images=readout_images if case.claim == "C3" else 0).to_json()}
     if case.claim in ("C4", "C5"):
-        doc["rope_heads"] = run_rope_heads(s, data=ds, axis="both", restore_from=R, n_probe_images=probe_images,
-                                           n_top1_images=top1_images, n_attn_images=attn_images).to_json()
+        doc["rope_heads"] = run_rope_heads(s, data=cast(Any, ds), axis="both", restore_from=R,
+                                           n_probe_images=probe_images, n_top1_images=top1_images,
+                                           n_attn_images=attn_images).to_json()
     return doc
 
 
