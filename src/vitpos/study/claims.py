@@ -538,6 +538,20 @@ def _seed_text(seeds: dict[str, SeedSummary]) -> str:
                      f"{'' if s.ci95 is None else f' [{s.ci95[0]:.2f}, {s.ci95[1]:.2f}]'}" for fam, s in seeds.items())
 
 
+def primary_over_seeds(found: list[tuple[str, dict]]) -> str:
+    """How often each head is the primary rebuilding head over the trained seeds of a model family
+    (issue 29: the selection's stability across seeds, beside its bootstrap over images)."""
+    families: dict[str, list[str]] = {}
+    for spec, r in found:
+        families.setdefault(model_family(spec), []).append(_head(r["numbers"].get("primary_head")))
+    parts = []
+    for fam, heads in families.items():
+        if len(heads) >= 2:
+            counts = {h: heads.count(h) for h in dict.fromkeys(heads)}
+            parts.append(f"{fam}: " + ", ".join(f"{h} on {n} of {len(heads)} seeds" for h, n in counts.items()))
+    return "primary rebuilding head over seeds: " + "; ".join(parts)
+
+
 def summarise(models: dict[str, dict]) -> Summary:
     """Verdicts per claim from the models' results (each entry as results.json holds it)."""
     claims: list[dict[str, Any]] = []
@@ -557,6 +571,8 @@ def summarise(models: dict[str, dict]) -> Summary:
         found = per[cid]
         seeds = seed_summaries(cid, found)
         evidence = "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run"
+        if cid == "C4" and seeds:
+            evidence = f"{primary_over_seeds(found)}. " + evidence
         claims.append({
             "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
             "evidence": (f"over seeds: {_seed_text(seeds)}. " if seeds else "") + evidence, "seeds": seeds,
