@@ -644,9 +644,9 @@ def sweep_plan(n_p: int, L: int, Hh: int, N: int, Rs: list[int]) -> StagePlan:
 
 def sweep_points(L: int, R: int, sweep: list[int] | None, quick: bool) -> list[int]:
     """The restore points of the R sweep besides R: `sweep` if given, else every valid R (1..L-1),
-    or under --quick R's neighbours."""
+    or under --quick the next one (R + 1, else R - 1: the cheapest point, fewest heads after it)."""
     if sweep is None:
-        sweep = [R - 1, R + 1] if quick else list(range(1, L))
+        sweep = ([R + 1] if R + 1 <= L - 1 else [R - 1]) if quick else list(range(1, L))
     return sorted({r for r in sweep if 1 <= r <= L - 1} - {R})
 
 

@@ -84,7 +84,7 @@ class RopeHeadsStage(_Strict):
         "only for the heads still in the race; None = every head on every image")
     sweep_restore: list[int] | None = Field(
         default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
-        "None = every valid R (1..depth-1) in a full run, the neighbours of restore_from under --quick")
+        "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
 
 
 class RopePrefixStage(_Strict):
