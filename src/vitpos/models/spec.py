@@ -21,7 +21,7 @@ from vitpos.io import read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
 from vitpos.models.surface import ModelSurface
-from vitpos.models.timm_adapter import TimmEvaSurface, surface_for
+from vitpos.models.timm_adapter import TIMM_VERSION, TimmEvaSurface, surface_for
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 
@@ -65,6 +65,34 @@ def _trained_data(model_dir: Path) -> str | None:
     except (VitposError, AttributeError):
         return None
     return data if isinstance(data, str) else None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the model-family libraries behind the adapters (recorded with every study)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"timm": TIMM_VERSION}
+    try:
+        out["transformers"] = version("transformers")
+    except PackageNotFoundError:
+        pass
+    return out
+
+
+def weights_file(spec: str, checkpoint: str | Path | None = None) -> Path | None:
+    """The file whose bytes are `spec`'s weights: a shipped or trained model's model.safetensors, a
+    timm spec's local checkpoint; None for hub weights (named by the spec alone). The file may be
+    missing: `load_model` names that problem."""
+    if spec.startswith("builtin:"):
+        return BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
+    if spec.startswith("timm:"):
+        return Path(checkpoint) if checkpoint else None
+    if spec.startswith("hf:"):  # a checkpoint, a save_pretrained folder's weights; None: random init / hub cache
+        if checkpoint:
+            return Path(checkpoint)
+        folder = Path(os.path.expanduser(spec[len("hf:"):].partition("?")[0]))
+        return folder / "model.safetensors" if folder.is_dir() else None
+    return Path(os.path.expanduser(spec)) / "model.safetensors"
 
 
 def available_builtins() -> list[str]:
@@ -142,6 +170,13 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
 def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
                timm_kwargs: dict | None = None) -> ModelSurface:
     """Load any supported model SPEC behind the model surface (eval mode)."""
+    if spec.startswith("hf:"):
+        if pretrained:
+            raise VitposError("--pretrained applies to timm:NAME specs; hf: specs load a local folder (hf:DIR), the "
+                              "local Hugging Face cache (hf:ORG/NAME) or --checkpoint FILE.safetensors")
+        from vitpos.models.hf_adapter import load_hf
+
+        return load_hf(spec, checkpoint)
     if not spec.startswith("timm:") and (pretrained or checkpoint is not None):
         flag = "--checkpoint" if checkpoint is not None else "--pretrained"
         raise VitposError(f"{flag} applies to timm:NAME specs only; {spec!r} loads its own weights (drop {flag}, "
