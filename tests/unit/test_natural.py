@@ -155,3 +155,47 @@ def test_seed_match_finds_a_permuted_dictionary_and_not_a_random_one():
     assert same.row_agreement == 1.0 and same.col_agreement == 0.0
     rand = seed_match(w, torch.randn(64, 16, generator=g), (0, 1))
     assert rand.mean_cos < 0.6 and rand.stable_frac["0.9"] == 0.0 and rand.row_agreement is None
+
+
+def test_natural_configs_parse_and_ask_for_what_the_issue_needs():
+    from vitpos.study.config import load_config
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    full = load_config(root / "dinov2-natural.yaml", {}, quick=False)
+    assert full.data == ["fashion"] and full.sae.data == "natural" and full.head.images >= 5000
+    assert full.sae.images * 256 >= 1_000_000 and full.sae.seeds >= 2 and len(set(full.sae.expansions or [])) >= 2
+    assert full.sae.high_norm is not None
+    run = load_config(root / "dinov2-natural-run.yaml", {}, quick=False)
+    assert run.sae.data == "natural" and run.sae.images * 256 >= 1_000_000 and run.sae.seeds >= 2
+
+
+def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
+    """The sweep on a tiny timm ViT: every (size, seed) scored on the same held-out images, the main
+    SAE reused as is, one stability entry per size."""
+    from tests.conftest import capture_surface
+
+    from vitpos.experiments.sae_sweep import run_sweep
+    from vitpos.models.surface import Site
+    from vitpos.sae import SAEConfig, train_sae
+    from vitpos.sae.stream import store_batches
+    from vitpos.store.capture import capture_to_store
+    from vitpos.store.reader import ActivationStore
+
+    surface = capture_surface()
+    site = Site(0, "resid_post")
+    capture_to_store(surface, "shapes", "train", str(site), tmp_path / "s", limit=24, batch_size=8, progress=False)
+    store = ActivationStore(tmp_path / "s")
+    settings = {"expansion": 2, "expansions": [1, 2], "seeds": 2, "k": 4, "arch": "topk", "epochs": 1, "lr": None,
+                "eval_images": 6, "high_norm": 4.0}
+    cfg = SAEConfig.model_validate({"arch": "topk", "d_in": surface.width, "expansion": 2, "k": 4, "seed": 0})
+    main, _ = train_sae(store_batches(store, str(site), 64, seed=0), cfg, epochs=1, progress=False)
+    sweep = run_sweep(surface, site, "shapes", main, lambda: store, settings=settings, seed=0, out=tmp_path / "sw",
+                      batch_tokens=64)
+    assert [(r.expansion, r.seed, r.main) for r in sweep.runs] == [(1, 0, False), (1, 1, False), (2, 0, True),
+                                                                  (2, 1, False)]
+    assert [r.d_sae for r in sweep.runs] == [32, 32, 64, 64]
+    assert all(0 <= r.fvu < 2 and r.l0 <= 4 for r in sweep.runs)
+    assert [(m.d_sae, m.seeds) for m in sweep.stability] == [(32, (0, 1)), (64, (0, 1))]
+    assert all(-1 <= m.mean_cos <= 1 and set(m.stable_frac) == {"0.5", "0.6", "0.7", "0.8", "0.9"}
+               for m in sweep.stability)
+    assert (tmp_path / "sw" / "x1-seed0" / "sae.safetensors").is_file()
