@@ -39,6 +39,7 @@ def test_crops_sizes_labels_and_batches():
     from vitpos.data import dataset_info, load_split
 
     ds = load_split("natural", "val", limit=10)
+    assert isinstance(ds, natural.NaturalCrops)
     assert len(ds) == 10 and ds.images.shape == (10, 3, 224, 224)
     x = _crops(ds, 10)
     assert x.dtype == torch.uint8 and x.shape == (10, 3, 224, 224)

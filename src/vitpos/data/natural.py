@@ -28,6 +28,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -195,7 +196,7 @@ class NaturalCrops(TensorImageDataset):
     images: LazyCrops  # pyright: ignore[reportIncompatibleVariableOverride]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self._float(self.images[torch.tensor([i])])[0], int(self.labels[i])
+        return self._float(cast(torch.Tensor, self.images[torch.tensor([i])]))[0], int(self.labels[i])
 
     def subset(self, n: int | None) -> NaturalCrops:
         if n is None or n >= len(self):
