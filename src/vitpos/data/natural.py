@@ -28,7 +28,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import cast
+from typing import cast, overload
 
 import numpy as np
 import torch
@@ -171,6 +171,11 @@ class LazyCrops:
     def boxes(self, ids) -> list[CropBox]:
         shapes = tuple((int(p.shape[1]), int(p.shape[2])) for p in photos())
         return [crop_box(self.base_seed, int(i), shapes) for i in ids]
+
+    @overload
+    def __getitem__(self, key: slice) -> LazyCrops: ...
+    @overload
+    def __getitem__(self, key: int | np.integer | torch.Tensor | np.ndarray | list[int]) -> torch.Tensor: ...
 
     def __getitem__(self, key):
         if isinstance(key, slice):
