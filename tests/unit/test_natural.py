@@ -200,3 +200,15 @@ def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
     assert all(-1 <= m.mean_cos <= 1 and set(m.stable_frac) == {"0.5", "0.6", "0.7", "0.8", "0.9"}
                for m in sweep.stability)
     assert (tmp_path / "sw" / "x1-seed0" / "sae.safetensors").is_file()
+
+
+def test_sae_stage_settings_keep_their_old_keys_unless_the_new_ones_are_set():
+    from vitpos.experiments.sae_run import _sae_settings
+    from vitpos.study.config import RunConfig
+
+    plain = _sae_settings(RunConfig())
+    assert not {"data", "seeds", "expansions", "high_norm"} & set(plain)
+    set_ = _sae_settings(RunConfig.model_validate({"sae": {"data": "natural", "seeds": 2, "expansions": [2, 4],
+                                                           "high_norm": 4.0}}))
+    assert {k: set_[k] for k in ("data", "seeds", "expansions", "high_norm")} == {
+        "data": "natural", "seeds": 2, "expansions": [2, 4], "high_norm": 4.0}
