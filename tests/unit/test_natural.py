@@ -175,7 +175,7 @@ def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
     SAE reused as is, one stability entry per size."""
     from tests.conftest import capture_surface
 
-    from vitpos.experiments.sae_sweep import run_sweep
+    from vitpos.experiments.sae_seeds import run_sweep
     from vitpos.models.surface import Site
     from vitpos.sae import SAEConfig, train_sae
     from vitpos.sae.stream import store_batches
