@@ -46,12 +46,13 @@ from vitpos.experiments.base import (
     omit_unmeasured,
 )
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
+from vitpos.experiments.sae_seeds import SAESweep, run_sweep
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
-from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
+from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, median_token_norm, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
@@ -132,6 +133,10 @@ class SAETraining(BaseModel):
     reader_bound_bytes: int
     max_batch_tokens: int
     dropped_tail_tokens: int
+    # high-norm exclusion (None: off): tokens above factor x the median patch-token norm left out of training
+    high_norm_factor: float | None = None
+    high_norm_threshold: float | None = None
+    excluded_high_norm_tokens: int | None = None  # in the last epoch's pass
 
 
 class SAEResult(Result):
@@ -171,6 +176,7 @@ class SAEResult(Result):
     eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
+    sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -247,14 +253,16 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
-            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None
-            ) -> tuple[SAEResult, SAE]:
+            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
+            high_norm: float | None = None) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
     without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
     reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`).
-    `options` (device, amp, checkpointing) reach the capture and `train_sae`."""
+    `options` (device, amp, checkpointing) reach the capture and `train_sae`. `high_norm` (None: off):
+    patch tokens whose norm exceeds high_norm x the median patch-token norm of the training store are
+    left out of training (high-norm "artifact" tokens); held-out metrics still read every patch token."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
@@ -276,6 +284,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               **({"high_norm": high_norm} if high_norm is not None else {}),
                **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
@@ -289,14 +298,18 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         else:
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
-        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
+        max_norm = None if high_norm is None else high_norm * median_token_norm(train_store, str(s))
+        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens,
+                                max_norm=max_norm)
         t0 = time.time()
         sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
-                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
+                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens,
+                **({"high_norm_factor": high_norm, "high_norm_threshold": max_norm,
+                    "excluded_high_norm_tokens": batches.excluded_tokens} if high_norm is not None else {})}
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
     held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None)
@@ -609,6 +622,15 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
             "selectivity_ci95": percentile_interval(sel)}
 
 
+_SWEEP_DEFAULTS = {"data": None, "seeds": 1, "expansions": None, "high_norm": None}
+
+
+def _sae_settings(config) -> dict:
+    """config.sae as stage settings; the sweep / data / high-norm keys only when set, so the stage
+    keys (and caches) of runs that do not use them are those from before the keys existed."""
+    return {k: v for k, v in config.sae.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+
+
 class SAEExperiment(Experiment[SAEResult]):
     name = "sae"
     version = SAE_VERSION
@@ -621,12 +643,12 @@ class SAEExperiment(Experiment[SAEResult]):
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         given = config.sae.layer is not None
         layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**config.sae.model_dump(), "layer": layer,
+        return {**_sae_settings(config), "layer": layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
         given = config.sae.layer is not None
-        return {**config.sae.model_dump(), "layer": config.sae.layer,
+        return {**_sae_settings(config), "layer": config.sae.layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
@@ -637,21 +659,46 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture, held-out capture, spliced forward, the causal check's two ablations and their two
-        # matched random removals
-        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (4 if later else 0))
+        # train capture (it stops after the SAE's layer: vitpos.store.capture), held-out capture, spliced
+        # forward, the causal check's two ablations and their two matched random removals
+        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 2 + (4 if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
         tokens = n_train * N * settings["epochs"]
         latents = settings["expansion"] * surface.width
-        return out + StagePlan(sae_tokens=tokens, sae_work=tokens * latents, note=note)
+        seeds, sizes_ = settings.get("seeds", 1), settings.get("expansions") or [settings["expansion"]]
+        extra = [e for e in sizes_ for _ in range(seeds)]
+        if settings["expansion"] in extra:
+            extra.remove(settings["expansion"])  # the main SAE is one of the grid
+        if extra:  # the sweep's other SAEs: trained on the same store, scored on a held-out capture to the layer
+            out += StagePlan.full(n_eval, layer + 1)
+            note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
+        work = tokens * (latents + sum(e * surface.width for e in extra))
+        return out + StagePlan(sae_tokens=tokens * (1 + len(extra)), sae_work=work, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
-        result, _ = run_sae(surface, s["layer"], site=s["site"], data=stage.data, arch=s["arch"], k=s["k"],
-                            expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
-                            epochs=s["epochs"], seed=stage.seed,
-                            out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
-        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
+        # sae.data: the SAE (its training, held-out metrics, feature scores and C1's causal check) may read
+        # other images than the run's labelled data, e.g. natural crops for a model measured on fashion
+        data = s.get("data") or stage.data
+        sweep = s.get("seeds", 1) > 1 or bool(s.get("expansions"))
+        result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
+                              expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
+                              epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
+                              keep_acts=sweep, high_norm=s.get("high_norm"))
+        update: dict[str, Any] = {"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]}
+        if sweep:
+            site = Site(s["layer"], s["site"])
+            acts = Path(stage.out) / "acts"
+
+            def train_store():
+                return _capture_train_store(surface, site, data, s["images"], acts, stage.progress, False)
+
+            update["sweep"] = run_sweep(surface, site, data, sae, train_store, settings=s, seed=stage.seed,
+                                        out=Path(stage.out) / "sweep", progress=stage.progress)
+            import shutil
+
+            shutil.rmtree(acts, ignore_errors=True)  # the training store is scratch once every SAE is trained
+        return result.model_copy(update=update)
 
     def artifacts_ready(self, result: SAEResult) -> bool:
         return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()

@@ -57,6 +57,15 @@ class SAEStage(_Strict):
                              description="held-out test images: metrics, feature scores, causal check")
     epochs: int = Field(default=4, ge=1)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
+    data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
+                             "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
+    seeds: int = Field(default=1, ge=1, description="SAE seeds (run seed, +1, ...): > 1 adds the sweep and its seed "
+                       "stability to sae.json; C1 / C2 read the run seed's SAE")
+    expansions: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, min_length=1, description="dictionary sizes of the sweep (x width); None = [expansion]")
+    high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
+                                    description="leave patch tokens above this x the median patch-token norm out of "
+                                    "SAE training (high-norm artifact tokens); None = keep every patch token")
 
 
 class ApePermuteStage(_Strict):
