@@ -325,6 +325,30 @@ def sae(
 
 
 @app.command()
+def browse(
+    sae_dir: Path = typer.Argument(..., help="the --out folder of `vitpos sae` (sae.json + sae.safetensors)"),
+    out: Path = OutOpt,
+    images: int | None = typer.Option(None, "--images", min=2, help="held-out test images to browse with (>= 2; "
+                                      "default: as many as the SAE was scored on)"),
+    top_k: int = typer.Option(8, "--top-k", min=1, help="top activating images shown per latent (>= 1)"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+):
+    """A self-contained HTML page of every SAE latent (type, η² per axis, firing, row x column map, top images with
+    heatmaps, class groups); OUT/index.html, no network or server needed."""
+    from vitpos.browse import browse_sae, sae_doc
+    from vitpos.models import load_model
+
+    doc = sae_doc(sae_dir)
+    surface = load_model(str(doc.get("model")), pretrained=pretrained, checkpoint=checkpoint)
+    res = browse_sae(surface, sae_dir, out, images=images, top_k=top_k, doc=doc)
+    c = res["counts"]
+    out_console.print(f"{res['latents']} latents ({c['row']} row, {c['col']} col, {c['mixed']} mixed) over "
+                      f"{res['images']} images, {res['thumbnails']} thumbnails, {res['bytes'] / 1e6:.1f} MB -> "
+                      f"{res['page']}")
+
+
+@app.command()
 def extrapolate(
     model: str = ModelOpt,
     data: str = DataOpt,
