@@ -281,6 +281,11 @@ def sae(
     amp: str = AmpOpt,
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
+    stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
+                                              "same tokens and report the share of decoder directions it reproduces "
+                                              "(cos >= 0.9, one-to-one matching); doubles the training time"),
+    include_special: bool = typer.Option(False, "--include-special", help="train on high-norm outlier patch tokens "
+                                         "too (norm > 5x the median; default: left out, see sae.json special_tokens)"),
 ):
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
     features.png."""
@@ -298,6 +303,8 @@ def sae(
 
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    if stability_seed is not None and stability_seed == seed:
+        raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
     with distributed(device) as (env, dev):
         autocast_dtype(amp, dev)
         state_dir = out / "train-state"
@@ -314,7 +321,8 @@ def sae(
         doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
                          n_train_images=images, n_eval_images=eval_images, epochs=epochs, seed=seed, out=out,
                          progress=progress and env.is_main, force=force, store=store,
-                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
+                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options,
+                         stability_seed=stability_seed, include_special=include_special)
     if not env.is_main:
         return
     splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
@@ -322,6 +330,13 @@ def sae(
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
                       f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
+    fid = doc.fidelity
+    if fid is not None:
+        stab = ("" if fid.stability is None else f"; seed {fid.stability.other_seed} reproduces "
+                f"{fid.stability.share_matched:.1%} of the decoder directions (cos >= {fid.stability.cos_threshold})")
+        out_console.print(f"dense latents (firing > {fid.dense_threshold:.0%}) {fid.dense_frac:.1%}; outlier tokens "
+                          f"{'included' if doc.include_special else 'left out'}: {doc.excluded_outlier_tokens or 0} of "
+                          f"the training tokens above {doc.outlier_threshold:.3g}{stab}")
 
 
 @app.command()

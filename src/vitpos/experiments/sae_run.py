@@ -41,10 +41,21 @@ from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae.special import (
+    OUTLIER_K,
+    SpecialTokens,
+    drop_outliers,
+    norm_threshold,
+    special_token_report,
+    store_norms,
+)
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+DENSE_THRESHOLD = 0.1  # fires on > 10 % of held-out tokens: "dense" (sensitivity at 5 % and 20 % alongside)
+DENSE_SENSITIVITY = (0.05, 0.1, 0.2)
+STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched decoder direction has cos >= 0.9
 
 
 class AblationEffect(BaseModel):
@@ -84,6 +95,27 @@ class SAETraining(BaseModel):
     dropped_tail_tokens: int
 
 
+class SeedStability(BaseModel):
+    """A second SAE, same data and settings but another seed: decoder directions matched one-to-one
+    (Hungarian assignment on cosine, scipy's linear_sum_assignment) and the share with cos >= 0.9."""
+
+    seed: int
+    other_seed: int
+    cos_threshold: float
+    share_matched: float  # matched pairs with cos >= cos_threshold / latents
+    median_cos: float
+    other_fvu: float  # held-out FVU of the second SAE (is it as good a fit?)
+
+
+class SAEFidelity(BaseModel):
+    """What vision-SAE users ask besides FVU / L0 / dead / splice (those stay top-level in sae.json)."""
+
+    dense_threshold: float  # a latent is dense when it fires on more than this share of held-out tokens
+    dense_frac: float
+    dense_frac_by_threshold: dict[str, float]  # the threshold's sensitivity
+    stability: SeedStability | None = None  # None: no second seed was trained
+
+
 class SAEResult(Result):
     """sae.json: the run key, held-out metrics, the positional features and their causal check."""
 
@@ -120,6 +152,14 @@ class SAEResult(Result):
     causal: CausalCheck | None
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
+    fidelity: SAEFidelity | None = None  # None: written before it existed
+    # special tokens (vitpos.sae.special): per-layer prefix / outlier stats on the held-out images,
+    # the outlier norm threshold on the training tokens, and whether outliers were trained on
+    special_tokens: SpecialTokens | None = None
+    outlier_threshold: float | None = None
+    include_special: bool = False
+    excluded_outlier_tokens: int | None = None  # training tokens left out as outliers (per epoch)
+    browser: str | None = None  # set by the study: the latent browser page, relative to the study's folder
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -187,14 +227,20 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
-            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None
-            ) -> tuple[SAEResult, SAE]:
+            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
+            stability_seed: int | None = None, include_special: bool = False) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
     without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
     reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`).
-    `options` (device, amp, checkpointing) reach the capture and `train_sae`."""
+    `options` (device, amp, checkpointing) reach the capture and `train_sae`.
+
+    Special tokens (`vitpos.sae.special`): patch tokens with norm > OUTLIER_K x the median training-token
+    norm are left out of training and passed through the splice unchanged, unless `include_special`;
+    per-layer prefix / outlier statistics of the held-out images go to sae.json. `stability_seed`: a
+    second SAE is trained with that seed on the same tokens and its decoder matched to this one's
+    (`seed_stability`); it is not saved."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
@@ -215,7 +261,9 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture",
-               **({"head": surface.head.digest()} if surface.head is not None else {})}
+               **({"head": surface.head.digest()} if surface.head is not None else {}),
+               "special_tokens": "included" if include_special else f"outliers excluded (norm > {OUTLIER_K:g}x median)",
+               **({"stability_seed": stability_seed} if stability_seed is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
         doc = read_json(out / "sae.json")
@@ -229,16 +277,41 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
+        norms = store_norms(train_store, str(s))
+        thr = norm_threshold(norms)
+        cut = None if include_special else thr
+        excluded = 0 if include_special else int((norms > thr).sum())
+        del norms
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
+        sae, log = train_sae(lambda: drop_outliers(batches(), cut, [0]), cfg, epochs=epochs, lr=lr, progress=progress,
+                             options=options)
         seconds = time.time() - t0
+        other = None
+        if stability_seed is not None:
+            b2 = store_batches(train_store, str(s), batch_tokens, seed=stability_seed, buffer_tokens=buffer_tokens)
+            opts = options if options is not None else RunOptions()
+            # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
+            with torch.random.fork_rng(devices=[]):
+                other, _ = train_sae(lambda: drop_outliers(b2(), cut, [0]),
+                                     cfg.model_copy(update={"seed": stability_seed}), epochs=epochs, lr=lr,
+                                     progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
-    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None)
+    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None, outlier_threshold=cut,
+                        others=[other] if other is not None else [])
+    stability = None
+    if other is not None:
+        stability = {**seed_stability(sae, other), "seed": seed, "other_seed": stability_seed,
+                     "other_fvu": held.other_metrics[0]["fvu"]}
+    fire = held.scores.fire_rate
+    fidelity = {"dense_threshold": DENSE_THRESHOLD, "dense_frac": float((fire > DENSE_THRESHOLD).float().mean()),
+                "dense_frac_by_threshold": {f"{t:g}": float((fire > t).float().mean()) for t in DENSE_SENSITIVITY},
+                "stability": stability}
+    special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
     metrics, scores, causal = held.metrics, held.scores, held.causal
     kl, top1, top1_spliced, change = held.logit_kl, held.top1, held.top1_spliced, held.top1_change_points
     result = SAEResult.model_validate({
@@ -252,7 +325,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
-        "causal": causal,
+        "causal": causal, "fidelity": fidelity, "special_tokens": special, "outlier_threshold": thr,
+        "include_special": include_special, "excluded_outlier_tokens": excluded,
     })
     if out is not None:
         sae.save(out)
@@ -274,14 +348,18 @@ class HeldOut:
     top1_spliced: float | None
     top1_change_points: float | None
     causal: dict | None
+    other_metrics: list[dict[str, float]]  # sae_metrics of each of `others`
 
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
-                 batch_size: int | None = None) -> HeldOut:
+                 batch_size: int | None = None, outlier_threshold: float | None = None,
+                 others: list[SAE] | tuple[SAE, ...] = ()) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
     (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
-    the transient memory of a batch, the numbers move in the last bits).
+    the transient memory of a batch, the numbers move in the last bits). `outlier_threshold`: the splice
+    leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
+    further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
@@ -295,12 +373,15 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     with kept:
         metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
                                             for a in kept.iter_images(str(s), batch_size)))
+        other_metrics = [sae_metrics(o, lambda: (a.reshape(-1, a.shape[-1])
+                                                 for a in kept.iter_images(str(s), batch_size))) for o in others]
         scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
         kl = top1 = top1_spliced = change = None
         if logits:
             # splice the reconstruction in (patch tokens only): how much does the model notice?
             base_logp = clean_logits.log_softmax(-1)
-            with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+            splice = sae_edit(surface, sae, lambda x, z: keep_outliers(x, sae.decode(z), outlier_threshold))
+            with edit(surface, {s: splice}):
                 spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
             preds = spliced_logits.argmax(-1)
             kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
@@ -308,7 +389,33 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
             top1_spliced = float((preds == labels).float().mean())
             change = 100 * (top1_spliced - top1)
         causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size) if later else None
-    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal)
+    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, other_metrics)
+
+
+def keep_outliers(x: torch.Tensor, recon: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """The reconstruction, except at tokens of norm > threshold, which keep x (None: none kept).
+    Without such tokens it is `recon` itself, so a model without outliers splices bit-identically."""
+    if threshold is None:
+        return recon
+    out = x.float().norm(dim=-1) > threshold
+    if not bool(out.any()):
+        return recon
+    return torch.where(out.unsqueeze(-1), x.to(recon.dtype), recon)
+
+
+def seed_stability(a: SAE, b: SAE, cos_threshold: float = STABLE_COS) -> dict[str, float]:
+    """Decoder directions of `a` and `b` matched one-to-one (maximum total cosine, scipy's
+    linear_sum_assignment; F x F, fine to F ~ 16k): share of a's latents whose match has
+    cos >= cos_threshold, and the median matched cosine."""
+    from scipy.optimize import linear_sum_assignment
+
+    da = torch.nn.functional.normalize(a.W_dec.detach().double().cpu(), dim=1)
+    db = torch.nn.functional.normalize(b.W_dec.detach().double().cpu(), dim=1)
+    cos = (da @ db.T).numpy()
+    rows, cols = linear_sum_assignment(cos, maximize=True)
+    matched = torch.from_numpy(cos[rows, cols])
+    return {"cos_threshold": cos_threshold, "share_matched": float((matched >= cos_threshold).double().mean()),
+            "median_cos": float(matched.median())}
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
