@@ -4,6 +4,7 @@ with hooks (images through the patch embedding, image x block evaluations, probe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from contextlib import contextmanager
 
 import pytest
@@ -216,10 +217,14 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
         elif name == "sae":
             causal = result.causal
             missing = 0 if causal is None else sum(e is None for e in (causal.effect("row"), causal.effect("col")))
-            assert counts["forwards"] == plan.forwards - missing * 30
-            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth
+            # the browser's heatmap pass runs only the images that won a top-k slot (each has a thumbnail)
+            page = (Path(result.sae_dir) / "browse" / "index.html").read_text()
+            data_json = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+            unused = 30 - len(data_json["img"])
+            assert counts["forwards"] == plan.forwards - missing * 30 - unused
+            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth - unused * (settings["layer"] + 1)
             assert counts["fits"] == plan.fits
-            assert plan.sae_tokens == 300 * ape.num_patches
+            assert plan.sae_tokens == 300 * ape.num_patches * 2  # and the seed-stability SAE's
         else:
             assert_counts(plan, counts, exact_work=True)
     rope = tiny_own("rope-axial")

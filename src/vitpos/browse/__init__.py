@@ -30,8 +30,9 @@ def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
 
 
 def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | None = None, top_k: int = 8,
-               doc: dict | None = None) -> dict[str, Any]:
-    """Write `out/index.html` for the SAE in `sae_dir` on `surface` (the model it was trained on).
+               doc: dict | None = None, data=None) -> dict[str, Any]:
+    """Write `out/index.html` for the SAE in `sae_dir` on `surface` (the model it was trained on);
+    `data`: the dataset (a name or a dataset object) whose test split it browses (default: the SAE's).
     Returns a summary: page path and bytes, latents, images, seconds, the pass's state bytes."""
     from vitpos.browse.collect import collect, heatmaps, thumbnail_pixels
     from vitpos.browse.page import page_data, png_b64, render_page
@@ -52,7 +53,7 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
         raise VitposError(f"the SAE in {sae_dir} takes width {sae.d_in}, {surface.spec} has {surface.width}")
     site = Site(int(doc["layer"]), str(doc["site"]))
     n_eval = images if images is not None else max(2, int(doc.get("tokens", 0)) // surface.num_patches or 1000)
-    dataset = dataset_for(surface, str(doc["data"]), "test", limit=n_eval)
+    dataset = dataset_for(surface, str(doc["data"]) if data is None else data, "test", limit=n_eval)
     if len(dataset) == 0:
         raise VitposError(f"the test split of {doc['data']} has no images to browse with")
     col = collect(surface, sae, site, dataset, top_k=top_k)

@@ -46,6 +46,19 @@ class Collected:
     peak_state_bytes: int = 0  # the pass's own state (accumulators + top-k + norms), measured
 
 
+class _Reached(Exception):
+    """Raised by the capture sink once the SAE's site is computed: the blocks after it are not run."""
+
+
+def _site_tokens(surface, x: Tensor, got: dict[str, Tensor]) -> Tensor:
+    """The site's tokens (B, T, D) of images x; the forward stops at the site."""
+    try:
+        surface(x)
+    except _Reached:
+        pass
+    return got.pop("x")
+
+
 def batch_images(num_patches: int, n_latents: int, budget: int = CODE_BUDGET) -> int:
     return max(1, budget // max(1, num_patches * n_latents))
 
@@ -94,13 +107,13 @@ def collect(surface, sae, site, dataset, *, top_k: int = 8, batch_size: int | No
 
     def sink(key: str, t: Tensor) -> None:
         got["x"] = t
+        raise _Reached
 
     def codes():
         nonlocal seen
         with capture(surface, [site], to_cpu=False, sink=sink):
             for x, y in dataset.batches(B):
-                surface(x.to(dev))
-                acts = got.pop("x")[:, npt:].float()
+                acts = _site_tokens(surface, x.to(dev), got)[:, npt:].float()
                 z = sae.encode(acts).cpu()
                 norms.append(acts.norm(dim=-1).cpu())
                 labels.append(y.cpu())
@@ -151,12 +164,12 @@ def heatmaps(surface, sae, site, dataset, images: Tensor, latents: Tensor, batch
 
     def sink(key: str, t: Tensor) -> None:
         got["x"] = t
+        raise _Reached
 
     pos = 0
     with capture(surface, [site], to_cpu=False, sink=sink):
         for x, _ in sub.batches(batch_size):
-            surface(x.to(dev))
-            z = sae.encode(got.pop("x")[:, npt:].float()).cpu()  # (b, N, F)
+            z = sae.encode(_site_tokens(surface, x.to(dev), got)[:, npt:].float()).cpu()  # (b, N, F)
             ids = uniq[pos:pos + x.shape[0]]
             for j, img in enumerate(ids.tolist()):
                 pairs = (images == img).nonzero().squeeze(1)

@@ -525,10 +525,13 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture, held-out capture, spliced forward, the causal check's two ablations
-        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (2 if later else 0))
+        # train capture, held-out capture, spliced forward, the causal check's two ablations, the
+        # special-token report's forward
+        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 3 + (2 if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
-        tokens = n_train * N * settings["epochs"]
+        if settings.get("browse", True):  # the browser's two passes stop at the SAE's layer (the second: winners only)
+            out += StagePlan(forwards=2 * n_eval, blocks=2 * n_eval * (layer + 1))
+        tokens = n_train * N * settings["epochs"] * (2 if settings.get("stability", True) else 1)
         latents = settings["expansion"] * surface.width
         return out + StagePlan(sae_tokens=tokens, sae_work=tokens * latents, note=note)
 
@@ -537,8 +540,21 @@ class SAEExperiment(Experiment[SAEResult]):
         result, _ = run_sae(surface, s["layer"], site=s["site"], data=stage.data, arch=s["arch"], k=s["k"],
                             expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
                             epochs=s["epochs"], seed=stage.seed,
-                            out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
-        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
+                            out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False,
+                            stability_seed=stage.seed + 1 if s.get("stability", True) else None,
+                            include_special=s.get("include_special", False))
+        browser = None
+        if s.get("browse", True):
+            from vitpos.browse import PAGE, browse_sae
+
+            browse_sae(surface, stage.out, stage.out / "browse", images=s["eval_images"], data=stage.data)
+            # relative to the study's folder, where report.html is: the study writes each stage to
+            # OUT/artifacts/<model slug>/<experiment>
+            browser = str(Path("artifacts", stage.out.parent.name, stage.out.name, "browse", PAGE))
+        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"],
+                                         "browser": browser})
 
     def artifacts_ready(self, result: SAEResult) -> bool:
-        return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()
+        if result.sae_dir is None or not (Path(result.sae_dir) / "sae.safetensors").is_file():
+            return False
+        return result.browser is None or (Path(result.sae_dir) / "browse" / "index.html").is_file()

@@ -43,6 +43,9 @@ class SAEStage(_Strict):
                              description="held-out test images: metrics, feature scores, causal check")
     epochs: int = Field(default=4, ge=1)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
+    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
+    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
+    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
 
 
 class ApePermuteStage(_Strict):
