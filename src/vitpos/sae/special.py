@@ -86,12 +86,12 @@ def layer_special(layer: int, patch_norms: torch.Tensor, prefix_norms: torch.Ten
     out = pn > thr
     denom = med if med > 0 else 1.0
     n_pre = prefix_norms.shape[1] if prefix_norms.ndim == 2 else 0
-    by_k = {f"{kk:g}": float((pn > norm_threshold(pn, kk)).float().mean()) for kk in SENSITIVITY_K}
+    by_k = {f"{kk:g}": float((pn > norm_threshold(pn, kk)).double().mean()) for kk in SENSITIVITY_K}
     return LayerSpecial(
         layer=layer, median_patch_norm=med,
         prefix_share=n_pre / (n_pre + patch_norms.shape[-1]) if patch_norms.ndim == 2 else 0.0,
         prefix_norm_ratio=[float(prefix_norms[:, j].float().mean()) / denom for j in range(n_pre)],
-        outlier_threshold=thr, outlier_share=float(out.float().mean()),
+        outlier_threshold=thr, outlier_share=float(out.double().mean()),
         outlier_norm_ratio=float(pn[out].mean()) / denom if bool(out.any()) else None,
         outlier_share_by_k=by_k)
 
