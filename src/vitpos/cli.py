@@ -194,6 +194,8 @@ def capture(
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
+    keep_prefix: bool = typer.Option(False, "--keep-prefix", help="also store the prefix tokens (CLS, registers), "
+                                     "e.g. for `vitpos sae --store ... --include-special`"),
 ):
     """Stream activations of a dataset to disk shards (resumable, memory bounded).
 
@@ -209,7 +211,8 @@ def capture(
         autocast_dtype(amp, dev)
         surface = _surface(model, pretrained, checkpoint)
         info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
-                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp)
+                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp,
+                                keep_prefix=keep_prefix)
     if env.is_main:
         ranks = f" on {env.world_size} ranks" if env.enabled else ""
         out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites{ranks} -> {out}")
@@ -284,8 +287,9 @@ def sae(
     stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
                                               "same tokens and report the share of decoder directions it reproduces "
                                               "(cos >= 0.9, one-to-one matching); doubles the training time"),
-    include_special: bool = typer.Option(False, "--include-special", help="train on high-norm outlier patch tokens "
-                                         "too (norm > 5x the median; default: left out, see sae.json special_tokens)"),
+    include_special: bool = typer.Option(False, "--include-special", help="train on the special tokens too: CLS / "
+                                         "register tokens and high-norm outlier patch tokens (norm > 5x the median); "
+                                         "default: left out, see sae.json special_tokens"),
 ):
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
     features.png."""

@@ -5,6 +5,7 @@ recovers a permuted copy and not an unrelated SAE."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import tiny_own, tiny_timm
@@ -89,3 +90,18 @@ def test_seed_stability_matches_a_permuted_copy_not_another_sae():
     assert same["share_matched"] == 1.0 and same["median_cos"] > 0.99
     other = seed_stability(a, SAE(SAEConfig(d_in=16, expansion=4, k=4, seed=7)))
     assert other["share_matched"] < 0.1 and other["median_cos"] < 0.9
+
+
+@pytest.mark.slow
+def test_include_special_trains_on_the_prefix_tokens_too(tmp_path):
+    """A timm ViT with CLS + 2 registers: by default the SAE trains on the 16 patch tokens per image only;
+    with include_special each batch also gets its 3-in-16 share of the prefix tokens."""
+    from vitpos.experiments.sae_run import run_sae
+
+    surface = tiny_timm("vit_reg")
+    kw = dict(data="shapes", k=4, expansion=2, n_train_images=64, n_eval_images=8, epochs=1, batch_tokens=256)
+    plain, _ = run_sae(surface, 0, out=tmp_path / "plain", **kw)
+    special, _ = run_sae(surface, 0, out=tmp_path / "special", include_special=True, **kw)
+    assert plain.train_tokens == 64 * 16 and not plain.include_special
+    assert special.train_tokens == 64 * 16 + 4 * (256 * 3 // 16) and special.include_special
+    assert special.run["special_tokens"] == "included" and plain.run["special_tokens"].startswith("outliers excluded")

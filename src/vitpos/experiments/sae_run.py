@@ -17,6 +17,7 @@ over the later layers) for 95 % intervals of both drops and the selectivity (`se
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from vitpos.sae.special import (
     OUTLIER_K,
     SpecialTokens,
     drop_outliers,
+    mix_prefix,
     norm_threshold,
     special_token_report,
     store_norms,
@@ -203,7 +205,7 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
 
 
 def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images: int, acts_dir: Path, progress: bool,
-                         force: bool, options: RunOptions | None = None):
+                         force: bool, options: RunOptions | None = None, keep_prefix: bool = False):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
     from vitpos.store.capture import capture_to_store
@@ -212,14 +214,16 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
-            meta = read_json(acts_dir / MANIFEST).get("meta", {})
+            manifest = read_json(acts_dir / MANIFEST)
+            meta = manifest.get("meta", {})
             force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images)
+                     or bool(manifest.get("keep_prefix", False)) != keep_prefix)
         except Exception:  # unreadable: start over
             force = True
     opts = options if options is not None else RunOptions()
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
-                     force=force, progress=progress, device=opts.device, amp=opts.amp)
+                     force=force, progress=progress, device=opts.device, amp=opts.amp, keep_prefix=keep_prefix)
     return ActivationStore(acts_dir)
 
 
@@ -237,8 +241,12 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     `options` (device, amp, checkpointing) reach the capture and `train_sae`.
 
     Special tokens (`vitpos.sae.special`): patch tokens with norm > OUTLIER_K x the median training-token
-    norm are left out of training and passed through the splice unchanged, unless `include_special`;
-    per-layer prefix / outlier statistics of the held-out images go to sae.json. `stability_seed`: a
+    norm are left out of training and passed through the splice unchanged, and prefix tokens (CLS,
+    registers) are never trained on, unless `include_special`: then outliers are trained on and the
+    prefix tokens are mixed into the training batches (their share of a batch is P / N; the store
+    must keep them: `vitpos capture --keep-prefix`, or run_sae's own capture). Feature scores,
+    held-out metrics and the splice stay on patch tokens. Per-layer prefix / outlier statistics of
+    the held-out images go to sae.json. `stability_seed`: a
     second SAE is trained with that seed on the same tokens and its decoder matched to this one's
     (`seed_stability`); it is not saved."""
     if site not in EDITABLE_SAE_SITES:
@@ -250,6 +258,10 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
+    with_prefix = include_special and surface.num_prefix_tokens > 0
+    if with_prefix and given is not None and not given.has_prefix:
+        raise VitposError(f"--include-special trains on the prefix tokens too, but --store {given.dir} has none; "
+                          "recapture it with `vitpos capture ... --keep-prefix` or drop --include-special")
     n_images = given.num_images if given is not None else n_train_images
     if n_images * surface.num_patches < batch_tokens:
         need = -(-batch_tokens // surface.num_patches)
@@ -275,16 +287,22 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             train_store = given
         else:
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
-            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
+            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options,
+                                               keep_prefix=with_prefix)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
         norms = store_norms(train_store, str(s))
         thr = norm_threshold(norms)
         cut = None if include_special else thr
         excluded = 0 if include_special else int((norms > thr).sum())
         del norms
+        passes = itertools.count()
+
+        def train_batches(b=batches):
+            out = drop_outliers(b(), cut, [0])
+            return mix_prefix(out, train_store, str(s), seed + next(passes)) if with_prefix else out
+
         t0 = time.time()
-        sae, log = train_sae(lambda: drop_outliers(batches(), cut, [0]), cfg, epochs=epochs, lr=lr, progress=progress,
-                             options=options)
+        sae, log = train_sae(train_batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
         seconds = time.time() - t0
         other = None
         if stability_seed is not None:
@@ -292,7 +310,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             opts = options if options is not None else RunOptions()
             # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
             with torch.random.fork_rng(devices=[]):
-                other, _ = train_sae(lambda: drop_outliers(b2(), cut, [0]),
+                other, _ = train_sae(lambda: train_batches(b2),
                                      cfg.model_copy(update={"seed": stability_seed}), epochs=epochs, lr=lr,
                                      progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,

@@ -139,5 +139,34 @@ def drop_outliers(batches: Iterator[torch.Tensor], threshold: float | None,
         yield x
 
 
-__all__ = ["OUTLIER_K", "RULE", "LayerSpecial", "SpecialTokens", "drop_outliers", "layer_special",
+def mix_prefix(batches: Iterator[torch.Tensor], store, site: str, seed: int = 0) -> Iterator[torch.Tensor]:
+    """``--include-special`` with a store that kept prefix tokens: each patch-token batch gets its
+    share of the store's prefix tokens (P per N patch tokens, in stored order) and is shuffled within
+    itself; prefix tokens still unread when the patch tokens run out (the dropped tail's share) are
+    dropped too. The prefix stream is read through its own reader, a few images at a time."""
+    from vitpos.store.reader import ActivationStore
+
+    P, N = int(store.num_prefix_tokens), int(store.num_patches)
+    pre = (a.reshape(-1, a.shape[-1]).float() for a, _, _ in ActivationStore(store.dir).iter_images(site, 64,
+                                                                                                   prefix=True))
+    pending: torch.Tensor | None = None
+    g = torch.Generator().manual_seed(int(seed))
+    owed = 0.0
+    for x in batches:
+        owed += x.shape[0] * P / N
+        need = int(owed)
+        owed -= need
+        while need and (pending is None or pending.shape[0] < need):
+            nxt = next(pre, None)
+            if nxt is None:
+                break
+            pending = nxt if pending is None else torch.cat([pending, nxt])
+        if need and pending is not None and pending.shape[0]:
+            take, pending = pending[:need], pending[need:]
+            x = torch.cat([x, take.to(x.dtype)])
+            x = x[torch.randperm(x.shape[0], generator=g)]
+        yield x
+
+
+__all__ = ["OUTLIER_K", "RULE", "LayerSpecial", "SpecialTokens", "drop_outliers", "layer_special", "mix_prefix",
            "norm_threshold", "prefix_names", "special_token_report", "store_norms"]
