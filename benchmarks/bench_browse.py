@@ -3,12 +3,14 @@
     python benchmarks/bench_browse.py [--expansion 43] [--images 1000] [--split test] [--no-page] [--out F.json]
     /usr/bin/time -v python benchmarks/bench_browse.py --images 15625 --split train --no-page   # 1 M tokens
 
-An untrained TopK SAE (k = 32) of ``--expansion`` x 96 latents (43 x 96 = 4 128, the nearest to 4 096
-that builtin:ape's width allows) on builtin:ape's layer-1 patch tokens: every latent fires, so every
-top-k slot is filled and the page is at its largest for that many latents. ``--no-page`` runs the
-collection pass alone (`vitpos.browse.collect.collect`): with ``/usr/bin/time -v`` its maximum
-resident set is the pass's peak memory; ``--baseline`` loads the model and the images without the
-pass, for the difference. Prints one JSON line.
+An untrained SAE (``--arch`` topk, k = 32, or relu) of ``--expansion`` x 96 latents (43 x 96 = 4 128,
+the nearest to 4 096 that builtin:ape's width allows) on builtin:ape's layer-1 patch tokens. An
+untrained TopK SAE leaves most latents silent (about a quarter of the top-k slots filled); an
+untrained ReLU SAE fires about half its latents on every token, so every top-k slot is filled and
+the page is at its largest for that many latents. ``--no-page`` runs the collection pass alone
+(`vitpos.browse.collect.collect`): with ``/usr/bin/time -v`` its maximum resident set is the
+pass's peak memory; ``--baseline`` runs only the same forwards to the SAE's layer (no SAE, no
+bookkeeping), for the difference. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--expansion", type=int, default=43)
+    ap.add_argument("--arch", default="topk", help="relu: every latent fires, so every top-k slot is filled")
     ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--split", default="test")
     ap.add_argument("--top-k", type=int, default=8)
@@ -40,13 +43,24 @@ def main() -> None:
 
     surface = load_model("builtin:ape")
     dataset = dataset_for(surface, "shapes", args.split, limit=args.images)
-    sae = SAE(SAEConfig(d_in=surface.width, expansion=args.expansion, k=32, seed=0)).eval()
+    sae = SAE(SAEConfig(arch=args.arch, d_in=surface.width, expansion=args.expansion, k=32, seed=0)).eval()
     site = Site(1, "resid_post")
     res: dict = {"latents": sae.d_sae, "images": len(dataset), "tokens": len(dataset) * surface.num_patches,
                  "threads": torch.get_num_threads()}
     t0 = time.time()
-    if args.baseline:
-        pass
+    if args.baseline:  # the same forwards (to the SAE's layer, same batches) without the SAE or the bookkeeping
+        from vitpos.browse.collect import _Reached, _site_tokens, batch_images
+        from vitpos.hooks import capture
+
+        got: dict = {}
+
+        def sink(key, t):
+            got["x"] = t
+            raise _Reached
+
+        with torch.no_grad(), capture(surface, [site], to_cpu=False, sink=sink):
+            for x, _ in dataset.batches(batch_images(surface.num_patches, sae.d_sae)):
+                _site_tokens(surface, x, got)
     elif args.no_page:
         from vitpos.browse.collect import collect
 
