@@ -4,8 +4,8 @@ with hooks (images through the patch embedding, image x block evaluations, probe
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch

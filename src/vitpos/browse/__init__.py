@@ -85,7 +85,8 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
     data = page_data(col, heat, thumbs, meta, class_names, thr)
     path = render_page(data, Path(out) / PAGE)
     return {"page": str(path), "bytes": path.stat().st_size, "latents": F, "images": col.n_images,
-            "thumbnails": len(thumbs), "filled_slots": int(filled.sum()), "seconds": round(time.time() - t0, 1), "state_bytes": col.peak_state_bytes,
+            "thumbnails": len(thumbs), "filled_slots": int(filled.sum()), "seconds": round(time.time() - t0, 1),
+            "state_bytes": col.peak_state_bytes,
             "counts": counts}
 
 
