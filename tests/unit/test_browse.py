@@ -78,6 +78,7 @@ def test_collect_equals_brute_force(setup, batch):
     torch.testing.assert_close(col.scores.cell_means, ref.cell_means)
     assert col.scores.row_features == ref.row_features and col.scores.mixed_features == ref.mixed_features
     labels = data.labels
+    assert col.group_mean is not None and col.group_names == list(GROUPS)
     for j, ids in enumerate(GROUPS.values()):
         sel = torch.isin(labels, torch.tensor(ids))
         torch.testing.assert_close(col.group_mean[:, j], z[sel].double().mean((0, 1)).float())

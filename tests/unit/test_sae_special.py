@@ -99,9 +99,11 @@ def test_include_special_trains_on_the_prefix_tokens_too(tmp_path):
     from vitpos.experiments.sae_run import run_sae
 
     surface = tiny_timm("vit_reg")
-    kw = dict(data="shapes", k=4, expansion=2, n_train_images=64, n_eval_images=8, epochs=1, batch_tokens=256)
-    plain, _ = run_sae(surface, 0, out=tmp_path / "plain", **kw)
-    special, _ = run_sae(surface, 0, out=tmp_path / "special", include_special=True, **kw)
+    def run(name: str, include: bool):
+        return run_sae(surface, 0, data="shapes", k=4, expansion=2, n_train_images=64, n_eval_images=8, epochs=1,
+                       batch_tokens=256, out=tmp_path / name, include_special=include)[0]
+
+    plain, special = run("plain", False), run("special", True)
     assert plain.train_tokens == 64 * 16 and not plain.include_special
     assert special.train_tokens == 64 * 16 + 4 * (256 * 3 // 16) and special.include_special
     assert special.run["special_tokens"] == "included" and plain.run["special_tokens"].startswith("outliers excluded")

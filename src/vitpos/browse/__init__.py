@@ -78,10 +78,10 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
         "dense_frac": fid.get("dense_frac"), "dense_threshold": fid.get("dense_threshold"),
         "top1": doc.get("top1"), "top1_spliced": doc.get("top1_spliced"), "logit_kl": doc.get("logit_kl"),
         "stability": (fid.get("stability") or {}).get("share_matched"),
-        "counts": counts, "outlier_threshold": thr,
-        "special": _special_line(special, site.layer, doc.get("include_special")),
+        "counts": counts, "outlier_threshold": thr, "thresholds": vars(s.thresholds),
+        "special": _special_line(special, int(doc["layer"]), doc.get("include_special")),
     }
-    class_names = list(getattr(dataset.info, "class_names", ()) or ())
+    class_names: list[str] = [str(c) for c in getattr(dataset.info, "class_names", ()) or ()]
     data = page_data(col, heat, thumbs, meta, class_names, thr)
     path = render_page(data, Path(out) / PAGE)
     return {"page": str(path), "bytes": path.stat().st_size, "latents": F, "images": col.n_images,

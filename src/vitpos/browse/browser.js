@@ -32,6 +32,11 @@ function summary(){
   for (const r of rows){ const p = el("span", {class: "pill"}); p.appendChild(el("b", {}, r[0] + " "));
     p.appendChild(document.createTextNode(r[1])); box.appendChild(p); }
   s.appendChild(box);
+  const T = M.thresholds;
+  if (T) s.appendChild(el("p", {class: "small"}, "η²: share of a latent's variance over held-out patch tokens explained " +
+    "by its row, column or (row, column) cell. Types: row = η²row ≥ " + T.min_eta2 + " and η²col ≤ " + T.max_other_eta2 +
+    " (col mirrored); mixed = η²pos ≥ " + T.min_eta2_pos + ", neither; content = fires on ≥ " + pct(T.min_fire_rate) +
+    " of tokens, not positional; rare = fires less; dead = never fires."));
   if (M.special) s.appendChild(el("p", {class: "small"}, "Special tokens: " + M.special));
 }
 let sortKey = null, sortDir = -1, shown = PAGE, sel = null;

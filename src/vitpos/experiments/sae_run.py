@@ -391,8 +391,9 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     with kept:
         metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
                                             for a in kept.iter_images(str(s), batch_size)))
+        per: int = batch_size
         other_metrics = [sae_metrics(o, lambda: (a.reshape(-1, a.shape[-1])
-                                                 for a in kept.iter_images(str(s), batch_size))) for o in others]
+                                                 for a in kept.iter_images(str(s), per))) for o in others]
         scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
         kl = top1 = top1_spliced = change = None
         if logits:
