@@ -141,7 +141,7 @@ def test_browse_a_timm_model_with_cls_and_registers(tmp_path):
 
 def test_browse_refuses_a_folder_without_an_sae(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "browse", str(tmp_path), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "vitpos sae" in lines[0]
     assert not (tmp_path / "o").exists()
