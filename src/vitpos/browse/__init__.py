@@ -78,6 +78,7 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
         "dense_frac": fid.get("dense_frac"), "dense_threshold": fid.get("dense_threshold"),
         "top1": doc.get("top1"), "top1_spliced": doc.get("top1_spliced"), "logit_kl": doc.get("logit_kl"),
         "stability": (fid.get("stability") or {}).get("share_matched"),
+        "stability_median_cos": (fid.get("stability") or {}).get("median_cos"),
         "counts": counts, "outlier_threshold": thr, "thresholds": vars(s.thresholds),
         "special": _special_line(special, int(doc["layer"]), doc.get("include_special")),
     }

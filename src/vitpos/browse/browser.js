@@ -27,7 +27,8 @@ function summary(){
     ["dense (fires on > " + (M.dense_threshold === null || M.dense_threshold === undefined ? "?" : pct(M.dense_threshold)) + " of tokens)", pct(M.dense_frac)],
     ["top-1 clean → spliced", M.top1 === null || M.top1 === undefined ? "not measured" : pct(M.top1) + " → " + pct(M.top1_spliced)],
     ["logit KL", fmt(M.logit_kl)],
-    ["seed stability (decoder cos ≥ 0.9)", M.stability === null || M.stability === undefined ? "not measured" : pct(M.stability)],
+    ["seed stability (decoder cos ≥ 0.9)", M.stability === null || M.stability === undefined ? "not measured" :
+      pct(M.stability) + " (median matched cos " + fmt(M.stability_median_cos, 2) + ")"],
     ["latents", Object.entries(M.counts).map(kv => kv[1] + " " + kv[0]).join(", ")]];
   for (const r of rows){ const p = el("span", {class: "pill"}); p.appendChild(el("b", {}, r[0] + " "));
     p.appendChild(document.createTextNode(r[1])); box.appendChild(p); }
@@ -140,7 +141,7 @@ function show(i){
   if (L.gm){ maps.appendChild(bars("by class group (mean activation)", D.groups, L.gm[i], v => fmt(v, 3))); }
   d.appendChild(maps);
   d.appendChild(el("h3", {}, "top " + L.ex[i].length + " images (orange: where it fires, black box: its peak patch" +
-    (M.outlier_threshold ? ", red dashes: high-norm outlier tokens" : "") + ")"));
+    (L.ex[i].some(e => e[4].length) ? ", red dashes: high-norm outlier tokens" : "") + ")"));
   const ex = el("div", {class: "ex"});
   if (!L.ex[i].length) ex.appendChild(el("p", {class: "na"}, "never fires on these images"));
   for (const e of L.ex[i]){
