@@ -41,7 +41,7 @@ from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
 from vitpos.sae.special import (
     OUTLIER_K,
     SpecialTokens,
@@ -58,6 +58,9 @@ EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 DENSE_THRESHOLD = 0.1  # fires on > 10 % of held-out tokens: "dense" (sensitivity at 5 % and 20 % alongside)
 DENSE_SENSITIVITY = (0.05, 0.1, 0.2)
 STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched decoder direction has cos >= 0.9
+# The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
+# reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
+SAE_VERSION = 1
 
 
 class AblationEffect(BaseModel):
@@ -68,10 +71,11 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
-    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
-    row_drop_ci95: list[float] | None = None
-    col_drop_ci95: list[float] | None = None
-    selectivity_ci95: list[float] | None = None
+    # 95 % paired-bootstrap intervals over the probes' test images (selectivity's None where it is
+    # undefined on too many resamples, `percentile_interval`)
+    row_drop_ci95: list[float] | None
+    col_drop_ci95: list[float] | None
+    selectivity_ci95: list[float] | None
 
 
 class CausalCheck(BaseModel):
@@ -176,6 +180,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
+    from vitpos.store.capture import CAPTURE_VERSION
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
@@ -188,6 +193,9 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     if meta.get("weights") not in (None, surface.weights_digest()):
         raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
                           f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
+    if meta.get("capture_version") != CAPTURE_VERSION:
+        raise VitposError(f"--store {st.dir} was captured by capture version {meta.get('capture_version')}, this "
+                          f"vitpos captures version {CAPTURE_VERSION} (the site values may differ); {fix}")
     if str(site) not in st.sites:
         raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
                           f"--layer/--site or {fix}")
@@ -208,7 +216,7 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
                          force: bool, options: RunOptions | None = None, keep_prefix: bool = False):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.store.capture import capture_to_store
+    from vitpos.store.capture import CAPTURE_VERSION, capture_to_store
     from vitpos.store.manifest import MANIFEST
     from vitpos.store.reader import ActivationStore
 
@@ -216,8 +224,9 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
         try:
             manifest = read_json(acts_dir / MANIFEST)
             meta = manifest.get("meta", {})
-            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images)
+            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"),
+                      meta.get("capture_version"))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION)
                      or bool(manifest.get("keep_prefix", False)) != keep_prefix)
         except Exception:  # unreadable: start over
             force = True
@@ -268,7 +277,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
                           f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
                           "smaller --batch-tokens")
-    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site,
+    run_key = {"version": SAE_VERSION, "model": surface.spec, "weights": surface.weights_digest(), "layer": layer,
+               "site": site,
                "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
@@ -302,7 +312,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             return mix_prefix(out, train_store, str(s), seed + next(passes)) if with_prefix else out
 
         t0 = time.time()
-        sae, log = train_sae(train_batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
+        sae, log = train_sae(train_batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress,
+                             options=options)
         seconds = time.time() - t0
         other = None
         if stability_seed is not None:
@@ -310,9 +321,9 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             opts = options if options is not None else RunOptions()
             # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
             with torch.random.fork_rng(devices=[]):
-                other, _ = train_sae(lambda: train_batches(b2),
-                                     cfg.model_copy(update={"seed": stability_seed}), epochs=epochs, lr=lr,
-                                     progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
+                other, _ = train_sae(lambda: train_batches(b2), cfg.model_copy(update={"seed": stability_seed}),
+                                     TrainSettings(epochs=epochs, lr=lr), progress=progress,
+                                     options=RunOptions(device=opts.device, amp=opts.amp))
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
@@ -519,6 +530,7 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
 
 class SAEExperiment(Experiment[SAEResult]):
     name = "sae"
+    version = SAE_VERSION
     title = "Sparse autoencoder"
     claims = ("C1",)
     result_type = SAEResult
