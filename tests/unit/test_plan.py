@@ -221,8 +221,9 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
             page = (Path(result.sae_dir) / "browse" / "index.html").read_text()
             data_json = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
             unused = 30 - len(data_json["img"])
-            assert counts["forwards"] == plan.forwards - missing * 30 - unused
-            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth - unused * (settings["layer"] + 1)
+            # a missing feature set skips its ablation and its matched random removal (two forwards each)
+            assert counts["forwards"] == plan.forwards - missing * 60 - unused
+            assert counts["blocks"] == plan.blocks - missing * 60 * ape.depth - unused * (settings["layer"] + 1)
             assert counts["fits"] == plan.fits
             assert plan.sae_tokens == 300 * ape.num_patches * 2  # and the seed-stability SAE's
         else:
