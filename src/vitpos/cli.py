@@ -279,6 +279,8 @@ def capture(
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
+    keep_prefix: bool = typer.Option(False, "--keep-prefix", help="also store the prefix tokens (CLS, registers), "
+                                     "e.g. for `vitpos sae --store ... --include-special`"),
 ):
     """Stream activations of a dataset to disk shards (resumable, memory bounded).
 
@@ -294,7 +296,8 @@ def capture(
         autocast_dtype(amp, dev)
         surface = _surface(model, pretrained, checkpoint)
         info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
-                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp)
+                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp,
+                                keep_prefix=keep_prefix)
     if env.is_main:
         ranks = f" on {env.world_size} ranks" if env.enabled else ""
         out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites{ranks} -> {out}")
@@ -366,6 +369,12 @@ def sae(
     amp: str = AmpOpt,
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
+    stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
+                                              "same tokens and report the share of decoder directions it reproduces "
+                                              "(cos >= 0.9, one-to-one matching); doubles the training time"),
+    include_special: bool = typer.Option(False, "--include-special", help="train on the special tokens too: CLS / "
+                                         "register tokens and high-norm outlier patch tokens (norm > 5x the median); "
+                                         "default: left out, see sae.json special_tokens"),
 ):
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
     features.png."""
@@ -383,6 +392,8 @@ def sae(
 
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    if stability_seed is not None and stability_seed == seed:
+        raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
     with distributed(device) as (env, dev):
         autocast_dtype(amp, dev)
         state_dir = out / "train-state"
@@ -399,7 +410,8 @@ def sae(
         doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
                          n_train_images=images, n_eval_images=eval_images, epochs=epochs, seed=seed, out=out,
                          progress=progress and env.is_main, force=force, store=store,
-                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
+                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options,
+                         stability_seed=stability_seed, include_special=include_special)
     if not env.is_main:
         return
     splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
@@ -407,6 +419,37 @@ def sae(
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
                       f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
+    fid = doc.fidelity
+    if fid is not None:
+        stab = ("" if fid.stability is None else f"; seed {fid.stability.other_seed} reproduces "
+                f"{fid.stability.share_matched:.1%} of the decoder directions (cos >= {fid.stability.cos_threshold})")
+        out_console.print(f"dense latents (firing > {fid.dense_threshold:.0%}) {fid.dense_frac:.1%}; outlier tokens "
+                          f"{'included' if doc.include_special else 'left out'}: {doc.excluded_outlier_tokens or 0} of "
+                          f"the training tokens above {doc.outlier_threshold:.3g}{stab}")
+
+
+@app.command()
+def browse(
+    sae_dir: Path = typer.Argument(..., help="the --out folder of `vitpos sae` (sae.json + sae.safetensors)"),
+    out: Path = OutOpt,
+    images: int | None = typer.Option(None, "--images", min=2, help="held-out test images to browse with (>= 2; "
+                                      "default: as many as the SAE was scored on)"),
+    top_k: int = typer.Option(8, "--top-k", min=1, help="top activating images shown per latent (>= 1)"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+):
+    """A self-contained HTML page of every SAE latent (type, η² per axis, firing, row x column map, top images with
+    heatmaps, class groups); OUT/index.html, no network or server needed."""
+    from vitpos.browse import browse_sae, sae_doc
+    from vitpos.models import load_model
+
+    doc = sae_doc(sae_dir)
+    surface = load_model(str(doc.get("model")), pretrained=pretrained, checkpoint=checkpoint)
+    res = browse_sae(surface, sae_dir, out, images=images, top_k=top_k, doc=doc)
+    c = res["counts"]
+    out_console.print(f"{res['latents']} latents ({c['row']} row, {c['col']} col, {c['mixed']} mixed) over "
+                      f"{res['images']} images, {res['thumbnails']} thumbnails, {res['bytes'] / 1e6:.1f} MB -> "
+                      f"{res['page']}")
 
 
 @app.command()

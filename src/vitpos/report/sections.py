@@ -294,7 +294,49 @@ def _sec_sae(doc: dict) -> str:
                   ("features admitted at the null-derived thresholds",
                    f"{nt.get('row')} row / {nt.get('col')} col / {nt.get('mixed')} mixed"),
                   ("features admitted per η² threshold", adm)]
-    return kv_table(pairs)
+    return kv_table(pairs + _sae_fidelity_pairs(doc)) + _sae_browser_link(doc)
+
+
+def _sae_fidelity_pairs(doc: dict) -> list[tuple[str, str]]:
+    """Fidelity beyond FVU / L0 / dead / splice (sae.json `fidelity`, `special_tokens`), when recorded."""
+    pairs = []
+    if doc.get("logit_kl") is not None:
+        pairs.append(("logit KL(clean ‖ spliced), mean over images", fnum(doc.get("logit_kl"), 5)))
+    fid = doc.get("fidelity")
+    if isinstance(fid, dict):
+        by = fid.get("dense_frac_by_threshold") or {}
+        sens = ", ".join(f"{pct(v)} at {pct(num(t))}" for t, v in by.items()) if isinstance(by, dict) else ""
+        pairs.append((f"dense latents (fire on > {pct(fid.get('dense_threshold'))} of held-out tokens)",
+                      pct(fid.get("dense_frac")) + (f" ({sens})" if sens else "")))
+        st = fid.get("stability")
+        if isinstance(st, dict):
+            pairs.append((f"seed stability: decoder directions of seed {st.get('seed')} matched one-to-one by seed "
+                          f"{st.get('other_seed')} with cos ≥ {st.get('cos_threshold')}",
+                          f"{pct(st.get('share_matched'))} (median matched cos {fnum(st.get('median_cos'), 2)}; the "
+                          f"other seed's FVU {fnum(st.get('other_fvu'))})"))
+    sp = doc.get("special_tokens")
+    if isinstance(sp, dict):
+        row = next((r for r in sp.get("layers") or [] if isinstance(r, dict) and r.get("layer") == doc.get("layer")),
+                   None)
+        if row is not None:
+            prefix = ", ".join(f"{n} {fnum(r, 2)}×" for n, r in zip(sp.get("prefix") or [],
+                                                                    row.get("prefix_norm_ratio") or [], strict=False))
+            pairs.append(("prefix tokens (norm / median patch norm; never encoded)", prefix or "none"))
+            pairs.append((f"high-norm outlier patch tokens (norm > {sp.get('k')}× median) at this layer",
+                          f"{pct(row.get('outlier_share'))}, "
+                          f"{'included in' if doc.get('include_special') else 'left out of'} training "
+                          f"({doc.get('excluded_outlier_tokens', '?')} training tokens left out)"))
+    return pairs
+
+
+def _sae_browser_link(doc: dict) -> str:
+    page = doc.get("browser")
+    if not page:
+        return ""
+    from urllib.parse import quote
+
+    return (f'<p>Latent browser (every latent: type, η² per axis, row × column map, top images with heatmaps): '
+            f'<a href="{e(quote(str(page)))}">{e(page)}</a></p>')
 
 
 def _sec_ape(doc: dict) -> str:

@@ -66,6 +66,9 @@ class SAEStage(_Strict):
     high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
                                     description="leave patch tokens above this x the median patch-token norm out of "
                                     "SAE training (high-norm artifact tokens); None = keep every patch token")
+    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
+    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
+    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
 
 
 class ApePermuteStage(_Strict):
