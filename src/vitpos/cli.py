@@ -380,15 +380,14 @@ def ape_permute(
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
-    from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.io import read_json
+    from vitpos.experiments.ape_permute import load_sae_doc, run_ape_permute
     from vitpos.sae import SAE
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:
         raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs "
                           "an APE model")
-    sae_doc = read_json(Path(sae_dir) / "sae.json")
+    sae_doc = load_sae_doc(sae_dir)
     doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
                           out=out, progress=progress).to_json()
     t = Table("variant", "top-1", "drop (points)", "features")

@@ -31,15 +31,23 @@ class OwnSurface(TimmEvaSurface):
 
     extrapolation_scales = (1.25, 1.5)  # 32 px -> 40 and 48 px (grid 8 -> 10, 12)
 
-    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None):
+    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None,
+                 trained_classes: list[str] | None = None):
         super().__init__(model, spec)
         self.config = config
         self.trained_data = trained_data
-        if trained_data is not None:
+        if trained_classes is not None:  # recorded by `vitpos train` in config.json
+            self.trained_classes = tuple(trained_classes)
+        elif trained_data is not None:
             from vitpos.data import BUILTIN, dataset_info
 
             if trained_data in BUILTIN:
                 self.trained_classes = tuple(dataset_info(trained_data).class_names)
+            else:  # an image folder, classes not recorded (older runs): read them there, or accept no data
+                try:
+                    self.trained_classes = tuple(dataset_info(trained_data).class_names)
+                except VitposError:
+                    self.trained_classes = ()
 
     def _resized(self) -> None:
         super()._resized()
@@ -56,15 +64,21 @@ class OwnSurface(TimmEvaSurface):
         return {**super().describe(), "pe": self.config.pe, "config": self.config.model_dump()}
 
 
-def _trained_data(model_dir: Path) -> str | None:
-    """The data set an own model was trained on, from its config.json (None when not recorded)."""
+def _trained_data(model_dir: Path) -> tuple[str | None, list[str] | None]:
+    """The data set an own model was trained on and its class names, from its config.json (None
+    when not recorded; load_own_model has already read the file)."""
     from vitpos.io import read_json
 
     try:
-        data = (read_json(model_dir / "config.json").get("train") or {}).get("data")
-    except (VitposError, AttributeError):
-        return None
-    return data if isinstance(data, str) else None
+        doc = read_json(model_dir / "config.json")
+    except VitposError:
+        return None, None
+    train = doc.get("train") if isinstance(doc, dict) else None
+    data = train.get("data") if isinstance(train, dict) else None
+    classes = doc.get("classes") if isinstance(doc, dict) else None
+    if not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        classes = None
+    return (data if isinstance(data, str) else None), classes
 
 
 def available_builtins() -> list[str]:
@@ -152,7 +166,7 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
             raise VitposError(f"no shipped model {spec!r}; available: "
                               f"{', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
         model, cfg = load_own_model(BUILTIN_DIR / name)
-        return OwnSurface(model, spec, cfg, _trained_data(BUILTIN_DIR / name))
+        return OwnSurface(model, spec, cfg, *_trained_data(BUILTIN_DIR / name))
     if spec.startswith("timm:"):
         name, kwargs = parse_timm_spec(spec)
         kwargs.update(timm_kwargs or {})
@@ -168,7 +182,7 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
         model, cfg = load_own_model(path)
-        return OwnSurface(model, spec, cfg, _trained_data(path))
+        return OwnSurface(model, spec, cfg, *_trained_data(path))
     raise VitposError(
         f"model spec {spec!r} is neither builtin:NAME, timm:NAME nor an existing directory written by `vitpos train`"
     )

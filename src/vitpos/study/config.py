@@ -24,6 +24,9 @@ FASHION_MODELS = ["builtin:fashion-ape", "builtin:fashion-rope-axial", "builtin:
                   "builtin:fashion-none"]
 
 
+SEED_MAX = 2**32 - 1  # every seed vitpos takes: 0..SEED_MAX (derived seeds stay inside torch's 64-bit range)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -99,9 +102,10 @@ class HeadStage(_Strict):
 
 
 class RunConfig(_Strict):
-    models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
-    data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
-    seed: int = Field(default=0, ge=0)
+    models: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, description="None = the shipped models of each dataset")
+    data: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=lambda: ["shapes"], min_length=1)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
     model_seeds: int = Field(default=SHAPES_SEEDS, ge=1, le=SHAPES_SEEDS,
                              description="shipped shapes models per encoding (seeds 0..n-1) when models is None")
     eval_images: int | None = Field(default=None, ge=1, description="None = the whole test split")
@@ -148,7 +152,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
         path = Path(path)
         if not path.is_file():
             raise VitposError(f"config file {path} does not exist")
-        text = path.read_text()
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VitposError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         try:
             if path.suffix == ".toml":
                 import tomllib
@@ -157,13 +164,15 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
             else:
                 doc = yaml.safe_load(text) or {}
         except Exception as e:
-            raise VitposError(f"config file {path} does not parse ({str(e).splitlines()[0]})") from e
+            raise VitposError(f"config file {path} does not parse ({(str(e).splitlines() or [type(e).__name__])[0]}); "
+                              "fix its syntax") from None
         if not isinstance(doc, dict):
             raise VitposError(f"config file {path} must hold a mapping of settings")
     if quick:
         doc = _merge(QUICK, doc)
-        if "rope_axis" not in doc or "restore" not in doc.get("rope_axis", {}):
-            doc.setdefault("rope_axis", {})["restore"] = None  # filled per model (middle layer)
+        section = doc.setdefault("rope_axis", {})
+        if isinstance(section, dict) and "restore" not in section:  # not a mapping: refused below
+            doc["rope_axis"] = {**section, "restore": None}  # filled per model (middle layer)
     doc = _merge(doc, {k: v for k, v in overrides.items() if v is not None})
     try:
         return RunConfig.model_validate(doc)

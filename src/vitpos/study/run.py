@@ -126,7 +126,7 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
     """measure: times each model for the plan line logged first (None: counts only, no estimate)."""
     out = Path(out)
     timings: dict[str, float] = {}
-    runners = _runners(out, cfg, StageCache(out, force), quick, progress, timings, log)
+    runners = _runners(out, cfg, StageCache(out, force, log), quick, progress, timings, log)
     with exclusive_lock(out):
         t_start = time.time()
         entries: dict[str, ModelEntry] = {}
@@ -260,8 +260,9 @@ class _ModelStages:
             return None
         try:
             result = exp.load(hit)
-        except ValueError:
-            return None  # a cache entry from an older result type: recomputed
+        except (ValueError, TypeError, KeyError, AttributeError) as e:  # an older result type, or damaged
+            self.cache.damaged(self.cache.path(self.slug, exp.name, key), f"not a {exp.name} result: {e}")
+            return None
         return result if isinstance(result, Result) else None
 
     def _plan_head(self, sizes) -> tuple[PlannedStage | None, str | None, bool]:
