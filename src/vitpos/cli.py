@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitpos.errors import VitposError
+from vitpos.study.config import SEED_MAX
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
@@ -77,8 +78,8 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: int | None = typer.Option(None, "--epochs", min=1, help="default 3, or 2 with --quick (>= 1)"),
-    seed: int = typer.Option(0, "--seed"),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, max=1000, help="default 3, or 2 with --quick (1..1000)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
     lr: float = typer.Option(1e-3, "--lr", callback=_positive_finite, help="AdamW peak learning rate (> 0, finite)"),
     quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
@@ -142,7 +143,7 @@ def head_cmd(
     out: Path = OutOpt,
     images: int = typer.Option(4000, "--images", min=2, help="train-split images to fit on (>= 2); val and test "
                                "splits: images // 4 each"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
@@ -223,7 +224,7 @@ def probe(
     out: Path = OutOpt,
     images: int = typer.Option(1000, "--images", min=2,
                                help="number of test-split images, split by image into probe train/test (>= 2)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = typer.Option(None, "--head", help="accepted like the other commands' --head and checked "
@@ -258,13 +259,13 @@ def sae(
     out: Path = OutOpt,
     arch: Literal["topk", "batchtopk", "relu"] = typer.Option("topk", "--arch"),
     k: int = typer.Option(32, "--k", min=1, help="active latents per token for topk / batchtopk (>= 1)"),
-    expansion: int = typer.Option(8, "--expansion", min=1, help="latents = expansion x width (>= 1)"),
+    expansion: int = typer.Option(8, "--expansion", min=1, max=256, help="latents = expansion x width (1..256)"),
     images: int = typer.Option(4000, "--images", min=1,
                                help="training images (their patch tokens); unused with --store (>= 1)"),
-    epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
+    epochs: int = typer.Option(4, "--epochs", min=1, max=1000, help="1..1000"),
     eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
                                     "scores, splice and causal check (>= 2)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
     lr: float | None = typer.Option(None, "--lr", callback=_positive_finite,
@@ -332,7 +333,7 @@ def extrapolate(
     images: int = typer.Option(300, "--images", min=8, help="test images per size (>= 8)"),
     scales: str | None = typer.Option(None, "--scales", help="comma list of grid scales besides the training size "
                                       "(default: 1.25,1.5 for vitpos' models, 1.5,2 for timm models)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -373,7 +374,7 @@ def ape_permute(
     data: str = DataOpt,
     out: Path = OutOpt,
     images: int = typer.Option(2000, "--images", min=1, help=">= 1"),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="number of random seeds (>= 1)"),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=100, help="number of random seeds (1..100)"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -411,7 +412,7 @@ def rope_axis(
     restore: str | None = typer.Option(None, "--restore",
                                        help="comma list of R in 1..depth-1, the first layer whose rotations come back "
                                        "(default: every one)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -445,7 +446,7 @@ def rope_heads(
         None, "--top1-screen", min=1,
         help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
              "(default: every head on every image)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -479,7 +480,7 @@ def rope_prefix(
     block_from: int = typer.Option(0, "--block-from", min=0,
                                    help="first layer with patch -> prefix attention blocked, 0..depth-1 (0: all)"),
     attn_images: int = typer.Option(64, "--attn-images", min=1, help="images for the clean prefix attention (>= 1)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -512,7 +513,7 @@ def rope_freq(
     windows: str | None = typer.Option(None, "--windows", help="layer windows START:STOP[,...] (layers START..STOP-1); "
                                        "default: first half, second half, all layers"),
     layers: str | None = typer.Option(None, "--layers", help="probed layers, e.g. 2,5 (default: each window's last)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -563,7 +564,7 @@ def run(
     from vitpos.study.config import load_config
     from vitpos.study.run import run_study
 
-    overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
+    overrides = {"models": _spec_list(models, "--models", "builtin:ape"), "data": _spec_list(data, "--data", "shapes"),
                  "seed": seed, "pretrained": pretrained or None, "model_seeds": model_seeds}
     cfg = load_config(config, overrides, quick)
     if plan:
@@ -581,6 +582,20 @@ def run(
         t.add_row(c.id, c.verdict, escape(per), escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
+
+
+def _spec_list(text: str | None, flag: str, example: str) -> list[str] | None:
+    """A comma list option: None when not given; empty (or with an empty entry) is an error, not the default."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise VitposError(f"{flag} is empty; name at least one, e.g. {flag} {example} (or leave {flag} out for the "
+                          "defaults)")
+    if not all(items):
+        raise VitposError(f"{flag} {text!r} has an empty entry; separate names with single commas, e.g. "
+                          f"{flag} {example}")
+    return items
 
 
 def _print_plan(out: Path, cfg, quick: bool, force: bool) -> None:
@@ -611,19 +626,52 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; every expected failure ends as one `error: ...` line on stderr and exit code 2."""
+    """Run the CLI; every expected failure ends as one `error: ...` line on stderr and exit code 2,
+    and leaves --out as the command found it (what it created there is removed; an interrupt keeps
+    it, so that rerunning the command resumes)."""
+    from vitpos.errors import OutputBusyError
+    from vitpos.io import OutputGuard
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    guard = OutputGuard(None)
     try:
-        app(args=argv, standalone_mode=False)
+        guard = OutputGuard(_out_arg(args))
+        app(args=args, standalone_mode=False)
+    except OutputBusyError as e:  # another process writes there: leave everything alone
+        _fail(_one_line(str(e)))
     except VitposError as e:
+        guard.restore()
         _fail(_one_line(str(e)))
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume", highlight=False, markup=False)
         sys.exit(130)
     except OSError as e:  # full disk, permission, a path that is a file: the environment, not a bug
+        guard.restore()
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         _fail(f"{e.strerror or e}{where}; check that the output location is a writable directory with free space")
     except Exception as e:
+        if type(e).__name__ not in ("Exit", "NoArgsIsHelpError", "Abort"):
+            guard.restore()
         _usage_or_raise(e)
+
+
+def _out_arg(args: list[str]) -> Path | None:
+    """The --out / -o folder named on the command line (None: none); an empty one is refused."""
+    value = None
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a in ("--out", "-o") and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith("--out="):
+            value = a[len("--out="):]
+        elif a.startswith("-o") and len(a) > 2 and not a.startswith("--"):
+            value = a[2:]
+    if value is not None and not value.strip():
+        raise VitposError("--out is empty; name an output folder, e.g. --out results")
+    if value is None and args[:1] == ["run"]:
+        value = "vitpos-out"  # run's default
+    return Path(value) if value is not None else None
 
 
 def _usage_or_raise(e: Exception) -> None:

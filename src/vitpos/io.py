@@ -179,6 +179,39 @@ def fault_point(name: str, path: str | Path | None = None) -> None:
         os._exit(137)
 
 
+class OutputGuard:
+    """What a command's --out folder held before it ran, so that a failed command can leave it as it
+    found it: `restore()` removes every file and folder the command created there (the folder too,
+    when it did not exist). Files it replaced stay replaced: every write is atomic, so they are the
+    complete new version. A folder that is a file, or no folder, is left alone."""
+
+    def __init__(self, out: str | Path | None):
+        self.out = Path(out) if out is not None else None
+        self.existed = self.out is not None and self.out.exists()
+        self.before: set[str] | None = None
+        if self.out is not None and self.out.is_dir():
+            self.before = {str(p.relative_to(self.out)) for p in self.out.rglob("*")}
+
+    def restore(self) -> None:
+        import shutil
+
+        out = self.out
+        if out is None or not out.is_dir() or out.is_symlink():
+            return
+        if not self.existed:
+            shutil.rmtree(out, ignore_errors=True)
+            return
+        if self.before is None:
+            return
+        for p in sorted(out.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if str(p.relative_to(out)) in self.before:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 @contextmanager
 def exclusive_lock(folder: str | Path, what: str = "vitpos run") -> Iterator[Path]:
     """Hold an exclusive lock on FOLDER/.vitpos.lock while writing there; a second writer is refused.

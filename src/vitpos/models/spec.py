@@ -8,6 +8,7 @@ go through the timm module's checkpoint_filter_fn).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -99,12 +100,39 @@ def _parse_value(text: str):
     return text
 
 
+# query keys that would make timm read a file or fetch weights by a route vitpos does not control
+# (timm's checkpoint_path goes through torch.load: vitpos never unpickles user files)
+REFUSED_KEYS = {
+    "checkpoint_path": "pass --checkpoint FILE.safetensors (or `checkpoints:` in a run config) instead",
+    "pretrained": "pass --pretrained instead",
+    "pretrained_cfg": "vitpos loads hub weights only through --pretrained",
+    "pretrained_cfg_overlay": "vitpos loads hub weights only through --pretrained",
+    "cache_dir": "vitpos loads hub weights only through --pretrained",
+}
+# bounds of the sizes a query may set: a zero patch or a huge image must be refused, not built
+SIZE_BOUNDS = {"img_size": (1, 4096), "patch_size": (1, 4096), "embed_dim": (1, 16384), "depth": (1, 256),
+               "num_heads": (1, 1024), "num_classes": (0, 100_000), "in_chans": (1, 16), "reg_tokens": (0, 1024)}
+INT_BOUND = 1 << 20
+
+
 def parse_timm_spec(spec: str) -> tuple[str, dict]:
     body = spec[len("timm:"):]
     name, _, query = body.partition("?")
     kwargs = {k: _parse_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
     if not name:
         raise VitposError("timm spec needs a model name, e.g. timm:vit_small_patch16_224")
+    for key, value in kwargs.items():
+        if key in REFUSED_KEYS:
+            raise VitposError(f"timm spec {spec!r}: ?{key}= is refused; {REFUSED_KEYS[key]}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise VitposError(f"timm spec {spec!r}: {key}={value} is not a finite number; pass a number")
+        if isinstance(value, int) and not isinstance(value, bool):
+            lo, hi = SIZE_BOUNDS.get(key, (-INT_BOUND, INT_BOUND))
+            if not lo <= value <= hi:
+                raise VitposError(f"timm spec {spec!r}: {key}={value} is outside {lo}..{hi}; pass a value in range")
+        elif key in SIZE_BOUNDS:
+            raise VitposError(f"timm spec {spec!r}: {key}={value!r} must be a whole number; pass e.g. {key}="
+                              f"{max(SIZE_BOUNDS[key][0], 4)}")
     return name, kwargs
 
 
@@ -172,7 +200,8 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
         kwargs.update(timm_kwargs or {})
         try:
             model = load_timm(name, kwargs, pretrained, checkpoint)
-        except (ValueError, TypeError, AssertionError, RuntimeError) as e:  # timm's own argument checks
+        except (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError, OverflowError, IndexError,
+                KeyError, AttributeError) as e:  # timm's own argument checks, and what bad sizes break
             if isinstance(e, VitposError):
                 raise
             msg = " ".join(str(e).split())[:200] or type(e).__name__

@@ -40,17 +40,17 @@ class SAEStage(_Strict):
     site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
     k: int = Field(default=32, ge=1)
-    expansion: int = Field(default=8, ge=1)
+    expansion: int = Field(default=8, ge=1, le=256)
     images: int = Field(default=4000, ge=1)
     eval_images: int = Field(default=1000, ge=2,
                              description="held-out test images: metrics, feature scores, causal check")
-    epochs: int = Field(default=4, ge=1)
+    epochs: int = Field(default=4, ge=1, le=1000)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
 
 
 class ApePermuteStage(_Strict):
     images: int = Field(default=2000, ge=1)
-    seeds: int = Field(default=3, ge=1)
+    seeds: int = Field(default=3, ge=1, le=100)
 
 
 class RopeAxisStage(_Strict):
