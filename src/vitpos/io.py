@@ -179,6 +179,23 @@ def fault_point(name: str, path: str | Path | None = None) -> None:
         os._exit(137)
 
 
+def artifact_path(root: str | Path | None, recorded: str | Path) -> Path:
+    """A path recorded in results: relative to the output folder `root` (what vitpos writes, so a
+    copied or moved output folder reads its own artifacts), or absolute (older results: read as is)."""
+    p = Path(recorded)
+    return p if p.is_absolute() or root is None else Path(root) / p
+
+
+def relative_artifact(root: str | Path | None, path: str | Path) -> str:
+    """`path` as results record it: relative to `root` when it lies inside it."""
+    if root is None:
+        return str(path)
+    try:
+        return Path(path).relative_to(Path(root)).as_posix()
+    except ValueError:
+        return str(path)
+
+
 class OutputGuard:
     """What a command's --out folder held before it ran, so that a failed command can leave it as it
     found it: `restore()` removes every file and folder the command created there (the folder too,

@@ -44,7 +44,7 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
-from vitpos.io import read_json, validate_doc
+from vitpos.io import artifact_path, read_json, validate_doc
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.sae import SAE
@@ -447,7 +447,7 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
         s = stage.settings
-        return run_ape_permute(surface, SAE.load(sae_doc["sae_dir"]), sae_doc, data=stage.data, n_images=s["images"],
+        return run_ape_permute(surface, SAE.load(artifact_path(stage.root, sae_doc["sae_dir"])), sae_doc, data=stage.data, n_images=s["images"],
                                seeds=tuple(range(s["seeds"])))
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:

@@ -37,7 +37,7 @@ from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.hooks import edit
-from vitpos.io import read_json, write_json
+from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
@@ -444,7 +444,9 @@ class SAEExperiment(Experiment[SAEResult]):
                             expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
                             epochs=s["epochs"], seed=stage.seed,
                             out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
-        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
+        # relative to the output folder: a copied output folder reads its own SAE, never the original's
+        return result.model_copy(update={"sae_dir": relative_artifact(stage.root, stage.out),
+                                         "layer_choice": s["layer_choice"]})
 
-    def artifacts_ready(self, result: SAEResult) -> bool:
-        return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()
+    def artifacts_ready(self, result: SAEResult, root: Path | None = None) -> bool:
+        return result.sae_dir is not None and (artifact_path(root, result.sae_dir) / "sae.safetensors").is_file()
