@@ -15,6 +15,8 @@ from rich.table import Table
 from vitpos.errors import VitposError
 from vitpos.study.config import SEED_MAX
 
+COUNT_MAX = 10**9  # the largest count (images, tokens, batch, layer) an option takes: huge values are refused
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
                        "and RoPE ViTs.")
@@ -80,7 +82,7 @@ def train(
     data: str = DataOpt,
     epochs: int | None = typer.Option(None, "--epochs", min=1, max=1000, help="default 3, or 2 with --quick (1..1000)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
-    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, max=COUNT_MAX, help=">= 1"),
     lr: float = typer.Option(1e-3, "--lr", callback=_positive_finite, help="AdamW peak learning rate (> 0, finite)"),
     quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
     force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
@@ -114,7 +116,8 @@ def eval_cmd(
     out: Path | None = typer.Option(None, "--out", "-o"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
-    limit: int | None = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
+    limit: int | None = typer.Option(None, "--limit", min=1, max=COUNT_MAX,
+                                     help="evaluate on the first N images (>= 1)"),
     head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
@@ -141,7 +144,8 @@ def head_cmd(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(4000, "--images", min=2, help="train-split images to fit on (>= 2); val and test "
+    images: int = typer.Option(4000, "--images", min=2, max=COUNT_MAX,
+                               help="train-split images to fit on (>= 2); val and test "
                                "splits: images // 4 each"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
@@ -185,10 +189,10 @@ def capture(
     data: str = DataOpt,
     split: Literal["train", "val", "test"] = typer.Option("train", "--split"),
     out: Path = OutOpt,
-    limit: int | None = typer.Option(None, "--limit", min=1, help="first N images only (>= 1)"),
-    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    limit: int | None = typer.Option(None, "--limit", min=1, max=COUNT_MAX, help="first N images only (>= 1)"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, max=COUNT_MAX, help=">= 1"),
     dtype: Literal["float32", "float16", "bfloat16"] = typer.Option("float32", "--dtype", help="storage dtype"),
-    shard_images: int = typer.Option(256, "--shard-images", min=1, help=">= 1"),
+    shard_images: int = typer.Option(256, "--shard-images", min=1, max=COUNT_MAX, help=">= 1"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -222,7 +226,7 @@ def probe(
     sites: str = typer.Option("resid_post", "--sites"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", min=2,
+    images: int = typer.Option(1000, "--images", min=2, max=COUNT_MAX,
                                help="number of test-split images, split by image into probe train/test (>= 2)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
@@ -253,25 +257,28 @@ def probe(
 @app.command()
 def sae(
     model: str = ModelOpt,
-    layer: int = typer.Option(..., "--layer", min=0, help="block index whose site is encoded (0..depth-1)"),
+    layer: int = typer.Option(..., "--layer", min=0, max=COUNT_MAX,
+                              help="block index whose site is encoded (0..depth-1)"),
     site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = typer.Option("resid_post", "--site"),
     data: str = DataOpt,
     out: Path = OutOpt,
     arch: Literal["topk", "batchtopk", "relu"] = typer.Option("topk", "--arch"),
-    k: int = typer.Option(32, "--k", min=1, help="active latents per token for topk / batchtopk (>= 1)"),
+    k: int = typer.Option(32, "--k", min=1, max=COUNT_MAX, help="active latents per token for topk / batchtopk (>= 1)"),
     expansion: int = typer.Option(8, "--expansion", min=1, max=256, help="latents = expansion x width (1..256)"),
-    images: int = typer.Option(4000, "--images", min=1,
+    images: int = typer.Option(4000, "--images", min=1, max=COUNT_MAX,
                                help="training images (their patch tokens); unused with --store (>= 1)"),
     epochs: int = typer.Option(4, "--epochs", min=1, max=1000, help="1..1000"),
-    eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
+    eval_images: int = typer.Option(1000, "--eval-images", min=2, max=COUNT_MAX,
+                                    help="held-out test images for the metrics, feature "
                                     "scores, splice and causal check (>= 2)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
     lr: float | None = typer.Option(None, "--lr", callback=_positive_finite,
                                      help="Adam learning rate (> 0; default: 2e-3, ∝ 1/√F above 768 latents)"),
-    batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, help="tokens per training step (>= 1)"),
-    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0,
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, max=COUNT_MAX,
+                                     help="tokens per training step (>= 1)"),
+    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0, max=COUNT_MAX,
                                        help="shuffle buffer (tokens held in memory while streaming; 0 = none)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
@@ -280,7 +287,8 @@ def sae(
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
-    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
+    checkpoint_every: int = typer.Option(500, "--checkpoint-every", min=0, max=COUNT_MAX,
+                                         help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
 ):
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
@@ -330,7 +338,7 @@ def extrapolate(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(300, "--images", min=8, help="test images per size (>= 8)"),
+    images: int = typer.Option(300, "--images", min=8, max=COUNT_MAX, help="test images per size (>= 8)"),
     scales: str | None = typer.Option(None, "--scales", help="comma list of grid scales besides the training size "
                                       "(default: 1.25,1.5 for vitpos' models, 1.5,2 for timm models)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
@@ -373,7 +381,7 @@ def ape_permute(
     sae_dir: Path = typer.Option(..., "--sae", help="directory written by `vitpos sae`"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(2000, "--images", min=1, help=">= 1"),
+    images: int = typer.Option(2000, "--images", min=1, max=COUNT_MAX, help=">= 1"),
     seeds: int = typer.Option(3, "--seeds", min=1, max=100, help="number of random seeds (1..100)"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -408,7 +416,7 @@ def rope_axis(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", min=2, help=">= 2"),
+    images: int = typer.Option(1000, "--images", min=2, max=COUNT_MAX, help=">= 2"),
     restore: str | None = typer.Option(None, "--restore",
                                        help="comma list of R in 1..depth-1, the first layer whose rotations come back "
                                        "(default: every one)"),
@@ -439,11 +447,12 @@ def rope_heads(
     data: str = DataOpt,
     out: Path = OutOpt,
     axis: Literal["row", "col", "both"] = typer.Option("both", "--axis"),
-    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1, max=COUNT_MAX,
                                                  help="R of the restore setting, 1..depth-1 (default depth//2)"),
-    top1_images: int = typer.Option(2000, "--top1-images", min=1, help="test images for every head's top-1 drop"),
+    top1_images: int = typer.Option(2000, "--top1-images", min=1, max=COUNT_MAX,
+                                    help="test images for every head's top-1 drop"),
     top1_screen: int | None = typer.Option(
-        None, "--top1-screen", min=1,
+        None, "--top1-screen", min=1, max=COUNT_MAX,
         help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
              "(default: every head on every image)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
@@ -474,12 +483,13 @@ def rope_prefix(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(500, "--images", min=2, help=">= 2"),
-    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
+    images: int = typer.Option(500, "--images", min=2, max=COUNT_MAX, help=">= 2"),
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1, max=COUNT_MAX,
                                             help="R of the restore conditions, 1..depth-1 (default depth//2)"),
-    block_from: int = typer.Option(0, "--block-from", min=0,
+    block_from: int = typer.Option(0, "--block-from", min=0, max=COUNT_MAX,
                                    help="first layer with patch -> prefix attention blocked, 0..depth-1 (0: all)"),
-    attn_images: int = typer.Option(64, "--attn-images", min=1, help="images for the clean prefix attention (>= 1)"),
+    attn_images: int = typer.Option(64, "--attn-images", min=1, max=COUNT_MAX,
+                                    help="images for the clean prefix attention (>= 1)"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -508,7 +518,7 @@ def rope_freq(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(300, "--images", min=2, help=">= 2"),
+    images: int = typer.Option(300, "--images", min=2, max=COUNT_MAX, help=">= 2"),
     bands: int = typer.Option(3, "--bands", min=2, help="equal-rank bands of each axis' frequencies (3: low/mid/high)"),
     windows: str | None = typer.Option(None, "--windows", help="layer windows START:STOP[,...] (layers START..STOP-1); "
                                        "default: first half, second half, all layers"),

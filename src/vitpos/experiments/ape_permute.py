@@ -447,7 +447,8 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
         s = stage.settings
-        return run_ape_permute(surface, SAE.load(artifact_path(stage.root, sae_doc["sae_dir"])), sae_doc, data=stage.data, n_images=s["images"],
+        sae = SAE.load(artifact_path(stage.root, sae_doc["sae_dir"]))
+        return run_ape_permute(surface, sae, sae_doc, data=stage.data, n_images=s["images"],
                                seeds=tuple(range(s["seeds"])))
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:

@@ -57,15 +57,15 @@ class HeadInfo(BaseModel):
     num_classes: int = Field(ge=1)
     width: int = Field(ge=1)  # pooled feature size D
     feature_site: Literal["pre_logits"] = FEATURE_SITE
-    l2: float
+    l2: float = Field(ge=0)
     l2_grid: list[float]
     val_top1_by_l2: list[float]
-    val_top1: float
-    test_top1: float
-    n_train_images: int
-    n_val_images: int
-    n_test_images: int
-    seed: int
+    val_top1: float = Field(ge=0, le=1)
+    test_top1: float = Field(ge=0, le=1)
+    n_train_images: int = Field(ge=0, le=10**12)
+    n_val_images: int = Field(ge=0, le=10**12)
+    n_test_images: int = Field(ge=0, le=10**12)
+    seed: int = Field(ge=0)
 
     @model_validator(mode="after")
     def _classes_match(self) -> HeadInfo:

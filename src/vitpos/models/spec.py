@@ -77,8 +77,9 @@ def _trained_data(model_dir: Path) -> tuple[str | None, list[str] | None]:
     train = doc.get("train") if isinstance(doc, dict) else None
     data = train.get("data") if isinstance(train, dict) else None
     classes = doc.get("classes") if isinstance(doc, dict) else None
-    if not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
-        classes = None
+    if classes is not None and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise VitposError(f"{model_dir / 'config.json'}: 'classes' is not a list of class names; retrain with "
+                          "`vitpos train`")
     return (data if isinstance(data, str) else None), classes
 
 

@@ -504,7 +504,7 @@ class SAE(nn.Module):
                 got = None if t is None else tuple(t.shape)
                 raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, "
                                   "re-train it")
-            if not t.is_floating_point() or (name != "threshold" and not bool(torch.isfinite(t).all())):
+            if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
                 raise VitposError(f"{file}: tensor {name} is {t.dtype} or holds NaN / infinite values; the file is "
                                   "corrupt, re-train it")
         with torch.no_grad():

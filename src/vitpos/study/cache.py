@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vitpos.errors import VitposError
-from vitpos.io import read_json, write_json
+from vitpos.io import finite_number, read_json, write_json
 from vitpos.study.config import RunConfig
 
 
@@ -52,6 +52,8 @@ class StageCache:
             doc = read_json(path)
             if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
                 raise VitposError(f"{path} is not a stage-cache entry (no result object)")
+            if not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
+                raise VitposError(f"{path} is not a stage-cache entry (its key or seconds are missing or wrong)")
             return doc["result"]
         except VitposError as e:
             self.damaged(path, str(e))

@@ -162,10 +162,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
 
                 doc = tomllib.loads(text)
             else:
-                doc = yaml.safe_load(text) or {}
+                doc = yaml.safe_load(text)
         except Exception as e:
             raise VitposError(f"config file {path} does not parse ({(str(e).splitlines() or [type(e).__name__])[0]}); "
                               "fix its syntax") from None
+        if doc is None or doc == {}:  # empty means error, not the defaults
+            raise VitposError(f"config file {path} holds no settings; write some (see README), or leave --config out "
+                              "for the defaults")
         if not isinstance(doc, dict):
             raise VitposError(f"config file {path} must hold a mapping of settings")
     if quick:
