@@ -178,7 +178,8 @@ class _ModelStages:
             reason = f"the model's classifier has {n} classes, {self.data} has {k}"
         else:
             trained = getattr(self.surface, "trained_data", None)
-            reason = f"the model's classifier was trained on {trained}, not {self.data}"
+            reason = (f"the model's classifier was trained on {trained}, not {self.data}" if trained != self.data else
+                      f"the model's classifier was trained on other classes than {self.data}'s (its folders changed?)")
         if self.given_head is not None:
             self.surface = self.surface.with_head(self.given_head, info, self.data)
             return HeadResult.of(self.given_head, self.cfg.heads[self.spec], "given",
