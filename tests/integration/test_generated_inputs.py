@@ -65,7 +65,8 @@ def _own_model(path: Path, pe: str, data: str, classes: list[str] = CLASSES) -> 
     from vitpos.models.own import OwnViTConfig, build_own_vit
 
     torch.manual_seed(0)
-    cfg = OwnViTConfig(pe=pe, img_size=32, patch_size=8, num_classes=4, embed_dim=32, depth=2, num_heads=2)
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=32, patch_size=8, num_classes=4, embed_dim=32, depth=2,
+                                           num_heads=2))
     save_own_model(path, build_own_vit(cfg), cfg, extra={"train": {"data": data}, "classes": classes})
     return path
 
@@ -502,3 +503,14 @@ def test_own_model_trained_on_other_classes_is_refused(world, tmp_path, capsys):
     out = tmp_path / "out"
     assert check_contract(["eval", "-m", str(world.model), "--data", "shapes", "--limit", "4", "--out", str(out)],
                           out, capsys) == 2
+
+
+def test_a_head_whose_class_count_disagrees_with_its_names_is_refused(world, tmp_path, capsys):
+    head = _copy(world.head, tmp_path / "head")
+    doc = json.loads((head / "head.json").read_text())
+    doc["classes"] = doc["classes"][:3]  # 3 names, num_classes 4, weights of 4 rows
+    (head / "head.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    assert check_contract(["eval", "-m", str(world.model), "--data", world.data, "--head", str(head), "--limit", "4",
+                           "--out", str(out)], out, capsys) == 2
+    assert "num_classes is 4 but classes names 3" in LAST_ERR[0]
