@@ -18,7 +18,7 @@ import timm
 import torch
 
 from vitpos.errors import VitposError
-from vitpos.io import read_safetensors
+from vitpos.io import check_finite, read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
 from vitpos.models.surface import ModelSurface
@@ -141,6 +141,7 @@ def _load_checkpoint(model: torch.nn.Module, checkpoint: Path, name: str) -> tor
     """Strict load of local safetensors weights; official-format checkpoints go through the timm
     model module's own checkpoint_filter_fn (e.g. naver / EVA key layouts)."""
     state = read_safetensors(checkpoint)
+    check_finite(state, checkpoint, "the weights are broken; re-create or re-download them")
     try:
         model.load_state_dict(state, strict=True)
         return model
