@@ -250,8 +250,7 @@ def native_size(name: str, seed: int = 0) -> int:
     items = _split_samples(str(_root(name)), seed).get("train") or []
     if not items:
         raise VitposError(f"no training images under {_root(name)}; add images to the class folders")
-    with Image.open(items[0][0]) as im:
-        return min(im.size)
+    return min(_load_path(items[0][0]).size)  # a broken or oversized image: one error line
 
 
 def with_transform(ds: TensorImageDataset, transform: Transform) -> LazyImageDataset:
