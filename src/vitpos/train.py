@@ -287,8 +287,8 @@ def train(
                     g["lr"] = lr_at(epoch * steps_per_epoch + i, total_steps, warmup, lr)
                 loss = F.cross_entropy(model(x), y)
                 if not bool(torch.isfinite(loss)):  # diverged: no checkpoint, no model, one line
-                    raise VitposError(f"training diverged: the loss is {float(loss)} at epoch {epoch + 1}, step "
-                                      f"{i + 1} (--lr {lr:g}); lower --lr and rerun with --force")
+                    raise VitposError(f"training diverged: the loss is {float(loss.detach())} at epoch {epoch + 1}, "
+                                      f"step {i + 1} (--lr {lr:g}); lower --lr and rerun with --force")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
