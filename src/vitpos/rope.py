@@ -1,4 +1,5 @@
-"""Rotary tensors rebuilt with an axis coordinate removed (pure functions on timm's layouts).
+"""Rotary tensors rebuilt with an axis coordinate removed (pure functions on timm's layouts; what
+needs timm's own mixed-RoPE code lives in `vitpos.models.timm_adapter`).
 
 timm hands each attention block `rope` = cat([sin, cos], -1) with shape (..., N, 2d) for the N
 patch tokens. Removing an axis sets that axis' coordinate to 0 in q and k alike: for axial RoPE
@@ -9,7 +10,6 @@ c*f_col + r*f_row loses its row (or col) term and is recomputed with timm's own 
 from __future__ import annotations
 
 import torch
-from timm.layers.pos_embed_sincos import get_mixed_freqs, get_mixed_grid
 
 from vitpos.errors import VitposError
 
@@ -44,27 +44,6 @@ def remove_axial_channels(emb: torch.Tensor, channels: list[int]) -> torch.Tenso
     out[..., idx] = 0.0
     out[..., d + idx] = 1.0
     return out
-
-
-def mixed_grid_axes(grid: tuple[int, int], grid_indexing: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """timm's mixed coordinates (t_x, t_y) and which of them (0 or 1) is the ROW coordinate.
-
-    Which one is the row depends on grid_indexing (get_mixed_grid names the row t_x under 'ij'),
-    so it is read off the grid rather than assumed."""
-    t_x, t_y = get_mixed_grid(list(grid), grid_indexing=grid_indexing)
-    H, W = grid
-    row_of = (torch.arange(H * W) // W).float()
-    if torch.equal(t_x.float(), row_of):
-        return t_x, t_y, 0
-    if torch.equal(t_y.float(), row_of):
-        return t_x, t_y, 1
-    raise VitposError(f"cannot tell the row coordinate of timm's mixed RoPE grid (indexing {grid_indexing!r})")
-
-
-def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool,
-                drop_y: bool) -> torch.Tensor:
-    """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
-    return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))
 
 
 # --- channel frequencies and frequency bands ------------------------------------------------------
