@@ -268,6 +268,32 @@ def _sec_sae(doc: dict) -> str:
                    f"{fnum(row.get('selectivity'), 2)} {ci(row.get('selectivity_ci95'), digits=2)}"),
                   ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)",
                    f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)}")]
+        for kind, eff in (("row", row), ("col", col)):
+            ctl = c.get(f"control_{kind}")
+            if not isinstance(ctl, dict) or "top1_drop" not in eff and f"{kind}_drop" not in ctl:
+                continue
+            groups = "; ".join(f"{g}: {pts(v)}" for g, v in (eff.get("per_group_drop") or {}).items())
+            pairs += [(f"removing the {kind} features: top-1 drop (per class group)",
+                       f"{pts(eff.get('top1_drop'))} {ci(eff.get('top1_drop_ci95'), digits=1)}"
+                       + (f" ({groups})" if groups else "")),
+                      (f"matched random removal ({kind}): {kind}-probe drop, top-1 drop",
+                       f"{fnum(ctl.get(f'{kind}_drop', ctl.get('skipped')))} "
+                       f"{ci(ctl.get(f'{kind}_drop_ci95'), digits=4)}; {pts(ctl.get('top1_drop'))}"
+                       + (f" — {ctl['note']}" if ctl.get("note") else "")),
+                      (f"edit norm of the {kind} set vs its control",
+                       f"{fnum(eff.get('edit_norm'), 3)} vs {fnum(ctl.get('edit_norm'), 3)}")]
+    null = doc.get("eta2_null")
+    if isinstance(null, dict):
+        adm = "; ".join(f"{a.get('threshold')}: {a.get('row')} row / {a.get('col')} col / {a.get('mixed')} mixed"
+                        for a in null.get("admitted") or [] if isinstance(a, dict))
+        nt = null.get("null_thresholds") or {}
+        pairs += [("η² null (positions shuffled within image): q99 row / col / pos",
+                   f"{fnum(null.get('null_row_q'), 4)} / {fnum(null.get('null_col_q'), 4)} / "
+                   f"{fnum(null.get('null_pos_q'), 4)}; the thresholds used lie "
+                   f"{'above' if null.get('used_above_null') else 'NOT above'} the null"),
+                  ("features admitted at the null-derived thresholds",
+                   f"{nt.get('row')} row / {nt.get('col')} col / {nt.get('mixed')} mixed"),
+                  ("features admitted per η² threshold", adm)]
     return kv_table(pairs)
 
 
@@ -280,7 +306,8 @@ def _sec_ape(doc: dict) -> str:
             f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>{e(' ' + base_ci if base_ci else '')}; positional "
             f"features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, {e(fc.get('mixed', '?'))} mixed. "
             "Drops in top-1 points with their 95% paired-bootstrap interval over images (seeds pooled); C2 reads the "
-            "all-positional set against its matched random control.</p>")
+            "all-positional set against its same-position cross-image swap (a null by construction); the matched "
+            "random controls are reported beside it.</p>")
     given = doc.get("controls")
     controls: dict = given if isinstance(given, dict) else {}
     pairs = []
@@ -295,6 +322,17 @@ def _sec_ape(doc: dict) -> str:
         out += "<h4>each permuted set beside its matched random control</h4>"
         out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
                       "note"], pairs)
+    nulls = doc.get("nulls")
+    if isinstance(nulls, dict) and nulls:
+        nrows = []
+        for v, of in nulls.items():
+            x, k = doc.get(v), doc.get(of)
+            nrows.append([str(of), _drop_text(k) if _ran(k) else _why(k), fnum((k or {}).get("edit_norm"), 3), str(v),
+                          _drop_text(x) if _ran(x) else _why(x), fnum((x or {}).get("edit_norm"), 3),
+                          str((x or {}).get("note") or "")])
+        out += ("<h4>nulls by construction (C2 reads the same-position swap)</h4>"
+                + table(["permuted set", "drop [95% CI]", "edit norm", "null", "null drop [95% CI]", "edit norm",
+                         "note"], nrows))
     rows = []
     for v in variant_names(doc):
         x = doc.get(v)
