@@ -7,13 +7,30 @@ import pytest
 import torch
 
 from vitpos.study.rules import RULES
-from vitpos.validation.planted_ape import CH, Label, Positional, build_planted_ape, planted_data, planted_sae
-from vitpos.validation.table import validation_table
+from vitpos.validation.planted_ape import (
+    APE_CASES,
+    CH,
+    Label,
+    Positional,
+    build_planted_ape,
+    planted_data,
+    planted_sae,
+)
+from vitpos.validation.table import CASES, validation_table
 
 
 @pytest.fixture(scope="module")
 def table():
-    return validation_table(n_images=240, seeds=(0,))
+    return validation_table(APE_CASES, n_images=240, seeds=(0,))  # the RoPE rows: test_planted_rope.py
+
+
+def test_one_table_covers_every_claim_both_ways():
+    """The study's one validation table holds planted-true and planted-false cases for each of C1-C5."""
+    truths: dict[str, set[bool]] = {}
+    for case in CASES:
+        for cid, planted in case.truth.items():
+            truths.setdefault(cid, set()).add(planted)
+    assert truths == {c: {True, False} for c in ("C1", "C2", "C3", "C4", "C5")}
 
 
 def test_the_validation_table_holds(table):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from vitpos.analysis.stats import seed_interval
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
-from vitpos.experiments.rope_axis import kept_fraction, median_recovery
+from vitpos.experiments.rope_axis import floored_kept, kept_fraction, median_recovery
 from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
 from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
@@ -22,6 +22,7 @@ MIN_DROP = RULES.values()["C2.min_drop"]
 CONTROL_FACTOR = RULES.values()["C2.null_factor"]
 MIN_REMOVED = 0.7
 MIN_KEPT = 0.7
+MIN_HEAD_SHARE = 0.25  # C4: the primary rebuilding head explains at least this share of the recovery
 
 CLAIM_TEXT = {
     "C1": "APE: sparse autoencoders recover causal row- and column-specific features.",
@@ -66,20 +67,35 @@ CLAIM_RULES: dict[str, str] = {
             norm, the drop per class group and as a fraction of the position gain (clean minus
             the `none` model's top-1 on the same data, where one ran), and whether the drop falls
             in the study's 24-31 (ImageNet's range: stated, not required).""",
-    "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
-            (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
-            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
-            of its above-chance decodability, for both axes: each fraction's interval (paired
-            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
-            threshold; fails if one lies below.""",
-    "C4": """  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
-            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
-            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
-            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
-            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
-            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
-            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
-            the primary head is also first there).""",
+    "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
+            content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
+            fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
+            whose baseline is >= MIN_ABOVE_CHANCE above the floor), the floor of a layer = the same
+            model's no_both accuracy there (no rotations: what content alone gives), never below
+            chance; each fraction's interval (paired bootstrap over the probes' test images,
+            rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
+            and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
+            fraction's interval >= MIN_REMOVED). Kept above 100 % is reported as an interaction.
+            Reported beside it: the fractions above chance, the floor from the matched `none`
+            model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
+            the floors read the fractions above chance.""",
+    "C4": """  C4 (RoPE) recovery after restoring is partial, against a count-matched reference: for both
+            axes the interval of the median over restore points R of the mean rebuilt share
+            B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)), l >= R (the share
+            of the deficit at R that the restored layers close beyond what the same layers add in
+            the clean model; paired bootstrap, rope_axis `median_rebuilt_share`) lies inside (0, 1),
+            fails if it lies wholly at or below 0 or at or above 1; and the primary rebuilding head
+            is specialised on the axis it rebuilds, where it rebuilds: its axis index S measured in
+            the restore condition, signed to the axis whose recovery it carries (+ row, - col;
+            `primary_axis_index_matched`, bootstrap over the attention images), lies at or above
+            the null threshold (the 0.95 quantile of |S| with each head's rotary pairs relabelled
+            at random, `axis_index_null_threshold`), fails if below; and it explains at least
+            MIN_HEAD_SHARE of the recovery (its fall in Rec / Rec, paired bootstrap,
+            `primary_recovery_share`). Results written before these fall back to median Rec inside
+            (0, 1) and the clean-attention |S| >= 0.5. Reported beside the rule, not in it: median
+            Rec, how often the primary head would be chosen again over image resamples
+            (`selection_frequency`), the top-k heads' joint share with its interval, and whether
+            mean-ablating head outputs ranks the same heads.""",
     "C5": """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.""",
@@ -349,11 +365,13 @@ def _n(v: dict) -> str:
     return "n/a" if n is None else str(n)
 
 
-def _c3(spec: str, ra: dict) -> dict:
+def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
     c = ra["conditions"]
     base = c["baseline"]
     chance = {"row": ra["chance_row"], "col": ra["chance_col"]}
     removal = ra.get("removal") or {}
+    floored = ra.get("removal_floored")  # issue 29: per-layer content floors; None in older results
+    mlp = ((ra.get("readouts") or {}).get("removal")) or None
     nums: dict[str, Any] = {}
     outcomes: list[Outcome] = []
     ivs: dict[str, Interval | None] = {}
@@ -370,22 +388,73 @@ def _c3(spec: str, ra: dict) -> dict:
         nums[f"{rm}_ci95"], nums[f"{kp}_ci95"] = measured.get("removed_ci95"), measured.get("kept_ci95")
         ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
         ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
-        outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+        if floored is None:  # results before the floors: fractions above chance
+            outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+            continue
+        fl = floored.get(f"no_{a}") or {}
+        for key, num in (("removed", f"{rm}_floored"), ("kept", f"{kp}_floored")):
+            nums[num], nums[f"{num}_ci95"] = fl.get(key), fl.get(f"{key}_ci95")
+            ivs[num] = None if fl.get(key) is None else bounds(fl.get(key), fl.get(f"{key}_ci95"))
+        nums[f"{kp}_interaction"] = bool(fl.get("interaction"))
+        outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
+        if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
+            m = (mlp.get(f"no_{a}") or {}).get("mlp") or {}
+            for key, num in (("removed", f"{rm}_mlp"), ("kept", f"{kp}_mlp"), ("removed_pair", f"{rm}_pair_mlp"),
+                             ("kept_pair", f"{kp}_pair_mlp")):
+                nums[num], nums[f"{num}_ci95"] = m.get(key), m.get(f"{key}_ci95")
+                ivs[num] = None if m.get(key) is None else bounds(m.get(key), m.get(f"{key}_ci95"))
+            outcomes.append(at_least(ivs[f"{rm}_mlp"], MIN_REMOVED))
+        if none_probe is not None and len(none_probe.get(f"{a}_acc") or []) == len(base[f"{a}_acc"]):
+            # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
+            floor = [max(chance[a], f) for f in none_probe[f"{a}_acc"]]
+            kept_none, _ = floored_kept(base[f"{a}_acc"], off[f"{a}_acc"], floor)
+            nums[f"{rm}_none_floor"] = None if kept_none is None else 1 - kept_none
 
     def frac(key: str) -> str:
-        iv = ivs[key]
-        return _pc(nums[key]) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
+        iv = ivs.get(key)
+        return _pc(nums.get(key)) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
 
-    return {"result": all_of(*outcomes), "numbers": nums,
-            "text": f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
-                    f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
-                    f"row keeps {frac('no_col_row_kept')} (needs >= {_pc(MIN_REMOVED)} removed and >= "
-                    f"{_pc(MIN_KEPT)} kept; top-1 {_f(base.get('top1'))} -> no_row "
-                    f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
+    text = (f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
+            f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
+            f"row keeps {frac('no_col_row_kept')}")
+    if floored is None:
+        text += f" (needs >= {_pc(MIN_REMOVED)} removed and >= {_pc(MIN_KEPT)} kept"
+    else:
+        text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
+                 f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
+                 f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
+        if mlp is not None:
+            text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
+                     f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
+                     f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
+        if "no_row_row_removed_none_floor" in nums:
+            text += (f"; against the matched none model's floor: row {_pc(nums.get('no_row_row_removed_none_floor'))}, "
+                     f"col {_pc(nums.get('no_col_col_removed_none_floor'))} removed")
+        text += (f" (needs >= {_pc(MIN_REMOVED)} removed above the floor{' and by the MLP probe' if mlp else ''}, "
+                 f">= {_pc(MIN_KEPT)} kept")
+    text += (f"; top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, no_col "
+             f"{_f(nums['no_col_top1'])})")
+    return {"result": all_of(*outcomes), "numbers": nums, "text": text}
+
+
+def matched_none(spec: str, models: dict[str, dict]) -> dict | None:
+    """The `probe` result of the `none` model matched to a RoPE model (rope-axial / rope-mixed in its
+    name replaced by none: builtin:rope-axial-seed1 -> builtin:none-seed1), if it ran."""
+    for pe in ("rope-axial", "rope-mixed"):
+        if pe in spec:
+            probe = (models.get(spec.replace(pe, "none")) or {}).get("probe")
+            return probe if isinstance(probe, dict) and "row_acc" in probe else None
+    return None
 
 
 def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _pc_iv(iv: Interval | None) -> str:
+    return "" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
 
 
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
@@ -393,6 +462,9 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
     med = ra.get("median_recovery") or {}
     rec_ci = {a: (med.get(a) or {}).get("median_rec_ci95") for a in ("row", "col")}
     rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in ("row", "col")}
+    shares = ra.get("median_rebuilt_share")  # the count-matched reading (issue 29); None in older results
+    share = {a: (shares or {}).get(a) or {} for a in ("row", "col")}
+    share_iv = {a: bounds(share[a].get("median_share"), share[a].get("median_share_ci95")) for a in ("row", "col")}
     prim, S, S_ci = None, None, None
     if rh and rh.get("primary_rebuilding_head"):
         prim = rh["primary_rebuilding_head"]
@@ -400,8 +472,37 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
         cis = rh.get("axis_index_ci95")
         S_ci = cis[prim[0]][prim[1]] if cis else None
     S_iv = None if S is None else bounds(S, S_ci)
-    result = all_of(inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0),
-                    at_least(magnitude(S_iv), SPECIALISED))
+    rh = rh or {}
+    restore_rule = rh.get("axis_index_null_threshold") is not None
+    matched, threshold = rh.get("primary_axis_index_matched"), rh.get("axis_index_null_threshold")
+    matched_iv = None if matched is None else bounds(matched, rh.get("primary_axis_index_matched_ci95"))
+    head_share = rh.get("primary_recovery_share")
+    head_share_iv = None if head_share is None else bounds(head_share, rh.get("primary_recovery_share_ci95"))
+    if shares is not None:
+        recovered = (inside(share_iv["row"], 0.0, 1.0), inside(share_iv["col"], 0.0, 1.0))
+    else:  # results before the count-matched reference: Rec itself
+        recovered = (inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0))
+    if threshold is not None:
+        head = (at_least(matched_iv, float(threshold)), at_least(head_share_iv, MIN_HEAD_SHARE))
+    else:  # results before the restore-condition S: |S| of clean attention against the round number
+        head = (at_least(magnitude(S_iv), SPECIALISED),)
+    result = all_of(*recovered, *head)
+    text = (f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
+            f"{_f(rec['col'])}{_iv(rec_iv['col'])}")
+    if shares is not None:
+        text += (f"; count-matched rebuilt share row {_f(share['row'].get('median_share'))}{_iv(share_iv['row'])}, "
+                 f"col {_f(share['col'].get('median_share'))}{_iv(share_iv['col'])} (needs inside (0, 1))")
+    else:
+        text += " (needs inside (0, 1))"
+    if restore_rule:
+        freq = rh.get("primary_selection_frequency")
+        text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(freq)} of image resamples) carries "
+                 f"{rh.get('primary_axis')}: its axis index where it rebuilds, signed to that axis, "
+                 f"{_f(matched)}{_iv(matched_iv)} (needs >= the null's {_f(threshold, 3)}), and it explains "
+                 f"{_pc(head_share)}{_pc_iv(head_share_iv)} of the recovery (needs >= {_pc(MIN_HEAD_SHARE)}); "
+                 f"clean-attention axis index {_f(S)}{_iv(S_iv)}")
+    else:
+        text += f"; primary rebuilding head {_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"
     return {"result": result,
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
                         "primary_axis_index": S,
@@ -413,10 +514,19 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
                         "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
                         "top_heads_agreement": rh.get("top_heads_agreement") if rh else None,
                         "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
-                        "primary_axis_index_ci95": S_ci},
-            "text": f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
-                    f"{_f(rec['col'])}{_iv(rec_iv['col'])} (needs inside (0, 1)); primary rebuilding head "
-                    f"{_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"}
+                        "primary_axis_index_ci95": S_ci,
+                        # issue 29: what the rule reads now
+                        "median_rebuilt_share_row": share["row"].get("median_share"),
+                        "median_rebuilt_share_col": share["col"].get("median_share"),
+                        "median_rebuilt_share_row_ci95": share["row"].get("median_share_ci95"),
+                        "median_rebuilt_share_col_ci95": share["col"].get("median_share_ci95"),
+                        "primary_axis": rh.get("primary_axis"), "primary_axis_index_matched": matched,
+                        "primary_axis_index_matched_ci95": rh.get("primary_axis_index_matched_ci95"),
+                        "axis_index_null_threshold": threshold,
+                        "primary_selection_frequency": rh.get("primary_selection_frequency"),
+                        "primary_recovery_share": head_share,
+                        "primary_recovery_share_ci95": rh.get("primary_recovery_share_ci95")},
+            "text": text}
 
 
 def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:
@@ -532,6 +642,20 @@ RULE_READERS: dict[str, RuleReader] = {
 }
 
 
+def primary_over_seeds(found: list[tuple[str, dict]]) -> str:
+    """How often each head is the primary rebuilding head over the trained seeds of a model family
+    (issue 29: the selection's stability across seeds, beside its bootstrap over images)."""
+    families: dict[str, list[str]] = {}
+    for spec, r in found:
+        families.setdefault(model_family(spec), []).append(_head(r["numbers"].get("primary_head")))
+    parts = []
+    for fam, heads in families.items():
+        if len(heads) >= 2:
+            counts = {h: heads.count(h) for h in dict.fromkeys(heads)}
+            parts.append(f"{fam}: " + ", ".join(f"{h} on {n} of {len(heads)} seeds" for h, n in counts.items()))
+    return "primary rebuilding head over seeds: " + "; ".join(parts)
+
+
 def summarise(models: dict[str, dict]) -> Summary:
     """Verdicts per claim from the models' results (each entry as results.json holds it)."""
     claims: list[dict[str, Any]] = []
@@ -542,7 +666,7 @@ def summarise(models: dict[str, dict]) -> Summary:
         if m.get("ape_permute"):
             per["C2"].append((spec, _c2(spec, m["ape_permute"], none_top1=none_top1(models, m.get("data")))))
         if m.get("rope_axis"):
-            per["C3"].append((spec, _c3(spec, m["rope_axis"])))
+            per["C3"].append((spec, _c3(spec, m["rope_axis"], matched_none(spec, models))))
             per["C4"].append((spec, _c4(spec, m["rope_axis"], m.get("rope_heads"))))
         if m.get("rope_heads"):
             per["C5"].append((spec, _c5(spec, m["rope_heads"])))
@@ -551,6 +675,8 @@ def summarise(models: dict[str, dict]) -> Summary:
         found = per[cid]
         seeds = seed_summaries(cid, found)
         evidence = "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run"
+        if cid == "C4" and seeds:
+            evidence = f"{primary_over_seeds(found)}. " + evidence
         claims.append({
             "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
             "evidence": (f"over seeds: {_seed_text(seeds)}. " if seeds else "") + evidence, "seeds": seeds,

@@ -70,6 +70,10 @@ class ApePermuteStage(_Strict):
 class RopeAxisStage(_Strict):
     images: int = Field(default=1000, ge=2)
     restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
+    readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
+                                "(issue 29); 0 = none")
+    readout_layers: list[int] | None = Field(default=None, description="layers of the read-outs; None = the middle and "
+                                             "last layer (the last only under --quick)")
 
 
 class RopeHeadsStage(_Strict):
@@ -81,6 +85,9 @@ class RopeHeadsStage(_Strict):
     top1_screen_images: int | None = Field(
         default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
         "only for the heads still in the race; None = every head on every image")
+    sweep_restore: list[int] | None = Field(
+        default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
+        "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
 
 
 class RopePrefixStage(_Strict):
@@ -144,7 +151,7 @@ QUICK = {
     "probe": {"images": 200},
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
-    "rope_axis": {"images": 200},
+    "rope_axis": {"images": 200, "readout_images": 48},
     "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},

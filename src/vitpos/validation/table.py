@@ -4,7 +4,7 @@ A case (`PlantedCase`) is a small model where some claims are true or false by c
 `measure` runs the experiments' own run functions and returns the model's entry as results.json
 holds it; `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
 when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
-verdict passes neither way). RoPE cases (C3-C5) join by adding PlantedCases to `CASES`.
+verdict passes neither way). The RoPE cases (C3-C5) come from `planted_rope.rope_cases()`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from vitpos.validation import planted_rope
 from vitpos.validation.planted_ape import APE_CASES, PlantedCase
 
-CASES: tuple[PlantedCase, ...] = APE_CASES
+
+def _from_rope(case: planted_rope.PlantedCase) -> PlantedCase:
+    """A planted RoPE case (one claim each, sizes of its own) as a row source of the one table."""
+
+    def measure(n_images: int, seeds: tuple[int, ...]) -> dict[str, Any]:
+        return planted_rope.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
+
+    return PlantedCase(name=f"rope:{case.name}", description=case.why, truth={case.claim: case.truth},
+                       measure=measure)
+
+
+# C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in planted_rope.rope_cases()))
 
 
 class ValidationRow(BaseModel):
