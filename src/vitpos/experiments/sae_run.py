@@ -49,7 +49,7 @@ from vitpos.experiments.base import (
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.experiments.sae_seeds import SAESweep, run_sweep
 from vitpos.hooks import edit
-from vitpos.io import read_json, write_json
+from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
@@ -293,6 +293,14 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
     return ActivationStore(acts_dir)
 
 
+def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
+    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
+    if arch != "relu" and k > expansion * surface.width:
+        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
+                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
+    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
+
+
 def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
@@ -322,7 +330,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
     # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
-    cfg = SAEConfig.model_validate({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
+    cfg = sae_config(surface, arch, k, expansion, seed)
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
@@ -349,9 +357,14 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                **({"stability_seed": stability_seed} if stability_seed is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
-        doc = read_json(out / "sae.json")
-        if doc.get("run") == run_key:
-            return SAEResult.model_validate(doc), SAE.load(out)
+        try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
+            doc = read_json(out / "sae.json")
+            if isinstance(doc, dict) and doc.get("run") == run_key:
+                sae_prev = SAE.load(out)
+                if sae_prev.model_weights in (None, surface.weights_digest()):
+                    return SAEResult.model_validate(doc), sae_prev
+        except (VitposError, ValueError):
+            pass
     eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
     with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
         if given is not None:
@@ -421,7 +434,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "outlier_threshold": thr, "include_special": include_special, "excluded_outlier_tokens": excluded,
     })
     if out is not None:
-        sae.save(out)
+        sae.save(out, model_weights=surface.weights_digest())
         write_json(out / "feature_scores.json", scores.to_json())
         write_json(out / "sae.json", result.to_json())
         plots.plot_feature_maps(scores, out / "features.png")
@@ -816,7 +829,9 @@ class SAEExperiment(Experiment[SAEResult]):
                               keep_acts=sweep, high_norm=s.get("high_norm"),
                               stability_seed=stage.seed + 1 if s.get("stability", True) else None,
                               include_special=s.get("include_special", False))
-        update: dict[str, Any] = {"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]}
+        # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
+        update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
+                                  "layer_choice": s["layer_choice"]}
         if sweep:
             site = Site(s["layer"], s["site"])
             acts = Path(stage.out) / "acts"
@@ -838,7 +853,7 @@ class SAEExperiment(Experiment[SAEResult]):
             update["browser"] = str(Path("artifacts", stage.out.parent.name, stage.out.name, "browse", PAGE))
         return result.model_copy(update=update)
 
-    def artifacts_ready(self, result: SAEResult) -> bool:
-        if result.sae_dir is None or not (Path(result.sae_dir) / "sae.safetensors").is_file():
+    def artifacts_ready(self, result: SAEResult, root: Path | None = None) -> bool:
+        if result.sae_dir is None or not (artifact_path(root, result.sae_dir) / "sae.safetensors").is_file():
             return False
-        return result.browser is None or (Path(result.sae_dir) / "browse" / "index.html").is_file()
+        return result.browser is None or (artifact_path(root, result.sae_dir) / "browse" / "index.html").is_file()
