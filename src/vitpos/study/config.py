@@ -64,6 +64,9 @@ class RopeHeadsStage(_Strict):
     top1_screen_images: int | None = Field(
         default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
         "only for the heads still in the race; None = every head on every image")
+    c5_ablation_heads: int | None = Field(
+        default=None, ge=1, description="C5 under the counterfactual ablations (swap, shift, jitter, rescale, "
+        "mean output) on the primary and this many top heads by the identity drop; None = every head")
 
 
 class RopePrefixStage(_Strict):
@@ -127,7 +130,7 @@ QUICK = {
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
     "rope_axis": {"images": 200},
-    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
+    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16, "c5_ablation_heads": 5},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},
     "extrapolate": {"images": 100},
