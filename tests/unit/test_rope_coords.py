@@ -170,3 +170,58 @@ def test_bad_coordinate_edits_are_refused():
         self_test(tiny_own("none"))
     with pytest.raises(VitposError, match="do not fit"):
         RopeCoords.read(torch.zeros(5, 2), s.grid)
+
+
+def test_c5_rule_per_ablation_holds_fails_and_abstains_on_planted_drops():
+    from vitpos.experiments.rope_heads import _c5_entry
+
+    n = 400
+    clean = torch.ones(n, dtype=torch.bool)
+    heads = [(0, 0), (1, 0), (1, 1)]
+
+    def wrong_on(frac: float, offset: int = 0) -> torch.Tensor:
+        c = torch.ones(n, dtype=torch.bool)
+        c[offset:offset + int(frac * n)] = False
+        return c
+
+    primary = (1, 0)
+    holds = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.05), wrong_on(0.5), wrong_on(0.02)]), primary)
+    assert holds.outcome == "holds" and holds.primary_drop_rank == 1 and holds.largest_drop_head == [1, 0]
+    assert holds.margin_ci95[1] is None and all(m[0] > 0 for m in (holds.margin_ci95[0], holds.margin_ci95[2]))
+    torch.testing.assert_close(torch.tensor(holds.drop_points), torch.tensor([5.0, 50.0, 2.0]), atol=1e-9, rtol=0)
+    fails = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.6), wrong_on(0.2), wrong_on(0.0)]), primary)
+    assert fails.outcome == "fails" and fails.primary_drop_rank == 2 and fails.largest_drop_head == [0, 0]
+    tie = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.2, 200), wrong_on(0.2), wrong_on(0.0)]), primary)
+    assert tie.outcome == "inconclusive"
+    no_primary = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.1)] * 3), None)
+    assert no_primary.outcome == "fails" and no_primary.primary_drop_rank is None
+
+
+def test_c5_shift_ablation_is_a_null_without_prefix_tokens():
+    """Planted null: with no prefix tokens every score is patch-to-patch, so shifting a head's
+    coordinates changes nothing (rounding) and its C5 drop is exactly 0; swapping them moves logits."""
+    from conftest import _Q, toy_set
+    from vitpos.experiments.rope_heads import HeadDrops, c5_under_ablations
+    from vitpos.models import load_model
+
+    torch.manual_seed(0)
+    s = load_model(f"timm:vit_small_patch16_rope_224?{_Q}&init_values=1.0&class_token=False&global_pool=avg")
+    assert s.num_prefix_tokens == 0
+    data = toy_set(n=24)
+    x = next(iter(data.batches(24)))[0]
+    site = ["blocks.1.resid_post"]
+    with capture(s, site) as c:
+        clean_logits = s(x)
+    moved = {}
+    for kind, e in (("shift", CoordEdit("shift", offset=(2.0, 2.0))), ("swap", CoordEdit("swap", seed=0))):
+        with rope_coordinates(s, e, layers=[0], heads=[1]), capture(s, site) as c2:
+            s(x)
+        moved[kind] = float((c2[site[0]] - c[site[0]]).abs().max())
+    assert moved["swap"] > 1e-6 and moved["swap"] > 100 * moved["shift"]
+    heads = [(0, 1), (1, 0)]
+    pred = clean_logits.argmax(-1) == data.labels[:24]
+    measured = HeadDrops(pred, pred.expand(2, 2, -1).clone())
+    out = c5_under_ablations(s, data, measured, (1, 0), heads, batch_size=8)
+    assert set(out) == {"identity", "swap", "shift", "jitter", "rescale", "mean_output"}
+    assert out["shift"].drop_points == [0.0, 0.0] and out["shift"].heads == [[0, 1], [1, 0]]
+    assert out["identity"].heads == [[0, 0], [0, 1], [1, 0], [1, 1]]

@@ -36,7 +36,10 @@ every measurement and control is defined in docs/methods.md):
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
             Results without margins fall back to the per-head `drop_ci95` intervals (the
-            primary's above every other's), then to the point ranking.
+            primary's above every other's), then to the point ranking. The verdict rests on the
+            identity ablation (the head's rotations removed; numbers `ablation`); the same rule
+            under the counterfactual ablations (rope_heads `c5_ablations`: swap, shift, jitter,
+            rescale, mean output) is reported as `outcome_under_ablation`, not read by the verdict.
 Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
 `partly supported` when it holds for some but not all, `not supported` when it holds for none and
 fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
@@ -352,7 +355,8 @@ def _c5(spec: str, rh: dict) -> dict:
                         "largest_drop_points": rh["drop_points"][big[0]][big[1]],
                         "largest_drop_ci95": cis[big[0]][big[1]] if cis else None,
                         "closest_rival_head": None if closest is None else closest[0],
-                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads},
+                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads,
+                        **_c5_ablation_numbers(rh)},
             "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
                     f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
                     f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts){rival}; "
@@ -379,6 +383,16 @@ def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
     others = [iv for layer, row in enumerate(drops) for h, d in enumerate(row)
               if [layer, h] != list(prim) and (iv := bounds(d, cis[layer][h])) is not None]
     return largest(bounds(drops[prim[0]][prim[1]], cis[prim[0]][prim[1]]), others)
+
+
+def _c5_ablation_numbers(rh: dict) -> dict:
+    """Which ablation C5's verdict rests on ('identity': the head's rotations removed) and C5's
+    outcome under each ablation rope_heads measured (`c5_ablations`; absent in older results)."""
+    abl = rh.get("c5_ablations")
+    out: dict = {"ablation": rh.get("c5_rests_on") or "identity"}
+    if isinstance(abl, dict):
+        out["outcome_under_ablation"] = {k: v.get("outcome") for k, v in abl.items() if isinstance(v, dict)}
+    return out
 
 
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
