@@ -333,7 +333,7 @@ class TimmEvaSurface(TimmViTSurface):
                                  ndim=2).flatten(0, -2)
         else:
             assert isinstance(rope, RotaryEmbeddingCat), "checked at construction"
-            dev = torch.device("cpu") if self._rope_cached() else rope.bands.device
+            dev = torch.device("cpu") if self._rope_cached() else torch.as_tensor(rope.bands).device
             coords = _build_grid(shape, grid_type=rope.grid_type, ref_feat_shape=rope.ref_feat_shape,
                                  grid_offset=rope.grid_offset, grid_indexing=rope.grid_indexing,
                                  normalize_coords=rope.normalize_coords, device=dev).flatten(0, -2)
@@ -353,21 +353,22 @@ class TimmEvaSurface(TimmViTSurface):
             angles = t[:, 0].unsqueeze(-1) * ff[0].unsqueeze(-2) + t[:, 1].unsqueeze(-1) * ff[1].unsqueeze(-2)
             return rotary_from_angles(angles, layout or "interleaved").to(f.dtype)
         if isinstance(rope, RotaryEmbeddingDinoV3):  # _get_pos_embed_from_coords
-            periods = rope.periods
+            periods = torch.as_tensor(rope.periods)
             dev = torch.device("cpu") if self._rope_cached() else periods.device
             p = periods.to(dev)
             cc = c[:, :, None].to(device=dev, dtype=p.dtype)
             angles = (2 * math.pi * cc / p[None, None, :]).flatten(1)
             out = rotary_from_angles(angles, layout or ("half" if rope.rotate_half else "interleaved"))
             cached = getattr(rope, "pos_embed_cached", None)
-            return out.to(cached.dtype) if cached is not None and self._rope_cached() else out
+            return out.to(cached.dtype) if isinstance(cached, torch.Tensor) and self._rope_cached() else out
         assert isinstance(rope, RotaryEmbeddingCat), "checked at construction"
-        dev = torch.device("cpu") if self._rope_cached() else rope.bands.device
-        bands = rope.bands.to(dev)
+        bands = torch.as_tensor(rope.bands)  # a buffer (nn.Module attributes are typed Tensor | Module)
+        dev = torch.device("cpu") if self._rope_cached() else bands.device
+        bands = bands.to(dev)
         angles = (c.to(dev).unsqueeze(-1) * bands).flatten(-2)  # build_fourier_pos_embed: grid * bands
         out = rotary_from_angles(angles, layout or ("half" if rope.rotate_half else "interleaved"), torch.float32)
         cached = getattr(rope, "pos_embed", None)
-        return out.to(cached.dtype) if cached is not None and self._rope_cached() else out
+        return out.to(cached.dtype) if isinstance(cached, torch.Tensor) and self._rope_cached() else out
 
     def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         if rope is None:
