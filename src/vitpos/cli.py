@@ -20,6 +20,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 intervene_app = typer.Typer(no_args_is_help=True,
                             help="Causal tests: ape-permute, rope-axis, rope-heads, rope-prefix, rope-freq.")
 app.add_typer(intervene_app, name="intervene")
+zoo_app = typer.Typer(no_args_is_help=True,
+                      help="The matched positional-encoding zoo on `pairs`: list it, or retrain any member")
+app.add_typer(zoo_app, name="zoo")
 console = Console(stderr=True)
 out_console = Console(markup=False, highlight=False)
 
@@ -84,6 +87,15 @@ def train(
     quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
     force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
     progress: bool = ProgressOpt,
+    embed_dim: int | None = typer.Option(None, "--embed-dim", min=8, max=4096, help="width (default 96; 32 --quick)"),
+    depth: int | None = typer.Option(None, "--depth", min=1, max=64, help="blocks (default 6; 2 --quick)"),
+    heads: int | None = typer.Option(None, "--heads", min=1, max=64, help="attention heads (default 4; 2 --quick)"),
+    mlp_ratio: float | None = typer.Option(None, "--mlp-ratio", min=0.25, max=16.0,
+                                           help="MLP width / width (default 2)"),
+    patch_size: int | None = typer.Option(None, "--patch-size", min=1, max=64, help="patch side in px (default 4)"),
+    img_size: int | None = typer.Option(None, "--img-size", help="imagefolder only: train at this size (default: the "
+                                        "images' own size)"),
+    ape_init: str | None = typer.Option(None, "--ape-init", help="learned APE's init: sincos (default) | trunc_normal"),
 ):
     """Train one of vitpos' own ViTs; rerunning the same command resumes an interrupted run."""
     from vitpos.models.own import PE_CHOICES
@@ -99,10 +111,59 @@ def train(
         raise VitposError(f"--lr must be a positive number (got {lr})")
     if out.exists() and not out.is_dir():
         raise VitposError(f"--out {out} is a file; pass a directory path")
+    sizes = dict(embed_dim=embed_dim, depth=depth, num_heads=heads, mlp_ratio=mlp_ratio, patch_size=patch_size,
+                 ape_init=ape_init)
+    overrides = {k: v for k, v in sizes.items() if v is not None}
+    if ape_init is not None and ape_init not in ("sincos", "trunc_normal"):
+        raise VitposError(f"unknown --ape-init {ape_init!r}; use sincos or trunc_normal")
+    width = embed_dim if embed_dim is not None else (32 if quick else 96)
+    n_heads = heads if heads is not None else (2 if quick else 4)
+    if width % n_heads or (pe.startswith("rope") and (width // n_heads) % 4):
+        raise VitposError(f"--embed-dim {width} must split into {n_heads} heads"
+                          + (" of a dimension divisible by 4 (2D RoPE)" if pe.startswith("rope") else "")
+                          + "; change --embed-dim or --heads")
     m = run_train(pe, out, data=data, epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, quick=quick,
-                  force=force, progress=progress)
+                  force=force, progress=progress, model_overrides=overrides or None, img_size=img_size)
     out_console.print(f"{pe} on {data}: test top-1 {m['test_top1']:.4f}, val top-1 {m['val_top1']:.4f} "
                       f"({m['epochs']} epochs, {m['seconds']:.0f} s) -> {out}")
+
+
+@zoo_app.command("list")
+def zoo_list():
+    """Every zoo member: its encoding, whether it ships, and its test top-1 (per class group)."""
+    from vitpos import zoo
+    from vitpos.io import read_json
+    from vitpos.models.spec import BUILTIN_DIR
+
+    t = Table("model", "encoding", "shipped", "test top-1", "content / vertical / horizontal top-1")
+    for name in zoo.members():
+        enc, _ = zoo.parse(name)
+        metrics = BUILTIN_DIR / name / "metrics.json"
+        m = read_json(metrics) if metrics.is_file() else {}
+        groups = m.get("group_top1") or {}
+        init = f" ({enc.ape_init} init)" if enc.pe in ("ape", "rope-mixed-ape") else ""
+        t.add_row(f"builtin:{name}", enc.pe + init,
+                  "yes" if m else "no",
+                  f"{m['test_top1']:.4f}" if m else "-",
+                  " / ".join(f"{groups[g]:.3f}" for g in ("content", "vertical", "horizontal") if g in groups) or "-")
+    out_console.print(t)
+
+
+@zoo_app.command("train")
+def zoo_train(
+    name: str = typer.Argument(..., help="a member, e.g. pairs-rope-axial or pairs-ape-seed1 (see `vitpos zoo list`)"),
+    out: Path = OutOpt,
+    force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
+    progress: bool = ProgressOpt,
+):
+    """Retrain one zoo member with its exact recipe (deterministic on CPU with one thread; resumable)."""
+    from vitpos import zoo
+
+    zoo.parse(name)  # one clear error for an unknown member, before any work
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+    m = zoo.train_member(name, out, progress=progress, force=force)
+    out_console.print(f"{name}: test top-1 {m['test_top1']:.4f} ({m['epochs']} epochs, {m['seconds']:.0f} s) -> {out}")
 
 
 @app.command("eval")

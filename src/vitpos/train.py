@@ -32,6 +32,21 @@ def _hparams(epochs: int, batch_size: int, lr: float, weight_decay: float, warmu
                 warmup_epochs=warmup_epochs, seed=seed, data=data, quick=quick)
 
 
+def _input_transform(data: str, img_size: int | None):
+    """None for built-in data (their native size); for an imagefolder, resize to `img_size` or,
+    by default, to the images' own size."""
+    from vitpos.data import imagefolder
+
+    if not data.startswith(imagefolder.PREFIX):
+        if img_size is not None:
+            raise VitposError(f"--img-size applies to imagefolder data only; {data!r} has a fixed size "
+                              "(drop --img-size)")
+        return None
+    if img_size is not None and not 8 <= img_size <= 1024:
+        raise VitposError(f"--img-size must lie in 8..1024 (got {img_size})")
+    return imagefolder.default_transform(img_size or imagefolder.native_size(data))
+
+
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
     """Linear warmup then cosine decay to 0; a pure function of the step so resumes match."""
     if step < warmup:
@@ -48,6 +63,22 @@ def accuracy(model: torch.nn.Module, dataset, batch_size: int = 256) -> float:
         correct += int((model(x).argmax(-1) == y).sum())
         total += len(y)
     return correct / max(1, total)
+
+
+@torch.no_grad()
+def group_accuracy(model: torch.nn.Module, dataset, batch_size: int = 256) -> dict[str, float]:
+    """Top-1 within each of the data's class groups (e.g. the row-decided and column-decided classes)."""
+    model.eval()
+    hits, labels = [], []
+    for x, y in dataset.batches(batch_size):
+        hits.append(model(x).argmax(-1) == y)
+        labels.append(y)
+    hit, label = torch.cat(hits), torch.cat(labels)
+    out = {}
+    for group, classes in dataset.info.class_groups.items():
+        members = torch.isin(label, torch.tensor(classes))
+        out[group] = float(hit[members].float().mean()) if bool(members.any()) else float("nan")
+    return out
 
 
 def _save_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
@@ -128,10 +159,13 @@ def train(
     force: bool = False,
     progress: bool = True,
     model_overrides: dict | None = None,
+    img_size: int | None = None,
 ) -> dict:
     """Train one own ViT into `out`; returns metrics. Rerunning the same command resumes or no-ops.
 
     epochs: default 3, or 2 with `quick` (tiny model and data); an explicit value is honoured either way.
+    model_overrides: OwnViTConfig fields (embed_dim, depth, num_heads, mlp_ratio, patch_size, ape_init, ...).
+    img_size: imagefolder data only: train at this size (default: the images' own size).
     """
     out = Path(out)
     limits = QUICK_LIMITS if quick else {}
@@ -139,18 +173,20 @@ def train(
         epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS
     if epochs < 1:
         raise VitposError(f"epochs must be at least 1 (got {epochs})")
-    train_set = load_split(data, "train", seed=0, limit=limits.get("train"))
-    val_set = load_split(data, "val", seed=0, limit=limits.get("val"))
+    transform = _input_transform(data, img_size)
+    train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
+    val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
     info = train_set.info
     if info.image_size[0] != info.image_size[1]:
         raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
-    patch = 4
-    if info.image_size[0] % patch:
-        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}")
+    sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
+    patch = sized["patch_size"]
+    if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
+        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
+                          "pick a patch size that divides it")
     # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
-    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], patch_size=patch, in_chans=info.in_chans,
-                                           num_classes=info.num_classes,
-                                           **{**(QUICK_MODEL if quick else {}), **(model_overrides or {})}))
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], in_chans=info.in_chans,
+                                           num_classes=info.num_classes, **sized))
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
 
@@ -214,9 +250,10 @@ def train(
             _save_checkpoint(out, model, opt,
                              {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
-    test_set = load_split(data, "test", seed=0, limit=limits.get("test"))
+    test_set = load_split(data, "test", seed=0, limit=limits.get("test"), transform=transform)
     metrics = {
         "pe": pe, "data": data, "test_top1": accuracy(model, test_set),
+        **({"group_top1": group_accuracy(model, test_set)} if info.class_groups else {}),
         "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
         "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
         "n_train": len(train_set), "n_test": len(test_set),

@@ -249,7 +249,7 @@ def test_imagefolder_errors(tmp_path):
 
 
 def test_unknown_dataset_and_split():
-    with pytest.raises(VitposError, match="unknown dataset 'mnist'.*shapes, digits, fashion"):
+    with pytest.raises(VitposError, match="unknown dataset 'mnist'.*shapes, pairs, digits, fashion"):
         dataset_info("mnist")
     with pytest.raises(VitposError, match="unknown dataset"):
         load_split("mnist", "train")

@@ -205,3 +205,46 @@ def test_cli_eval_writes_eval_json(tmp_path, trained):
     assert res.exit_code == 0, res.output
     doc = read_json(tmp_path / "eval.json")
     assert doc["test_top1"] == metrics["test_top1"] and doc["n"] == QUICK_LIMITS["test"]
+
+
+def _folder_of_pngs(root: Path, size: int, per_class: int = 6) -> None:
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = torch.randint(0, 256, (size, size, 3), generator=gen, dtype=torch.uint8).numpy()
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+
+
+def test_cli_train_sizes_and_imagefolder_native_size(tmp_path):
+    """An imagefolder of 16-px PNGs trains at 16 px (a 4x4 grid of 4-px patches), not resized to 224;
+    the size options reach the saved config; --img-size overrides the images' size."""
+    _folder_of_pngs(tmp_path / "imgs", 16)
+    out = tmp_path / "m"
+    res = CliRunner().invoke(app, ["train", "--pe", "rope-axial", "--data", f"imagefolder:{tmp_path / 'imgs'}",
+                                   "--quick", "--epochs", "1", "--embed-dim", "48", "--depth", "3", "--heads", "3",
+                                   "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    cfg = read_own_config(out)
+    assert (cfg.img_size, cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads) == (16, 4, 48, 3, 3)
+    res = CliRunner().invoke(app, ["train", "--pe", "none", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--quick",
+                                   "--epochs", "1", "--img-size", "24", "--patch-size", "6", "--out",
+                                   str(tmp_path / "m2"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert read_own_config(tmp_path / "m2").grid == (4, 4)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--embed-dim", "30", "--heads", "4", "--pe", "rope-axial"], "divisible by 4"),
+    (["--patch-size", "5", "--pe", "ape"], "not divisible by the patch size"),
+    (["--img-size", "24", "--pe", "ape"], "imagefolder data only"),
+    (["--ape-init", "zeros", "--pe", "ape"], "unknown --ape-init"),
+])
+def test_cli_train_refuses_bad_sizes_in_one_line(tmp_path, argv, needle):
+    out = tmp_path / "m"
+    res = CliRunner().invoke(app, ["train", *argv, "--quick", "--out", str(out), "--no-progress"])
+    # In process the error surfaces as a VitposError (cli.main turns it into `error: ...` and exit 2).
+    assert isinstance(res.exception, VitposError) and needle in str(res.exception), res.output
+    assert not (out / "model.safetensors").exists()

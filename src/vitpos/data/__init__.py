@@ -1,17 +1,17 @@
-"""Built-in datasets by name: `shapes` (default), `digits`, `fashion`, and `imagefolder:PATH`."""
+"""Built-in datasets by name: `shapes` (default), `pairs`, `digits`, `fashion`, and `imagefolder:PATH`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
 
-from vitpos.data import digits, fashion, imagefolder, shapes
+from vitpos.data import digits, fashion, imagefolder, pairs, shapes
 from vitpos.data.base import SPLITS, DatasetInfo, TensorImageDataset, split_seed, to_float
 from vitpos.data.imagefolder import LazyImageDataset
 from vitpos.errors import VitposError
 
 DEFAULT_DATA = "shapes"
-BUILTIN = ("shapes", "digits", "fashion")
+BUILTIN = ("shapes", "pairs", "digits", "fashion")
 
 __all__ = [
     "DatasetInfo",
@@ -38,6 +38,12 @@ def _shapes_split(split: str, seed: int, n: int, size: int = shapes.SIZE) -> Ten
 
 
 @lru_cache(maxsize=8)
+def _pairs_split(split: str, seed: int, n: int) -> TensorImageDataset:
+    images, labels = pairs.generate(n, split_seed(seed, "pairs", split))
+    return TensorImageDataset(images, labels, pairs.INFO, split)
+
+
+@lru_cache(maxsize=8)
 def _digits_split(split: str, seed: int) -> TensorImageDataset:
     images, labels = digits.generate(digits.SPLIT_SIZES[split], split_seed(seed, "digits", split), pool=split)
     return TensorImageDataset(images, labels, digits.INFO, split)
@@ -46,6 +52,8 @@ def _digits_split(split: str, seed: int) -> TensorImageDataset:
 def dataset_info(name: str) -> DatasetInfo:
     if name == "shapes":
         return shapes.INFO
+    if name == "pairs":
+        return pairs.INFO
     if name == "digits":
         return digits.INFO
     if name == "fashion":
@@ -80,6 +88,9 @@ def load_split(
     if name == "shapes":
         n = shapes.SPLIT_SIZES[split]
         ds = _shapes_split(split, seed, n if limit is None else min(max(limit, 0), n), size or shapes.SIZE)
+    elif name == "pairs":
+        n = pairs.SPLIT_SIZES[split]
+        ds = _pairs_split(split, seed, n if limit is None else min(max(limit, 0), n))
     elif name == "digits":
         ds = _digits_split(split, seed)
     elif name == "fashion":

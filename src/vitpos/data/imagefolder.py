@@ -231,6 +231,16 @@ def load_split(name: str, split: str, seed: int = 0, transform: Transform | None
     )
 
 
+def native_size(name: str, seed: int = 0) -> int:
+    """The shorter side of the first training image: what an own ViT trains at by default
+    (resizing 32-px images to 224 px would make a 56x56 grid of 4-px patches)."""
+    items = _split_samples(str(_root(name)), seed).get("train") or []
+    if not items:
+        raise VitposError(f"no training images under {_root(name)}; add images to the class folders")
+    with Image.open(items[0][0]) as im:
+        return min(im.size)
+
+
 def with_transform(ds: TensorImageDataset, transform: Transform) -> LazyImageDataset:
     """A built-in in-memory split seen through a PIL transform (e.g. a timm model's preprocessing)."""
     keys = list(range(len(ds)))

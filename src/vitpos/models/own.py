@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.eva import Eva
 
-PE = Literal["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none"]
-PE_CHOICES: tuple[str, ...] = ("ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none")
+PE = Literal["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "rope-mixed-ape", "none"]
+PE_CHOICES: tuple[str, ...] = ("ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "rope-mixed-ape", "none")
+APE_PES = ("ape", "ape-sincos", "rope-ape", "rope-mixed-ape")
 
 
 class OwnViTConfig(BaseModel):
@@ -52,7 +53,7 @@ class OwnViTConfig(BaseModel):
 
 def build_own_vit(cfg: OwnViTConfig) -> Eva:
     uses_rope = cfg.pe.startswith("rope")
-    mixed = cfg.pe == "rope-mixed"
+    mixed = cfg.pe in ("rope-mixed", "rope-mixed-ape")
     temperature = cfg.rope_temperature if cfg.rope_temperature is not None else (10.0 if mixed else 100.0)
     model = Eva(
         img_size=cfg.img_size,
@@ -68,7 +69,7 @@ def build_own_vit(cfg: OwnViTConfig) -> Eva:
         qkv_bias=True,
         class_token=True,
         no_embed_class=True,
-        use_abs_pos_emb=cfg.pe in ("ape", "ape-sincos", "rope-ape"),
+        use_abs_pos_emb=cfg.pe in APE_PES,
         use_rot_pos_emb=uses_rope,
         rope_type="mixed" if mixed else "cat",
         rope_grid_indexing="xy",

@@ -20,6 +20,20 @@ def shapes_models(seeds: int) -> list[str]:
     return [f"builtin:{pe}" + (f"-seed{k}" if k else "") for k in range(seeds) for pe in SHAPES_ENCODINGS]
 
 
+def zoo_models(seeds: int) -> list[str]:
+    """The shipped members of the encoding zoo (vitpos.zoo) for the first `seeds` training seeds,
+    seed by seed; a member that is not shipped yet is refused in one line."""
+    from vitpos import zoo
+    from vitpos.models.spec import available_builtins
+
+    wanted = [zoo.member_name(e.key, k) for k in range(seeds) for e in zoo.ENCODINGS]
+    missing = sorted(set(wanted) - set(available_builtins()))
+    if missing:
+        raise VitposError(f"the zoo members {', '.join(missing)} are not shipped in this install; retrain them with "
+                          "`vitpos zoo train NAME --out DIR` and pass --models DIR,..., or use fewer --model-seeds")
+    return [f"builtin:{name}" for name in wanted]
+
+
 FASHION_MODELS = ["builtin:fashion-ape", "builtin:fashion-rope-axial", "builtin:fashion-rope-mixed",
                   "builtin:fashion-none"]
 

@@ -34,7 +34,7 @@ from vitpos.models.head import Head, check_head
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import model_family, summarise
-from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models
+from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_models
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
@@ -49,6 +49,8 @@ def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
             pairs += [(m, d) for m in shapes_models(cfg.model_seeds)]
         elif d == "fashion":
             pairs += [(m, d) for m in FASHION_MODELS]
+        elif d == "pairs":
+            pairs += [(m, d) for m in zoo_models(cfg.model_seeds)]
         else:
             raise VitposError(f"no shipped models for --data {d}; pass --models (e.g. timm:NAME) for it")
     return pairs
