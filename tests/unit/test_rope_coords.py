@@ -196,6 +196,9 @@ def test_c5_rule_per_ablation_holds_fails_and_abstains_on_planted_drops():
     assert tie.outcome == "inconclusive"
     no_primary = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.1)] * 3), None)
     assert no_primary.outcome == "fails" and no_primary.primary_drop_rank is None
+    # ties ranked as run_rope_heads ranks them (largest (drop, layer, head) first)
+    tied = _c5_entry("x", heads, clean, torch.stack([wrong_on(0.1)] * 3), (0, 0))
+    assert tied.primary_drop_rank == 3 and tied.largest_drop_head == [1, 1]
 
 
 def test_c5_shift_ablation_is_a_null_without_prefix_tokens():

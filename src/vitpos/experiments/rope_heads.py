@@ -715,7 +715,9 @@ def _c5_entry(description: str, heads: list[tuple[int, int]], clean: torch.Tenso
     c, a = clean.double(), ablated.double()
     drop_iv = _column_intervals(bootstrap_means((c.unsqueeze(0) - a).T), level)
     drops = [100.0 * (float(c.mean()) - float(row.mean())) for row in a]
-    order = sorted(range(len(heads)), key=lambda i: (-drops[i], heads[i]))
+    # ties broken as run_rope_heads ranks (largest (drop, layer, head) first), so the identity entry's rank
+    # is `primary_head_drop_rank`
+    order = sorted(range(len(heads)), key=lambda i: (drops[i], heads[i]), reverse=True)
     p = None if primary is None else heads.index(primary)
     margins: list[list[float] | None] = [None] * len(heads)
     if p is not None:
