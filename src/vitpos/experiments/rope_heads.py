@@ -787,7 +787,7 @@ def c5_under_ablations(surface: ModelSurface, dataset, measured: HeadDrops, prim
                 p, y_all = predict(surface, dataset, batch_size, context=lambda k=kind, li=li, h=h: context(k, li, h))
                 correct[kind, li, h] = p == y_all
     clean = measured.clean
-    descriptions = {k: f"rotations recomputed from coordinates {e.describe()}" for k, e in edits.items()}
+    descriptions = {k: f"rotations recomputed: {e.describe()}" for k, e in edits.items()}
     descriptions["mean_output"] = "output (patch tokens) replaced by its mean over the images"
     for kind in kinds:
         out[kind] = _c5_entry(descriptions[kind], heads, clean,
