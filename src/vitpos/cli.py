@@ -135,7 +135,8 @@ def zoo_list():
     from vitpos.io import read_json
     from vitpos.models.spec import BUILTIN_DIR
 
-    t = Table("model", "encoding", "shipped", "test top-1", "content / vertical / horizontal top-1")
+    t = Table("model", "encoding", "shipped", "test top-1", "top-1 content / vertical / horizontal")
+    t.columns[0].no_wrap = True  # a member's name is what users copy
     for name in zoo.members():
         enc, _ = zoo.parse(name)
         metrics = BUILTIN_DIR / name / "metrics.json"

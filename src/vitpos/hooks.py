@@ -21,7 +21,18 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.surface import AXES, CAPTURE_ONLY, Axis, FreqBand, ModelSurface, Site, expand_sites
+from vitpos.models.adapter import HookPoint
+from vitpos.models.surface import (
+    AXES,
+    CAPTURE_ONLY,
+    GLOBAL_SITES,
+    LAYER_SITES,
+    Axis,
+    FreqBand,
+    ModelSurface,
+    Site,
+    expand_sites,
+)
 from vitpos.rope import CoordEdit
 
 EditFn = Callable[[torch.Tensor], torch.Tensor]
@@ -43,13 +54,6 @@ class _Registry:
         self.restores.clear()
 
 
-def _unfuse(reg: _Registry, attn: nn.Module) -> None:
-    """Attention patterns exist only on timm's unfused path; switch it for this context only."""
-    if getattr(attn, "fused_attn", False):
-        setattr(attn, "fused_attn", False)  # noqa: B010 - Module.__setattr__ is typed for Tensor/Module values
-        reg.restores.append(lambda: setattr(attn, "fused_attn", True))
-
-
 def _as_sites(surface: ModelSurface, sites: Iterable[str | Site] | str) -> list[Site]:
     if isinstance(sites, str):
         return expand_sites(sites, surface.depth)
@@ -59,64 +63,62 @@ def _as_sites(surface: ModelSurface, sites: Iterable[str | Site] | str) -> list[
     return out
 
 
-def _on_output(fn: Callable[[torch.Tensor], torch.Tensor | None]):
-    """A forward hook handing the module's output to fn (a returned tensor replaces the output)."""
+def _output_hook(point: HookPoint, fn: Callable[[torch.Tensor], torch.Tensor | None]):
+    """A forward hook handing the site's view of the module's output to fn (a returned tensor
+    replaces it, through the point's unview)."""
+    view, unview = point.view, point.unview
 
-    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
-        return fn(out)
+    def hook(module: nn.Module, args: tuple, out):
+        new = fn(out if view is None else view(out))
+        if new is None:
+            return None
+        return new if unview is None else unview(new, out)
     return hook
+
+
+def _input_hook(point: HookPoint, fn: Callable[[torch.Tensor], torch.Tensor | None]):
+    """A forward pre-hook (with kwargs) on the point's argument: by position or keyword; an absent
+    or None argument is passed over."""
+    view, unview, arg = point.view, point.unview, point.arg
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict):
+        value = (args[arg] if arg < len(args) else None) if isinstance(arg, int) else kwargs.get(arg)
+        if value is None:
+            return None
+        new = fn(value if view is None else view(value))
+        if new is None:
+            return None
+        new = new if unview is None else unview(new, value)
+        if isinstance(arg, int):
+            return (*args[:arg], new, *args[arg + 1:]), kwargs
+        return args, {**kwargs, arg: new}
+    return pre
+
+
+def _hook(reg: _Registry, point: HookPoint, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+    """Register fn on a hook point (its prepare first, undone after the hook is removed)."""
+    if point.prepare is not None:
+        reg.restores.append(point.prepare())
+    if point.where == "output":
+        reg.handles.append(point.module.register_forward_hook(_output_hook(point, fn)))
+    else:
+        reg.handles.append(point.module.register_forward_pre_hook(_input_hook(point, fn), with_kwargs=True))
 
 
 def _attach(surface: ModelSurface, reg: _Registry, site: Site,
             fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
     """Attach fn to a site: fn sees the site's tensor; a returned tensor replaces it."""
     name, layer = site.name, site.layer
-    if name == "embed":
-        reg.handles.append(surface.embed_module().register_forward_hook(_on_output(fn)))
-        return
     if name == "pos_embed":
         raise AssertionError("pos_embed is handled without hooks")
+    if name in GLOBAL_SITES:
+        _hook(reg, surface.hook_point(None, name), fn)
+        return
+    if name not in LAYER_SITES:
+        raise VitposError(f"unknown site {site}")
     if layer is None or not 0 <= layer < surface.depth:
         raise VitposError(f"site {site} is outside layers 0..{surface.depth - 1}")
-    blk, attn = surface.block(layer), surface.attention(layer)
-    if name == "resid_pre":
-        def pre(m, args, kwargs):
-            new = fn(args[0])
-            return None if new is None else ((new, *args[1:]), kwargs)
-        reg.handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True))
-    elif name == "resid_post":
-        reg.handles.append(blk.register_forward_hook(_on_output(fn)))
-    elif name == "resid_mid":
-        reg.handles.append(blk.get_submodule("norm2").register_forward_pre_hook(lambda m, args: (fn(args[0]), None)[1]))
-    elif name == "attn_out":
-        reg.handles.append(attn.register_forward_hook(_on_output(fn)))
-    elif name == "mlp_out":
-        reg.handles.append(blk.get_submodule("mlp").register_forward_hook(_on_output(fn)))
-    elif name in ("q", "k"):
-        mod = attn.get_submodule("q_norm" if name == "q" else "k_norm")
-        reg.handles.append(mod.register_forward_hook(_on_output(fn)))
-    elif name in ("q_rot", "k_rot"):
-        # the rope tensor attention receives (after any rope edit on the block) is recorded first
-        seen: dict[str, torch.Tensor | None] = {}
-        reg.handles.append(attn.register_forward_pre_hook(
-            lambda m, args, kwargs: seen.__setitem__("rope", kwargs.get("rope")), with_kwargs=True))
-        mod = attn.get_submodule("q_norm" if name == "q_rot" else "k_norm")
-        reg.handles.append(mod.register_forward_hook(
-            lambda m, a, out: (fn(surface.apply_rope(out, seen.get("rope"))), None)[1]))
-    elif name == "z":
-        heads = surface.num_heads
-
-        def pre_proj(m, args):
-            x = args[0]  # (B, T, h * d): heads concatenated, as the projection reads them
-            B, T, C = x.shape
-            new = fn(x.reshape(B, T, heads, C // heads).transpose(1, 2))
-            return None if new is None else (new.transpose(1, 2).reshape(B, T, C), *args[1:])
-        reg.handles.append(attn.get_submodule("proj").register_forward_pre_hook(pre_proj))
-    elif name == "attn_pattern":
-        _unfuse(reg, attn)
-        reg.handles.append(attn.get_submodule("attn_drop").register_forward_hook(_on_output(fn)))
-    else:
-        raise VitposError(f"unknown site {site}")
+    _hook(reg, surface.hook_point(layer, name), fn)
 
 
 class CaptureCache(dict[str, torch.Tensor]):
@@ -240,17 +242,14 @@ def remove_rope(surface: ModelSurface, remove: Mapping[Axis, list[int] | None],
                 raise VitposError(f"layer {layer} is outside 0..{surface.depth - 1}")
             memo: dict[int, torch.Tensor] = {}
 
-            def pre(m, args, kwargs, layer=layer, memo=memo):
-                base = kwargs.get("rope")
-                if base is None:
-                    return None
+            def rebuilt(base: torch.Tensor, layer: int = layer, memo: dict[int, torch.Tensor] = memo) -> torch.Tensor:
                 key = id(base)
                 if key not in memo:
                     memo.clear()
                     memo[key] = surface.rope_embed(layer, base, remove, band)
-                return args, {**kwargs, "rope": memo[key]}
+                return memo[key]
 
-            reg.handles.append(surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True))
+            _hook(reg, surface.rotary_input(layer), rebuilt)
         yield
     finally:
         reg.close()
@@ -289,15 +288,6 @@ def zero_ablate(tokens: slice | None = None) -> EditFn:
 def mean_ablate(mean: torch.Tensor) -> EditFn:
     """Replace by a fixed mean (broadcast over the batch), e.g. the dataset mean of the site."""
     return lambda t: mean.to(t.dtype).expand_as(t).clone()
-
-
-def replace_with(source: torch.Tensor) -> EditFn:
-    """Patch in activations from another run (same shape)."""
-    def fn(t: torch.Tensor) -> torch.Tensor:
-        if source.shape != t.shape:
-            raise VitposError(f"patch source has shape {tuple(source.shape)}, site has {tuple(t.shape)}")
-        return source.to(t.dtype)
-    return fn
 
 
 def stack(*managers) -> ExitStack:
@@ -351,23 +341,33 @@ def rope_coordinates(surface: ModelSurface, coord_edit: CoordEdit, layers: Itera
             memo: dict[int, torch.Tensor] = {}
             new = table[layer] if table.ndim == 4 else table  # mixed: per layer (h, N, 2d)
 
-            def pre(m, args, kwargs, new=new, memo=memo):
-                base = kwargs.get("rope")
-                if base is None:
-                    return None
+            def edited(base: torch.Tensor, new: torch.Tensor = new,
+                       memo: dict[int, torch.Tensor] = memo) -> torch.Tensor:
                 key = id(base)
                 if key not in memo:
                     memo.clear()
-                    edited = new.to(base.device, base.dtype)
+                    out = new.to(base.device, base.dtype)
                     if head_list is not None:
-                        out = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h_all, *base.shape[-2:]).clone()
-                        out[head_list] = (edited if edited.ndim == 3 else edited.unsqueeze(0)).expand(
-                            h_all, *edited.shape[-2:])[head_list]
-                        edited = out
-                    memo[key] = edited
-                return args, {**kwargs, "rope": memo[key]}
+                        full = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h_all, *base.shape[-2:]).clone()
+                        full[head_list] = (out if out.ndim == 3 else out.unsqueeze(0)).expand(
+                            h_all, *out.shape[-2:])[head_list]
+                        out = full
+                    memo[key] = out
+                return memo[key]
 
-            reg.handles.append(surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True))
+            _hook(reg, surface.rotary_input(layer), edited)
+        yield
+    finally:
+        reg.close()
+
+
+@contextmanager
+def observe_rotary(surface: ModelSurface, observers: Mapping[int, Callable[[torch.Tensor], None]]) -> Iterator[None]:
+    """Call fn(rotary tensor) with what block `layer` receives ({layer: fn}), keeping nothing."""
+    reg = _Registry()
+    try:
+        for layer, fn in observers.items():
+            _hook(reg, surface.rotary_input(layer), lambda t, fn=fn: (fn(t), None)[1])
         yield
     finally:
         reg.close()

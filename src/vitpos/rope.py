@@ -1,4 +1,5 @@
-"""Rotary tensors rebuilt with an axis coordinate removed (pure functions on timm's layouts).
+"""Rotary tensors rebuilt with an axis coordinate removed (pure functions on timm's layouts; what
+needs timm's own mixed-RoPE code lives in `vitpos.models.timm_adapter`).
 
 timm hands each attention block `rope` = cat([sin, cos], -1) with shape (..., N, 2d) for the N
 patch tokens. Removing an axis sets that axis' coordinate to 0 in q and k alike: for axial RoPE
@@ -14,7 +15,6 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel
-from timm.layers.pos_embed_sincos import get_mixed_freqs, get_mixed_grid
 
 from vitpos.errors import VitposError
 
@@ -49,27 +49,6 @@ def remove_axial_channels(emb: torch.Tensor, channels: list[int]) -> torch.Tenso
     out[..., idx] = 0.0
     out[..., d + idx] = 1.0
     return out
-
-
-def mixed_grid_axes(grid: tuple[int, int], grid_indexing: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """timm's mixed coordinates (t_x, t_y) and which of them (0 or 1) is the ROW coordinate.
-
-    Which one is the row depends on grid_indexing (get_mixed_grid names the row t_x under 'ij'),
-    so it is read off the grid rather than assumed."""
-    t_x, t_y = get_mixed_grid(list(grid), grid_indexing=grid_indexing)
-    H, W = grid
-    row_of = (torch.arange(H * W) // W).float()
-    if torch.equal(t_x.float(), row_of):
-        return t_x, t_y, 0
-    if torch.equal(t_y.float(), row_of):
-        return t_x, t_y, 1
-    raise VitposError(f"cannot tell the row coordinate of timm's mixed RoPE grid (indexing {grid_indexing!r})")
-
-
-def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool,
-                drop_y: bool) -> torch.Tensor:
-    """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
-    return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))
 
 
 # --- channel frequencies and frequency bands ------------------------------------------------------
@@ -302,7 +281,7 @@ def self_test(surface, images: torch.Tensor | None = None, layout: str | None = 
               tolerance: float = 1e-4) -> RopeSelfTest:
     """Run both self-tests (RopeSelfTest) on a RoPE surface. images: None = 2 seeded random images.
     layout: force the recomputation's rotary layout (a wrong one must fail (a))."""
-    from vitpos.hooks import capture, rope_coordinates  # hooks imports this module
+    from vitpos.hooks import capture, observe_rotary, rope_coordinates  # hooks imports this module
     from vitpos.models.surface import Site
 
     if not surface.has_rope:
@@ -314,15 +293,15 @@ def self_test(surface, images: torch.Tensor | None = None, layout: str | None = 
         images = torch.randn(2, *surface.input_size, generator=g)
     images = images.to(dev)
     L, npt = surface.depth, surface.num_prefix_tokens
-    seen: dict[int, torch.Tensor] = {}
-    handles = [surface.block(li).register_forward_pre_hook(
-        lambda m, a, kw, li=li: seen.__setitem__(li, kw["rope"]) if kw.get("rope") is not None else None,
-        with_kwargs=True) for li in range(L)]
-    try:
+    seen: dict[int, torch.Tensor] = {}  # what each block receives (the family's rotary hook point)
+
+    def record(li: int):
+        def fn(t: torch.Tensor) -> None:
+            seen[li] = t
+        return fn
+
+    with observe_rotary(surface, {li: record(li) for li in range(L)}):
         plain = surface(images)
-    finally:
-        for h in handles:
-            h.remove()
     table = surface.rope_from_coords(layout=layout)
     worst, exact = 0.0, True
     for li in range(L):

@@ -8,6 +8,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,7 +19,7 @@ from vitpos.data import load_split
 from vitpos.errors import VitposError
 from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
 from vitpos.models.checkpoint import save_own_model
-from vitpos.models.own import OwnViTConfig, build_own_vit
+from vitpos.models.own import OwnViT, OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
@@ -145,6 +147,96 @@ def _recover_checkpoint(out: Path) -> None:
             os.replace(old, ckpt)
 
 
+def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | None, limits: dict, transform=None):
+    """The train and val splits (through `transform`) and the model config they fix (image size,
+    channels, classes; patch size and model sizes from the quick sizes and `model_overrides`)."""
+    train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
+    val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
+    info = train_set.info
+    if info.image_size[0] != info.image_size[1]:
+        raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
+    sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
+    patch = sized["patch_size"]
+    if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
+        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
+                          "pick a patch size that divides it")
+    # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
+    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], in_chans=info.in_chans,
+                                           num_classes=info.num_classes, **sized))
+    return train_set, val_set, cfg
+
+
+def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
+    """The metrics of a finished run of the same settings in `out` (None: train), after tidying an
+    interrupted checkpoint swap and, with `force`, dropping what is there."""
+    if out.is_dir():
+        _recover_checkpoint(out)
+    if force:
+        (out / "metrics.json").unlink(missing_ok=True)
+        shutil.rmtree(out / CHECKPOINT, ignore_errors=True)
+    if (out / "metrics.json").exists() and (out / "config.json").exists():
+        if read_json(out / "config.json") == run_doc:
+            return read_json(out / "metrics.json")
+        raise VitposError(f"{out} already holds a different trained model; pass another --out or --force")
+    return None
+
+
+def _optimizer(model: OwnViT, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+    """AdamW with weight decay on matrices except the exempt ones (position tables, tokens); the
+    trained parameters (for gradient clipping)."""
+    skip = decay_exempt(model)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    decay = [p for n, p in named if p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    return opt, params
+
+
+def _resume(out: Path, run_doc: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float, list]:
+    """(epochs done, seconds, history) of the checkpoint in `out` (loaded into model and opt), else a fresh start."""
+    ckpt_dir = out / CHECKPOINT
+    state_path = ckpt_dir / "state.json"
+    if not state_path.exists():
+        return 0, 0.0, []
+    state = read_json(state_path)
+    if state.get("run") != run_doc:
+        raise VitposError(f"{out} holds an interrupted run with other settings; pass another --out or --force")
+    model.load_state_dict(read_safetensors(ckpt_dir / "model.safetensors"))
+    _load_optimizer(ckpt_dir / "optim.safetensors", opt)
+    return state["epochs_done"], state["seconds"], state["history"]
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    steps_per_epoch: int
+    total_steps: int
+    warmup: int
+    lr: float
+
+
+def _train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, params: list, train_set, epoch: int, seed: int,
+                 batch_size: int, sched: _Schedule, step_done: Callable[[float], None]) -> float:
+    """One epoch in the (seed, epoch) data order; `step_done(mean loss so far)` after each step;
+    returns the epoch's mean training loss."""
+    model.train()
+    gen = torch.Generator().manual_seed(seed * 100003 + epoch)  # data order depends only on (seed, epoch)
+    loss_sum = n_seen = 0.0
+    for i, (x, y) in enumerate(train_set.batches(batch_size, shuffle=True, generator=gen)):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(epoch * sched.steps_per_epoch + i, sched.total_steps, sched.warmup, sched.lr)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        loss_sum += float(loss.detach()) * len(y)
+        n_seen += len(y)
+        step_done(loss_sum / n_seen)
+    return loss_sum / n_seen
+
+
 def train(
     pe: str,
     out: str | Path,
@@ -174,86 +266,39 @@ def train(
     if epochs < 1:
         raise VitposError(f"epochs must be at least 1 (got {epochs})")
     transform = _input_transform(data, img_size)
-    train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
-    val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
-    info = train_set.info
-    if info.image_size[0] != info.image_size[1]:
-        raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
-    sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
-    patch = sized["patch_size"]
-    if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
-        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
-                          "pick a patch size that divides it")
-    # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
-    cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], in_chans=info.in_chans,
-                                           num_classes=info.num_classes, **sized))
+    train_set, val_set, cfg = _data_and_config(pe, data, quick, model_overrides, limits, transform)
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
-
-    ckpt_dir = out / CHECKPOINT
-    if out.is_dir():
-        _recover_checkpoint(out)
-    if force:
-        (out / "metrics.json").unlink(missing_ok=True)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if (out / "metrics.json").exists() and (out / "config.json").exists():
-        if read_json(out / "config.json") == run_doc:
-            return read_json(out / "metrics.json")
-        raise VitposError(f"{out} already holds a different trained model; pass another --out or --force")
+    done = _finished(out, run_doc, force)
+    if done is not None:
+        return done
 
     torch.manual_seed(seed)
     model = build_own_vit(cfg)
-    skip = model.no_weight_decay()  # timm's list: pos_embed, cls_token, rope freqs
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    decay = [p for n, p in named if p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip]
-    no_decay = [p for n, p in named if not (p.ndim >= 2 and n not in skip and n.split(".")[0] not in skip)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    opt, params = _optimizer(model, lr, weight_decay)
     steps_per_epoch = math.ceil(len(train_set) / batch_size)
-    total_steps = epochs * steps_per_epoch
-    warmup = int(warmup_epochs * steps_per_epoch)
-
-    start_epoch, seconds, history = 0, 0.0, []
-    state_path = ckpt_dir / "state.json"
-    if state_path.exists():
-        state = read_json(state_path)
-        if state.get("run") != run_doc:
-            raise VitposError(f"{out} holds an interrupted run with other settings; pass another --out or --force")
-        model.load_state_dict(read_safetensors(ckpt_dir / "model.safetensors"))
-        _load_optimizer(ckpt_dir / "optim.safetensors", opt)
-        start_epoch, seconds, history = state["epochs_done"], state["seconds"], state["history"]
+    sched = _Schedule(steps_per_epoch, epochs * steps_per_epoch, int(warmup_epochs * steps_per_epoch), lr)
+    start_epoch, seconds, history = _resume(out, run_doc, model, opt)
     write_json(out / "train_config.json", run_doc)
 
     with progress_bar(enabled=progress) as bar:
-        task = bar.add_task(f"train {pe}", total=total_steps, completed=start_epoch * steps_per_epoch)
+        task = bar.add_task(f"train {pe}", total=sched.total_steps, completed=start_epoch * steps_per_epoch)
         for epoch in range(start_epoch, epochs):
             t0 = time.time()
-            model.train()
-            gen = torch.Generator().manual_seed(seed * 100003 + epoch)  # data order depends only on (seed, epoch)
-            loss_sum = n_seen = 0.0
-            for i, (x, y) in enumerate(train_set.batches(batch_size, shuffle=True, generator=gen)):
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(epoch * steps_per_epoch + i, total_steps, warmup, lr)
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                loss_sum += float(loss.detach()) * len(y)
-                n_seen += len(y)
-                bar.update(task, advance=1,
-                           description=f"train {pe} ep {epoch + 1}/{epochs} loss {loss_sum / n_seen:.3f}")
+
+            def step_done(mean_loss: float, epoch: int = epoch) -> None:
+                bar.update(task, advance=1, description=f"train {pe} ep {epoch + 1}/{epochs} loss {mean_loss:.3f}")
+            train_loss = _train_epoch(model, opt, params, train_set, epoch, seed, batch_size, sched, step_done)
             val = accuracy(model, val_set)
             seconds += time.time() - t0
-            history.append({"epoch": epoch + 1, "train_loss": loss_sum / n_seen, "val_top1": val})
+            history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_top1": val})
             _save_checkpoint(out, model, opt,
                              {"run": run_doc, "epochs_done": epoch + 1, "seconds": seconds, "history": history})
 
     test_set = load_split(data, "test", seed=0, limit=limits.get("test"), transform=transform)
     metrics = {
         "pe": pe, "data": data, "test_top1": accuracy(model, test_set),
-        **({"group_top1": group_accuracy(model, test_set)} if info.class_groups else {}),
+        **({"group_top1": group_accuracy(model, test_set)} if train_set.info.class_groups else {}),
         "val_top1": history[-1]["val_top1"] if history else accuracy(model, val_set),
         "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
         "n_train": len(train_set), "n_test": len(test_set),

@@ -124,26 +124,30 @@ def test_verdict_aggregates_models_with_inconclusive():
 
 # ---------------------------------------------------------------- C5
 def heads(drops, primary, cis=None) -> dict:
+    """A rope_heads result with these drops; drop intervals `cis` (default: the points) and paired
+    margins drop(primary) - drop(head) as points."""
     L, H = len(drops), len(drops[0])
     order = sorted(((d, lyr, h) for lyr, row in enumerate(drops) for h, d in enumerate(row)), reverse=True)
-    doc = {"layers": list(range(L)), "num_heads": H, "restore_from": 1, "drop_points": drops,
-           "primary_rebuilding_head": primary, "largest_drop_head": list(order[0][1:]),
-           "primary_head_drop_rank": 1 + [list(o[1:]) for o in order].index(primary),
-           "primary_head_drop_rank_after_R": None, "primary_is_largest_drop": list(order[0][1:]) == primary}
-    if cis is not None:
-        doc["drop_ci95"] = cis
-    return doc
+    top = drops[primary[0]][primary[1]]
+    return {"layers": list(range(L)), "num_heads": H, "restore_from": 1, "drop_points": drops,
+            "primary_rebuilding_head": primary, "largest_drop_head": list(order[0][1:]),
+            "primary_head_drop_rank": 1 + [list(o[1:]) for o in order].index(primary),
+            "primary_head_drop_rank_after_R": None, "primary_is_largest_drop": list(order[0][1:]) == primary,
+            "drop_ci95": cis if cis is not None else [[[d, d] for d in row] for row in drops],
+            "primary_margin_ci95": [[None if [lyr, h] == primary else [top - d, top - d] for h, d in enumerate(row)]
+                                    for lyr, row in enumerate(drops)]}
 
 
-def test_c5_points_now_and_intervals_when_measured():
+def test_c5_the_paired_margins_decide_not_the_marginal_intervals():
     drops = [[1.0, 2.0], [9.0, 3.0]]
     assert claim({"m": {"rope_heads": heads(drops, [1, 0])}}, "C5")["numbers"]["m"]["result"] == HOLDS
     assert claim({"m": {"rope_heads": heads(drops, [1, 1])}}, "C5")["numbers"]["m"]["result"] == FAILS
-    narrow = [[[d - 0.5, d + 0.5] for d in row] for row in drops]
-    wide = [[[d - 4, d + 4] for d in row] for row in drops]
-    assert claim({"m": {"rope_heads": heads(drops, [1, 0], narrow)}}, "C5")["numbers"]["m"]["result"] == HOLDS
-    assert claim({"m": {"rope_heads": heads(drops, [1, 1], narrow)}}, "C5")["numbers"]["m"]["result"] == FAILS
-    assert claim({"m": {"rope_heads": heads(drops, [1, 0], wide)}}, "C5")["verdict"] == "inconclusive"
+    wide = [[[d - 4, d + 4] for d in row] for row in drops]  # overlapping drop intervals: the margins decide
+    c = claim({"m": {"rope_heads": heads(drops, [1, 0], wide)}}, "C5")
+    assert c["numbers"]["m"]["result"] == HOLDS and c["numbers"]["m"]["primary_drop_ci95"] == [5.0, 13.0]
+    doc = heads(drops, [1, 0])
+    doc["primary_rebuilding_head"], doc["primary_margin_ci95"] = None, None  # no primary head: nothing holds
+    assert claim({"m": {"rope_heads": doc}}, "C5")["numbers"]["m"]["result"] == FAILS
 
 
 @pytest.mark.parametrize("margins, result", [
@@ -191,7 +195,7 @@ def test_seeds_of_a_family_are_counted_and_averaged():
 def axis_doc(removed=(0.9, 0.9), kept=(1.0, 1.0), removal=None, recs=(0.5, 0.5), median=None) -> dict:
     """A rope_axis result whose fractions come out as given: chance 0.25, baseline 0.75 at both
     layers (0.5 above chance), and a third layer too close to chance to count. removal / median:
-    the measured interval blocks (None: a result written before them)."""
+    the measured intervals (None: undefined intervals, the points decide)."""
     def acc(frac):
         return [0.25 + 0.5 * frac, 0.25 + 0.5 * frac, 0.27]
 
@@ -201,13 +205,12 @@ def axis_doc(removed=(0.9, 0.9), kept=(1.0, 1.0), removal=None, recs=(0.5, 0.5),
                           "no_row": {"row_acc": acc(1 - removed[0]), "col_acc": acc(kept[0]), "top1": 0.5},
                           "no_col": {"col_acc": acc(1 - removed[1]), "row_acc": acc(kept[1]), "top1": 0.6}},
            "recovery": {"row": {"2": {"mean_rec": recs[0]}}, "col": {"2": {"mean_rec": recs[1]}}}}
-    if removal is not None:
-        doc["removal"] = {f"no_{a}": {"removed": removed[i], "removed_ci95": list(removal[i][0]), "kept": kept[i],
-                                      "kept_ci95": list(removal[i][1]), "removed_layers": [0, 1],
-                                      "kept_layers": [0, 1]} for i, a in enumerate(("row", "col"))}
-    if median is not None:
-        doc["median_recovery"] = {a: {"median_rec": recs[i], "median_rec_ci95": list(median[i]),
-                                      "restore_points": [2]} for i, a in enumerate(("row", "col"))}
+    doc["removal"] = {f"no_{a}": {"removed": removed[i], "kept": kept[i], "removed_layers": [0, 1],
+                                  "removed_ci95": None if removal is None else list(removal[i][0]),
+                                  "kept_ci95": None if removal is None else list(removal[i][1]),
+                                  "kept_layers": [0, 1]} for i, a in enumerate(("row", "col"))}
+    doc["median_recovery"] = {a: {"median_rec": recs[i], "median_rec_ci95": None if median is None else list(median[i]),
+                                  "restore_points": [2]} for i, a in enumerate(("row", "col"))}
     return doc
 
 
@@ -215,7 +218,7 @@ SURE = ((0.85, 0.95), (0.9, 1.1))  # removed, kept intervals wholly on the rule'
 
 
 @pytest.mark.parametrize("removal, result", [
-    (None, HOLDS),  # no intervals: the point values decide, as before
+    (None, HOLDS),  # undefined intervals: the point values decide
     ((SURE, SURE), HOLDS),
     ((((0.6, 0.95), (0.9, 1.1)), SURE), INCONCLUSIVE),  # MIN_REMOVED = 0.7 inside no_row's removed interval
     ((SURE, ((0.85, 0.95), (0.65, 1.1))), INCONCLUSIVE),  # MIN_KEPT = 0.7 inside no_col's kept interval
@@ -239,8 +242,8 @@ def test_c3_reads_the_removal_intervals(removal, result):
 @pytest.mark.parametrize("removed, kept, result", [
     ((0.9, 0.8), (0.9, 1.2), HOLDS), ((0.6, 0.9), (1.0, 1.0), FAILS), ((0.9, 0.9), (0.69, 1.0), FAILS)])
 def test_c3_without_intervals_keeps_the_point_rule(removed, kept, result):
-    """Results written before the intervals: the old point-value verdicts (the layer too close to
-    chance is left out, so the fractions are the constructed ones)."""
+    """Undefined intervals: the point-value verdicts (the layer too close to chance is left out, so
+    the fractions are the constructed ones)."""
     nums = claim({"m": {"rope_axis": axis_doc(removed, kept)}}, "C3")["numbers"]["m"]
     assert nums["result"] == result
     assert nums["no_col_col_removed"] == pytest.approx(removed[1]) and nums["no_row_col_kept"] == pytest.approx(kept[0])
@@ -248,16 +251,16 @@ def test_c3_without_intervals_keeps_the_point_rule(removed, kept, result):
 
 
 def rope_heads_doc(S: float, S_ci=None) -> dict:
+    """S_ci None: the primary head's |S| interval is the point [S, S]."""
     doc = heads([[1.0, 2.0], [9.0, 3.0]], [1, 0])
     doc["axis_index"] = [[0.0, 0.1], [S, 0.2]]
     doc["specialised_heads"] = [[1, 0]] if abs(S) >= 0.5 else []
-    if S_ci is not None:
-        doc["axis_index_ci95"] = [[[-0.1, 0.1], [0.0, 0.2]], [list(S_ci), [0.1, 0.3]]]
+    doc["axis_index_ci95"] = [[[-0.1, 0.1], [0.0, 0.2]], [list(S_ci) if S_ci is not None else [S, S], [0.1, 0.3]]]
     return doc
 
 
 @pytest.mark.parametrize("recs, median, S, S_ci, result", [
-    ((0.5, 0.4), None, 0.7, None, HOLDS),  # no intervals: points, as before
+    ((0.5, 0.4), None, 0.7, None, HOLDS),  # point intervals: the points decide
     ((0.5, 1.2), None, 0.7, None, FAILS),
     ((0.5, 0.4), None, 0.3, None, FAILS),
     ((0.5, 0.4), ((0.3, 0.7), (0.2, 0.6)), 0.7, (0.6, 0.8), HOLDS),
@@ -275,7 +278,7 @@ def test_c4_reads_the_recovery_and_axis_index_intervals(recs, median, S, S_ci, r
     nums = c["numbers"]["m"]
     assert nums["result"] == result
     assert nums["median_recovery_row"] == recs[0] and nums["primary_axis_index"] == S
-    assert nums["primary_axis_index_ci95"] == (None if S_ci is None else list(S_ci))
+    assert nums["primary_axis_index_ci95"] == ([S, S] if S_ci is None else list(S_ci))
     assert nums["median_recovery_col_ci95"] == (None if median is None else list(median[1]))
     if S_ci is not None:
         assert f"[{S_ci[0]:.2f}, {S_ci[1]:.2f}]" in c["evidence"]
@@ -295,3 +298,22 @@ def test_inside_and_magnitude():
     assert inside(None, 0, 1) == FAILS and inside((float("nan"), float("nan")), 0, 1) == FAILS
     assert magnitude((0.2, 0.4)) == (0.2, 0.4) and magnitude((-0.4, -0.2)) == (0.2, 0.4)
     assert magnitude((-0.6, 0.3)) == (0.0, 0.6) and magnitude(None) is None
+
+
+def test_rules_are_data_and_survive_python_OO():
+    """The rules the summary records come from data, not from a docstring (python -OO strips those):
+    one rule per claim, each naming its claim and thresholds, the same text with and without -OO."""
+    import subprocess
+    import sys
+
+    from vitpos.study.claims import CLAIM_RULES, CLAIM_TEXT, rules_text
+
+    assert set(CLAIM_RULES) == set(CLAIM_TEXT)
+    assert all(rule.lstrip().startswith(f"{cid} (") for cid, rule in CLAIM_RULES.items())
+    assert "MIN_DROP" in CLAIM_RULES["C2"] and "SELECTIVE" in CLAIM_RULES["C1"]
+    code = ("import vitpos.study.claims as c; assert c.__doc__ is None; "
+            "import sys; sys.stdout.write(c.summarise({}).rules)")
+    proc = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == rules_text() == summarise({}).rules
+    assert all(rule in proc.stdout for rule in CLAIM_RULES.values())

@@ -251,3 +251,39 @@ def test_plan_summary_and_time_estimate():
 def test_measure_throughput_is_positive():
     tp = measure_throughput(tiny_own("rope-mixed"), images=2, repeats=1)
     assert tp.block_s > 0 and tp.embed_s > 0 and tp.fit_work_s > 0 and tp.sae_token_s_per_latent > 0
+
+
+def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, monkeypatch, capsys):
+    """Run a tiny APE study, then bump one experiment's version: `vitpos run --plan` on the cached DIR
+    shows that experiment's stage (and those that read its result) to run, every other stage cached."""
+    from conftest import TIMM_TINY
+    from vitpos.cli import main
+    from vitpos.experiments.registry import stage_versions
+    from vitpos.study.run import plan_study, run_study
+
+    spec = TIMM_TINY["vit"].replace("img_size=16", "img_size=32")
+    doc = {"models": [spec], "eval_images": 16, "probe": {"images": 16},
+           "sae": {"images": 64, "eval_images": 16, "epochs": 1, "expansion": 1},
+           "ape_permute": {"images": 8, "seeds": 1}, "extrapolate": {"images": 8}}
+    config = tmp_path / "run.yaml"  # JSON is YAML
+    config.write_text(json.dumps(doc))
+    cfg = RunConfig.model_validate(doc)
+    run_study(tmp_path / "out", cfg, progress=False, log=lambda m: None, measure=None)
+    stages = ["eval", "probe", "sae", "ape_permute", "extrapolate"]
+
+    def to_run() -> list[str]:
+        return [s.stage for s in plan_study(tmp_path / "out", cfg, measure=None).stages if s.status == "run"]
+
+    assert to_run() == []
+    assert stage_versions(BY_NAME["ape_permute"]) == {"ape_permute": 1, "probe": 1, "sae": 1}
+    monkeypatch.setattr(type(BY_NAME["eval"]), "version", 2)
+    assert to_run() == ["eval"]
+    main(["run", "--plan", "--config", str(config), "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith(spec)}
+    assert set(stages) <= set(rows) and all("n/a" in rows[s] for s in set(rows) - set(stages))
+    assert [s for s in stages if rows[s].rstrip().endswith("cached")] == ["probe", "sae", "ape_permute", "extrapolate"]
+    assert "plan: 1 model(s), 1 stage(s) to run, 4 cached" in text
+    monkeypatch.setattr(type(BY_NAME["eval"]), "version", 1)
+    monkeypatch.setattr(type(BY_NAME["sae"]), "version", 2)  # ape_permute reads the SAE: it follows
+    assert to_run() == ["sae", "ape_permute"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -289,6 +290,20 @@ def test_training_is_deterministic(planted):
     for name in ("W_enc", "b_enc", "W_dec", "b_dec", "scale"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert la.fvu == lb.fvu
+
+
+def test_training_settings_object_equals_keywords_and_keywords_override_it(planted):
+    from vitpos.sae import TrainSettings
+
+    _, x, _ = planted
+    cfg = SAEConfig(d_in=32, expansion=2, k=4, seed=7)
+    a, la = train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=2, lr=3e-3), progress=False)
+    b, lb = train_sae(chunks(x[:2048], 512), cfg, epochs=2, lr=3e-3, progress=False)
+    c, lc = train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=5, lr=1e-2), epochs=2, lr=3e-3, progress=False)
+    assert torch.equal(a.W_dec, b.W_dec) and torch.equal(a.W_dec, c.W_dec) and la.fvu == lb.fvu == lc.fvu
+    assert la.steps == 8 and la.lr == 3e-3
+    with pytest.raises(VitposError, match="epochs must be >= 1"):
+        train_sae(chunks(x[:2048], 512), cfg, TrainSettings(epochs=0), progress=False)
 
 
 def test_training_sources_steps_and_errors(planted):
@@ -622,6 +637,27 @@ def test_run_sae_refuses_a_store_that_does_not_match(tmp_path, tiny_ape):
         with pytest.raises(VitposError, match=re.escape(needle)) as e:
             run_sae(kw.pop("surface"), kw.pop("layer"), out=tmp_path / "o", **kw, **RUN_KW)
         assert "\n" not in str(e.value)
+
+
+def test_versions_key_the_sae_dir_and_the_capture(tmp_path, tiny_ape, monkeypatch):
+    """Bumping SAE_VERSION retrains instead of reloading the SAE dir; a store of another capture
+    version is refused as a training store (one line naming the fix)."""
+    import vitpos.experiments.sae_run as sae_run
+    import vitpos.store.capture as store_capture
+
+    ds = toy_set(24)
+    first, _ = sae_run.run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
+    assert first.run["version"] == sae_run.SAE_VERSION
+    monkeypatch.setattr(sae_run, "SAE_VERSION", sae_run.SAE_VERSION + 1)
+    again, _ = sae_run.run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **RUN_KW)
+    assert again.run["version"] == sae_run.SAE_VERSION and json.loads(
+        (tmp_path / "o" / "sae.json").read_text())["run"]["version"] == sae_run.SAE_VERSION
+    assert again.fvu == first.fvu  # retrained by the same code: the same SAE
+    store_capture.capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "st", progress=False)
+    monkeypatch.setattr(store_capture, "CAPTURE_VERSION", store_capture.CAPTURE_VERSION + 1)
+    with pytest.raises(VitposError, match="capture version 1, this vitpos captures version 2") as e:
+        sae_run.run_sae(tiny_ape, 0, data=ds, store=tmp_path / "st", out=tmp_path / "o2", **RUN_KW)
+    assert "\n" not in str(e.value) and "vitpos capture" in str(e.value)
 
 
 def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):

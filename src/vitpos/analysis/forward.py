@@ -42,7 +42,7 @@ def forward_batches(surface: ModelSurface, dataset, batch_size: int = 256, progr
     total = (len(dataset) + batch_size - 1) // batch_size
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task(desc, total=total)
-        dev = next(surface.model.parameters()).device  # images follow the model (e.g. onto a GPU)
+        dev = surface.device  # images follow the model (e.g. onto a GPU)
         for x, y in dataset.batches(batch_size):
             yield x, y, surface(x.to(dev, non_blocking=True))
             bar.update(task, advance=1)

@@ -31,7 +31,7 @@ def pooled_features(surface: ModelSurface, dataset, batch_size: int = 256, progr
                     desc: str = "pooled features") -> tuple[torch.Tensor, torch.Tensor]:
     """(n, D) float32 pooled features on the CPU and (n,) labels of every image of `dataset`."""
     feats, labels = [], []
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     total = (len(dataset) + batch_size - 1) // batch_size
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task(desc, total=total)

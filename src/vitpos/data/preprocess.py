@@ -8,7 +8,7 @@ applied per batch by `TensorImageDataset` (so memory stays uint8 at the native s
      takes the other count;
   3. resize the whole image to the model's input size (no crop: every patch position maps onto
      the image), with the model's interpolation, antialiased, clamped to [0, 1];
-  4. (x - mean) / std with the model's mean / std (timm's ``resolve_data_config``; vitpos' own
+  4. (x - mean) / std with the model's mean / std (``ModelSurface.data_config``; vitpos' own
      ViTs: 0.5 / 0.5, i.e. [-1, 1]).
 When nothing changes (same size and channels, mean = std = 0.5) no transform is attached and the
 images go through `to_float` exactly as before: vitpos' own models keep a bit-identical input.

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from vitpos.data import load_split
 from vitpos.errors import VitposError
@@ -14,20 +13,14 @@ if TYPE_CHECKING:
 
 def dataset_for(surface: ModelSurface, data: str, split: str, limit: int | None = None, seed: int = 0):
     """A split of `data` shaped for `surface`: through the model's own preprocessing (input size,
-    channels, mean / std); imagefolder data through timm's transform for the model.
+    channels, mean / std); imagefolder data through the model family's own image transform
+    (`ModelSurface.image_transform`).
 
     `data` may also be a dataset object already (anything with .batches, .info, .subset): used as is."""
     if not isinstance(data, str):
         return data.subset(limit)
     if data.startswith("imagefolder:"):
-        from timm.data.config import resolve_data_config
-        from timm.data.transforms_factory import create_transform
-
-        cfg = resolve_data_config({}, model=surface.model)
-        cfg["input_size"] = surface.input_size
-        # One eval transform (separate=False); the declared return type also covers separate=True's tuple.
-        transform = cast(Callable, create_transform(**cfg))
-        return load_split(data, split, seed=seed, limit=limit, transform=transform)
+        return load_split(data, split, seed=seed, limit=limit, transform=surface.image_transform())
     ds = load_split(data, split, seed=seed, limit=limit)
     return shaped_for(surface, ds)
 

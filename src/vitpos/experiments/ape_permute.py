@@ -296,7 +296,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
         return fn
 
     resume = _start_after(site) if shared_prefix else None
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     preds: dict[tuple[str, int], list[torch.Tensor]] = {k: [] for k in sae_runs}
     preds.update({("pos_embed_shuffle", seed): [] for seed in seeds})
     base_preds, label_parts = [], []
@@ -386,6 +386,7 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
 
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
+    version = 1
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

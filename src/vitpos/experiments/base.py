@@ -146,6 +146,11 @@ class Experiment(ABC, Generic[R]):
     """One measurement of the study. Subclasses set the class attributes and implement the hooks."""
 
     name: ClassVar[str]  # key in results.json, stage name, figure-key suffix
+    # The version of what the stage computes: it keys the study's stage cache (with the versions of
+    # the experiments it requires, whose results it reads). Bump it when a change moves its numbers
+    # or its result's fields, and a rerun on a cached OUT recomputes this stage (and the stages that
+    # read it) only; every other stage stays cached.
+    version: ClassVar[int] = 1
     title: ClassVar[str]  # section title in the report
     claims: ClassVar[tuple[str, ...]] = ()  # claim ids (vitpos.study.claims) this experiment informs
     result_type: ClassVar[type[Result]]

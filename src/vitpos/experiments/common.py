@@ -108,7 +108,7 @@ def advance(surface: ModelSurface, start: Start, layer: int, context: ContextFac
     that drop `start`: no second copy of the stream is held."""
     if layer < start.layer:
         raise VitposError(f"cannot move a residual stream at layer {start.layer} back to layer {layer}")
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     tokens = start.tokens if in_place else torch.empty_like(start.tokens)
     i = 0
     with context() if context else nullcontext():
@@ -129,7 +129,7 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
     if start is not None and any(s.layer is None or s.layer < start.layer for s in sites):
         raise VitposError(f"a forward from layer {start.layer} cannot capture {', '.join(map(str, sites))}")
     npt = surface.num_prefix_tokens
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     batch_size = sweep_batch(surface, batch_size)
     pre_sites = [Site(keep_pre, "resid_pre")] if keep_pre is not None else []
     keeper = TokenKeeper({str(s): k for s, k in keep.items()}, surface.grid)

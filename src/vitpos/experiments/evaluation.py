@@ -18,11 +18,12 @@ class EvalResult(Result):
     n: int
     per_class: dict[str, float]  # class name -> accuracy
     per_group: dict[str, float]  # class group (e.g. vertical / horizontal) -> accuracy
-    top1_ci95: list[float] | None = None  # Wilson 95 % interval of top1 (None: written before it existed)
+    top1_ci95: list[float]  # Wilson 95 % interval of top1
 
 
 class EvalExperiment(Experiment[EvalResult]):
     name = "eval"
+    version = 1
     title = "Test accuracy"
     result_type = EvalResult
 

@@ -194,6 +194,7 @@ def plan_extrapolate(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
 
 class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
     name = "extrapolate"
+    version = 1
     title = "Resolution extrapolation: probes and top-1 at larger grids"
     result_type = ExtrapolateResult
 

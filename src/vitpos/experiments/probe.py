@@ -113,13 +113,13 @@ def run_probe(surface: ModelSurface, data: str = "shapes", sites: str = "resid_p
     if device is not None or amp is not None:
         dev = resolve_device(device)
         amp_ctx = autocast(dev, amp)
-        home = next(surface.model.parameters()).device
-        surface.model.to(dev)
+        home = surface.device
+        surface.to(dev)
         try:
             with amp_ctx:
                 return _run_probe(surface, data, sites, n_images, split, seed, out, progress, fit_device=dev)
         finally:
-            surface.model.to(home)
+            surface.to(home)
     return _run_probe(surface, data, sites, n_images, split, seed, out, progress, fit_device=None)
 
 
@@ -151,6 +151,7 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
 
 class ProbeExperiment(Experiment[ProbeResults]):
     name = "probe"
+    version = 1
     title = "Linear position probes"
     result_type = ProbeSiteResult
 

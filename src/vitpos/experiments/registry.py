@@ -25,11 +25,25 @@ def experiment(name: str) -> Experiment:
     return BY_NAME[name]
 
 
+def stage_versions(exp: Experiment) -> dict[str, int]:
+    """The versions a stage's cache key holds: the experiment's own and those of every experiment
+    it requires, transitively (it reads their results, so their change is its change)."""
+    out: dict[str, int] = {}
+    todo = [exp]
+    while todo:
+        e = todo.pop()
+        if e.name not in out:
+            out[e.name] = e.version
+            todo.extend(BY_NAME[r] for r in e.requires)
+    return dict(sorted(out.items()))
+
+
 def _check_order() -> None:
     seen: set[str] = set()
     for e in EXPERIMENTS:
         missing = set(e.requires) - seen
         assert not missing, f"{e.name} requires {missing}, listed after it"
+        assert isinstance(e.version, int) and e.version >= 1, f"{e.name}: version must be an int >= 1"
         seen.add(e.name)
 
 

@@ -106,9 +106,9 @@ class AxisRemoval(BaseModel):
     the share removed, of the other axis' the share kept; each with its paired bootstrap interval."""
 
     removed: float | None
-    removed_ci95: list[float] | None = None
+    removed_ci95: list[float] | None
     kept: float | None
-    kept_ci95: list[float] | None = None
+    kept_ci95: list[float] | None
     removed_layers: list[int]  # the layers each fraction averages (baseline above chance)
     kept_layers: list[int]
 
@@ -118,7 +118,7 @@ class MedianRecovery(BaseModel):
     restore points of each paired resample's mean Rec as its interval."""
 
     median_rec: float
-    median_rec_ci95: list[float] | None = None
+    median_rec_ci95: list[float] | None
     restore_points: list[int]  # the Rs with a mean Rec
 
 
@@ -250,6 +250,7 @@ def _order(Rs: list[int]):
 
 class RopeAxisExperiment(Experiment[RopeAxisResult]):
     name = "rope_axis"
+    version = 1
     title = "RoPE axis removal and restoring (C3, C4)"
     claims = ("C3", "C4")
     result_type = RopeAxisResult

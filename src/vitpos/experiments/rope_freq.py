@@ -352,6 +352,7 @@ def parse_windows(text: str | None) -> list[Window] | None:
 
 class RopeFreqExperiment(Experiment[RopeFreqResult]):
     name = "rope_freq"
+    version = 1
     title = "RoPE frequency bands: which frequencies carry position"
     result_type = RopeFreqResult
     scheme = "rope"

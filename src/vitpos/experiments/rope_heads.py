@@ -87,7 +87,7 @@ class RopeHeadsResult(Result):
     num_heads: int
     restore_from: int
     baseline_top1: float
-    baseline_top1_ci95: list[float] | None = None  # None in results written before the intervals
+    baseline_top1_ci95: list[float]  # Wilson 95 % interval
     n_top1_images: int
     # adaptive top-1 (None: every head on every image): the screen's images, and per head how many of
     # the first top-1 images its drop and intervals rest on (the screen's, or all for heads in the race)
@@ -104,9 +104,9 @@ class RopeHeadsResult(Result):
     recovery_restore_ci95: list[float] | None = None
     rebuild_score_ci95: list[list[list[float] | None]] | None = None
     mean_ablate_score_ci95: list[list[list[float] | None]] | None = None
-    # cross-check (None in results written before it): the fall in Rec when the head's output
-    # (blocks.L.z, patch tokens) is replaced by its mean under the restore condition
-    mean_ablate_score: list[list[float | None]] | None = None
+    # cross-check: the fall in Rec when the head's output (blocks.L.z, patch tokens) is replaced by
+    # its mean under the restore condition
+    mean_ablate_score: list[list[float | None]]
     top_heads: dict[str, list[list[int]]] | None = None  # TOP_K heads by each method
     top_heads_overlap: int | None = None  # heads in both the rebuild and the mean_ablate top lists
     # (iii) direct effect under the restore condition: the head's output through the output projection,
@@ -116,8 +116,9 @@ class RopeHeadsResult(Result):
     top_heads_agreement: dict[str, int] | None = None  # "a~b": heads in both methods' top lists
     top_heads_recovery_fraction: dict[str, float | None] | None = None  # fall in Rec / Rec, top heads jointly
     drop_points: list[list[float]]
-    drop_ci95: list[list[list[float]]] | None = None  # [layer][head] -> [lo, hi] points
-    primary_margin_ci95: list[list[list[float] | None]] | None = None  # drop(primary) - drop(head), points
+    drop_ci95: list[list[list[float]]]  # [layer][head] -> [lo, hi] points
+    # drop(primary) - drop(head), points (None without a primary rebuilding head)
+    primary_margin_ci95: list[list[list[float] | None]] | None
     primary_rebuilding_head: list[int] | None
     primary_head_drop_rank: int | None
     largest_drop_head: list[int]
@@ -302,7 +303,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
         measured = torch.tensor([[n if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
         return HeadDrops(full.clean, full.ablated, measured, cut)
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
     cut = _screen_cut(len(dataset), batch_size, screen)
@@ -435,7 +436,7 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
         return fn
 
     sites = {Site(li, "z"): add(li) for li in layers}
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     if start is None:
         with context(), observe(surface, sites):
             for x, _ in dataset.batches(sweep_batch(surface)):
@@ -648,6 +649,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
+    version = 2  # 2: c5_ablations (C5 under counterfactual ablations, issue 29)
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult

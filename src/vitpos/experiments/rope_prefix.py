@@ -129,7 +129,7 @@ def prefix_attention(surface: ModelSurface, images: torch.Tensor) -> list[float]
             counts[layer] += mass.numel()
         return fn
 
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     with observe(surface, {Site(layer, "attn_pattern"): add(layer) for layer in range(L)}):
         surface(images.to(dev))
     return [s / max(1, c) for s, c in zip(sums, counts, strict=True)]
@@ -241,6 +241,7 @@ def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
 
 class RopePrefixExperiment(Experiment[RopePrefixResult]):
     name = "rope_prefix"
+    version = 1
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
     result_type = RopePrefixResult
     scheme = "rope"

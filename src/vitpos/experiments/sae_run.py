@@ -40,11 +40,14 @@ from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, FeatureScores, SAEConfig, sae_metrics, score_features, train_sae
+from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+# The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
+# reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
+SAE_VERSION = 1
 
 
 class AblationEffect(BaseModel):
@@ -55,10 +58,11 @@ class AblationEffect(BaseModel):
     row_drop: float  # mean over later layers of clean - ablated accuracy
     col_drop: float
     selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
-    # 95 % paired-bootstrap intervals over the probes' test images (None: written before they existed)
-    row_drop_ci95: list[float] | None = None
-    col_drop_ci95: list[float] | None = None
-    selectivity_ci95: list[float] | None = None
+    # 95 % paired-bootstrap intervals over the probes' test images (selectivity's None where it is
+    # undefined on too many resamples, `percentile_interval`)
+    row_drop_ci95: list[float] | None
+    col_drop_ci95: list[float] | None
+    selectivity_ci95: list[float] | None
 
 
 class CausalCheck(BaseModel):
@@ -134,6 +138,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
+    from vitpos.store.capture import CAPTURE_VERSION
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
@@ -146,6 +151,9 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
     if meta.get("weights") not in (None, surface.weights_digest()):
         raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
                           f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
+    if meta.get("capture_version") != CAPTURE_VERSION:
+        raise VitposError(f"--store {st.dir} was captured by capture version {meta.get('capture_version')}, this "
+                          f"vitpos captures version {CAPTURE_VERSION} (the site values may differ); {fix}")
     if str(site) not in st.sites:
         raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
                           f"--layer/--site or {fix}")
@@ -166,15 +174,16 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
                          force: bool, options: RunOptions | None = None):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.store.capture import capture_to_store
+    from vitpos.store.capture import CAPTURE_VERSION, capture_to_store
     from vitpos.store.manifest import MANIFEST
     from vitpos.store.reader import ActivationStore
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
             meta = read_json(acts_dir / MANIFEST).get("meta", {})
-            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images))
+            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"),
+                      meta.get("capture_version"))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION))
         except Exception:  # unreadable: start over
             force = True
     opts = options if options is not None else RunOptions()
@@ -210,7 +219,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
                           f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
                           "smaller --batch-tokens")
-    run_key = {"model": surface.spec, "weights": surface.weights_digest(), "layer": layer, "site": site,
+    run_key = {"version": SAE_VERSION, "model": surface.spec, "weights": surface.weights_digest(), "layer": layer,
+               "site": site,
                "data": data_name(data), "sae": cfg.model_dump(),
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
@@ -230,7 +240,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
         batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, epochs=epochs, lr=lr, progress=progress, options=options)
+        sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
@@ -393,6 +403,7 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
 
 class SAEExperiment(Experiment[SAEResult]):
     name = "sae"
+    version = SAE_VERSION
     title = "Sparse autoencoder"
     claims = ("C1",)
     result_type = SAEResult

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.eva import Eva
 
+OwnViT = Eva  # the model class of vitpos' own ViTs (what build_own_vit returns)
 PE = Literal["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "rope-mixed-ape", "none"]
 PE_CHOICES: tuple[str, ...] = ("ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "rope-mixed-ape", "none")
 APE_PES = ("ape", "ape-sincos", "rope-ape", "rope-mixed-ape")
@@ -51,7 +52,7 @@ class OwnViTConfig(BaseModel):
         return (n, n)
 
 
-def build_own_vit(cfg: OwnViTConfig) -> Eva:
+def build_own_vit(cfg: OwnViTConfig) -> OwnViT:
     uses_rope = cfg.pe.startswith("rope")
     mixed = cfg.pe in ("rope-mixed", "rope-mixed-ape")
     temperature = cfg.rope_temperature if cfg.rope_temperature is not None else (10.0 if mixed else 100.0)
@@ -82,3 +83,9 @@ def build_own_vit(cfg: OwnViTConfig) -> Eva:
         if cfg.pe == "ape-sincos":
             pos_embed.requires_grad_(False)
     return model
+
+
+def decay_exempt(model: OwnViT) -> set[str]:
+    """Parameter names (or their top-level module) trained without weight decay: timm's
+    no_weight_decay list (pos_embed, cls_token, rope freqs)."""
+    return set(model.no_weight_decay())

@@ -21,7 +21,7 @@ from vitpos.io import read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
 from vitpos.models.surface import ModelSurface
-from vitpos.models.timm_adapter import TimmEvaSurface, surface_for
+from vitpos.models.timm_adapter import TIMM_VERSION, TimmEvaSurface, surface_for
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 
@@ -65,6 +65,22 @@ def _trained_data(model_dir: Path) -> str | None:
     except (VitposError, AttributeError):
         return None
     return data if isinstance(data, str) else None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the model-family libraries behind the adapters (recorded with every study)."""
+    return {"timm": TIMM_VERSION}
+
+
+def weights_file(spec: str, checkpoint: str | Path | None = None) -> Path | None:
+    """The file whose bytes are `spec`'s weights: a shipped or trained model's model.safetensors, a
+    timm spec's local checkpoint; None for hub weights (named by the spec alone). The file may be
+    missing: `load_model` names that problem."""
+    if spec.startswith("builtin:"):
+        return BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
+    if spec.startswith("timm:"):
+        return Path(checkpoint) if checkpoint else None
+    return Path(os.path.expanduser(spec)) / "model.safetensors"
 
 
 def available_builtins() -> list[str]:

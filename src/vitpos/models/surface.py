@@ -1,9 +1,10 @@
 """The model surface: the one interface every experiment talks to.
 
 A surface exposes the patch grid, prefix tokens, blocks and heads, the positional scheme, named
-hook sites, and the rotary angles per axis and head. Adapters (timm_adapter.py for timm's
-VisionTransformer and Eva, own.py for vitpos' own ViTs) implement it; experiments never touch a
-model family's modules directly.
+hook sites, and the rotary angles per axis and head. Family adapters (timm_adapter.py for timm's
+VisionTransformer and Eva, spec.OwnSurface for vitpos' own ViTs) implement the protocol in
+adapter.py (`FamilyAdapter`: hook points, partial forwards, preprocessing, position encodings);
+experiments never touch a model family's modules directly.
 
 Site names (TransformerLens style), shapes for a batch of B images with T = prefix + H*W tokens:
   embed                    (B, T, D)    tokens right after the absolute embedding is added (editable)
@@ -17,7 +18,7 @@ Site names (TransformerLens style), shapes for a batch of B images with T = pref
   blocks.L.q_rot / .k_rot  (B, h, T, d) after rotation; prefix tokens unrotated (capture only)
   blocks.L.attn_pattern    (B, h, T, T) softmax attention (editable; runs unfused attention)
   blocks.L.z               (B, h, T, d) per-head attention outputs as the output projection reads
-                                        them (after timm's optional scale-norm; editable)
+                                        them (after a family's optional scale-norm; editable)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import copy
 import hashlib
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -38,6 +39,7 @@ from vitpos.rope import RopeCoords, band_members, fold_frequency, pair_of_channe
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
+    from vitpos.models.adapter import HookPoint
     from vitpos.models.head import Head
 
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
@@ -178,7 +180,8 @@ class RopeAxisMap:
 
 
 class ModelSurface:
-    """Base class; adapters fill in the attributes and the module lookups below."""
+    """Base class: what is the same for every model family. A family's adapter (a subclass) fills in
+    the attributes and implements the methods of `vitpos.models.adapter.FamilyAdapter`."""
 
     spec: str
     model: nn.Module
@@ -289,15 +292,22 @@ class ModelSurface:
         raise VitposError(f"{self.spec} ({type(self).__name__}) has no pooled pre-logit features")
 
     def data_config(self) -> dict:
-        """The model's input normalisation and interpolation (timm's resolve_data_config keys)."""
-        from timm.data.config import resolve_data_config
+        """The model's input normalisation and interpolation ({"mean", "std", "interpolation"})."""
+        raise NotImplementedError
 
-        return resolve_data_config({}, model=self.model)
+    def image_transform(self) -> Callable:
+        """The family's eval preprocessing of one PIL image into a (C, H, W) tensor at `input_size`."""
+        raise VitposError(f"{self.spec} ({type(self).__name__}) has no image preprocessing for image-folder data")
 
     @property
-    def classifier_classes(self) -> int:
-        """Classes of whatever turns the model's outputs into logits (0: none, outputs are features)."""
-        return self.head.num_classes if self.head is not None else self.num_classes
+    def device(self) -> torch.device:
+        """Where the model's weights are (inputs follow them)."""
+        return next(self.model.parameters()).device
+
+    def to(self, device: torch.device | str) -> ModelSurface:
+        """Move the model's weights to `device` (in place, as nn.Module.to); returns this surface."""
+        self.model.to(device)
+        return self
 
     def with_head(self, head: Head, info: DatasetInfo | None = None, data: str | None = None) -> ModelSurface:
         """This surface (same model, same hooks) with `head` on its pooled features as the classifier.
@@ -390,26 +400,21 @@ class ModelSurface:
         layout: force 'interleaved' or 'half' (None: the family's own; a wrong one is for self-tests)."""
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
-    # --- what the hook engine uses ------------------------------------------------------
+    # --- what the hook engine uses (vitpos.models.adapter.FamilyAdapter) --------------------------
     def block(self, layer: int) -> nn.Module:
+        """The module of transformer layer `layer` (its parameters are the layer's)."""
         raise NotImplementedError
 
-    def attention(self, layer: int) -> nn.Module:
+    def hook_point(self, layer: int | None, site: str) -> HookPoint:
+        """Where `site` of `layer` (None: the global site "embed") passes through the model."""
         raise NotImplementedError
+
+    def rotary_input(self, layer: int) -> HookPoint:
+        """Where block `layer` receives its rotary tensor (RoPE families)."""
+        raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
 
     def head_projections(self, layer: int) -> torch.Tensor:
         """(h, d, D): each head's slice of the attention's output projection, as the `blocks.L.z`
         site feeds it: head i's share of `attn_out` is z[:, i] @ P[i]; the shares and the
         projection's bias add up to `attn_out`."""
-        proj = self.attention(layer).get_submodule("proj")
-        weight = torch.as_tensor(proj.weight).detach()  # (D, h * d)
-        D, hd = weight.shape
-        return weight.T.reshape(self.num_heads, hd // self.num_heads, D)
-
-    def embed_module(self) -> nn.Module:
-        """Module whose output is the `embed` site."""
         raise NotImplementedError
-
-    def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
-        """Rotate per-head q or k (B, h, T, d) exactly as the model does (prefix untouched)."""
-        return x

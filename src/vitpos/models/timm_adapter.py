@@ -2,23 +2,28 @@
 
 Both families share timm's block layout (norm1 -> attn -> residual, norm2 -> mlp -> residual;
 attn.q_norm / attn.k_norm applied to per-head q, k before rotation; attn.attn_drop applied to the
-softmax pattern when attention is unfused), which is what the hook sites attach to.
+softmax pattern when attention is unfused), which is what the hook sites attach to
+(`hook_point`, the `vitpos.models.adapter.FamilyAdapter` protocol).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+import timm
 import torch
+from timm.data.config import resolve_data_config
+from timm.data.transforms_factory import create_transform
 from timm.layers.pos_embed_sincos import (
     RotaryEmbeddingCat,
     RotaryEmbeddingDinoV3,
     RotaryEmbeddingMixed,
     _build_grid,
     apply_rot_embed_cat,
+    get_mixed_freqs,
     get_mixed_grid,
 )
 from timm.models.eva import Eva
@@ -26,16 +31,17 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from vitpos.errors import VitposError
+from vitpos.models.adapter import HookPoint, Undo
 from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
 from vitpos.rope import (
     RopeCoords,
     axial_channel_axis,
     axial_channel_freqs,
-    mixed_embed,
-    mixed_grid_axes,
     remove_axial_channels,
     rotary_from_angles,
 )
+
+TIMM_VERSION: str = timm.__version__
 
 if TYPE_CHECKING:
     from timm.layers.attention import Attention, AttentionRope
@@ -46,6 +52,37 @@ if TYPE_CHECKING:
     TimmRope = RotaryEmbeddingCat | RotaryEmbeddingMixed | RotaryEmbeddingDinoV3
 
 _REQUIRED_ATTN = ("q_norm", "k_norm", "attn_drop", "num_heads")
+
+
+def mixed_grid_axes(grid: tuple[int, int], grid_indexing: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """timm's mixed coordinates (t_x, t_y) and which of them (0 or 1) is the ROW coordinate.
+
+    Which one is the row depends on grid_indexing (get_mixed_grid names the row t_x under 'ij'),
+    so it is read off the grid rather than assumed."""
+    t_x, t_y = get_mixed_grid(list(grid), grid_indexing=grid_indexing)
+    H, W = grid
+    row_of = (torch.arange(H * W) // W).float()
+    if torch.equal(t_x.float(), row_of):
+        return t_x, t_y, 0
+    if torch.equal(t_y.float(), row_of):
+        return t_x, t_y, 1
+    raise VitposError(f"cannot tell the row coordinate of timm's mixed RoPE grid (indexing {grid_indexing!r})")
+
+
+def mixed_embed(freqs_layer: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor, drop_x: bool,
+                drop_y: bool) -> torch.Tensor:
+    """(h, N, 2d) mixed rotary tensor of one layer with t_x and/or t_y zeroed (timm's get_mixed_freqs)."""
+    return get_mixed_freqs(freqs_layer, t_x * (0.0 if drop_x else 1.0), t_y * (0.0 if drop_y else 1.0))
+
+
+def _unfused(attn: nn.Module) -> Callable[[], Undo]:
+    """Attention patterns exist only on timm's unfused path: switch it for the hook's context only."""
+    def prepare() -> Undo:
+        if getattr(attn, "fused_attn", False):
+            setattr(attn, "fused_attn", False)  # noqa: B010 - Module.__setattr__ is typed for Tensor/Module values
+            return lambda: setattr(attn, "fused_attn", True)
+        return lambda: None
+    return prepare
 
 
 def _check_blocks(model: VisionTransformer | Eva, name: str) -> None:
@@ -122,6 +159,76 @@ class TimmViTSurface(ModelSurface):
         m = self.model
         return m.forward_head(m.forward_features(images), pre_logits=True)
 
+    def data_config(self) -> dict:
+        """timm's resolve_data_config for the model (mean, std, interpolation, crop...)."""
+        return resolve_data_config({}, model=self.model)
+
+    def image_transform(self) -> Callable:
+        """timm's eval transform for the model, at the surface's input size."""
+        cfg = resolve_data_config({}, model=self.model)
+        cfg["input_size"] = self.input_size
+        # One eval transform (separate=False); the declared return type also covers separate=True's tuple.
+        return cast(Callable, create_transform(**cfg))
+
+    # --- hook points: the sites on timm's block layout ----------------------------------------------
+    def hook_point(self, layer: int | None, site: str) -> HookPoint:
+        if layer is None:
+            if site == "embed":
+                return HookPoint(self.embed_module())
+            raise VitposError(f"unknown global site {site!r}")
+        blk, attn = self.block(layer), self.attention(layer)
+        if site == "resid_pre":
+            return HookPoint(blk, "input")
+        if site == "resid_post":
+            return HookPoint(blk)
+        if site == "resid_mid":
+            return HookPoint(blk.get_submodule("norm2"), "input")
+        if site == "attn_out":
+            return HookPoint(attn)
+        if site == "mlp_out":
+            return HookPoint(blk.get_submodule("mlp"))
+        if site in ("q", "k"):
+            return HookPoint(attn.get_submodule("q_norm" if site == "q" else "k_norm"))
+        if site in ("q_rot", "k_rot"):
+            return self._rotated(attn, "q_norm" if site == "q_rot" else "k_norm")
+        if site == "z":
+            heads = self.num_heads
+
+            def split(x: torch.Tensor) -> torch.Tensor:  # (B, T, h * d): heads concatenated, as proj reads them
+                B, T, C = x.shape
+                return x.reshape(B, T, heads, C // heads).transpose(1, 2)
+
+            def join(new: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+                B, T, C = x.shape
+                return new.transpose(1, 2).reshape(B, T, C)
+            return HookPoint(attn.get_submodule("proj"), "input", view=split, unview=join)
+        if site == "attn_pattern":
+            return HookPoint(attn.get_submodule("attn_drop"), prepare=_unfused(attn))
+        raise VitposError(f"unknown site blocks.{layer}.{site}")
+
+    def _rotated(self, attn: nn.Module, norm: str) -> HookPoint:
+        """q or k after rotation: the rope tensor attention receives (after any rope edit on the
+        block) is recorded by a pre-hook on the attention, then applied to the normed q / k."""
+        seen: dict[str, torch.Tensor | None] = {}
+
+        def prepare() -> Undo:
+            handle = attn.register_forward_pre_hook(
+                lambda m, args, kwargs: seen.__setitem__("rope", kwargs.get("rope")), with_kwargs=True)
+            return handle.remove
+        return HookPoint(attn.get_submodule(norm), view=lambda out: self.apply_rope(out, seen.get("rope")),
+                         prepare=prepare)
+
+    def rotary_input(self, layer: int) -> HookPoint:
+        if not self.has_rope:
+            return super().rotary_input(layer)
+        return HookPoint(self.block(layer), "input", arg="rope")
+
+    def head_projections(self, layer: int) -> torch.Tensor:
+        proj = self.attention(layer).get_submodule("proj")
+        weight = torch.as_tensor(proj.weight).detach()  # (D, h * d)
+        D, hd = weight.shape
+        return weight.T.reshape(self.num_heads, hd // self.num_heads, D)
+
     def block(self, layer: int) -> nn.Module:
         return self.model.blocks[layer]
 
@@ -153,7 +260,12 @@ class TimmViTSurface(ModelSurface):
         return self.block(layer).get_submodule("attn")
 
     def embed_module(self) -> nn.Module:
+        """Module whose output is the `embed` site."""
         return self.model.get_submodule("pos_drop")
+
+    def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        """Rotate per-head q or k (B, h, T, d) as the model does: no rotary embedding here."""
+        return x
 
     def patch_pos_embed(self) -> torch.Tensor:
         pe = getattr(self.model, "pos_embed", None)
@@ -371,6 +483,7 @@ class TimmEvaSurface(TimmViTSurface):
         return out.to(cached.dtype) if isinstance(cached, torch.Tensor) and self._rope_cached() else out
 
     def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        """Rotate per-head q or k (B, h, T, d) exactly as the model does (prefix untouched)."""
         if rope is None:
             return x
         npt = self.num_prefix_tokens

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -102,24 +102,107 @@ def _progress(enabled: bool, total: int | None):
     )
 
 
-def train_sae(
-    batches: Batches,
-    cfg: SAEConfig,
-    *,
-    steps: int | None = None,
-    epochs: int = 1,
-    lr: float | None = None,
-    device: str | torch.device | None = None,
-    progress: bool = True,
-    eval_batches: Batches | None = None,
-    on_step: Callable[[int, dict[str, float]], bool | None] | None = None,
-    amp: str | None = None,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int | None = None,
-    distributed: bool | None = None,
-    options: RunOptions | None = None,
-) -> tuple[SAE, TrainLog]:
-    """Train an SAE on a stream of token activations.
+@dataclass(frozen=True)
+class TrainSettings:
+    """How `train_sae` trains (what it trains is the SAEConfig).
+
+    steps: exactly this many optimiser steps, starting new passes as needed (None: `epochs` passes);
+    epochs: passes over the batches; lr: Adam's (None: `default_lr(F)`); device: auto|cpu|cuda
+    (None: the options' device, else auto); amp: none|bf16|fp16 autocast of the forward (None: the
+    options'); checkpoint_dir / checkpoint_every: rank 0 saves the full training state there every so
+    many steps and at the end, and a rerun resumes from it (None: the options'); distributed: DDP
+    over an initialised process group's ranks (None: detect)."""
+
+    steps: int | None = None
+    epochs: int = 1
+    lr: float | None = None
+    device: str | torch.device | None = None
+    amp: str | None = None
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every: int | None = None
+    distributed: bool | None = None
+
+
+class TrainOverrides(TypedDict, total=False):
+    """`TrainSettings` fields given to `train_sae` as keywords (they replace the settings' values)."""
+
+    steps: int | None
+    epochs: int
+    lr: float | None
+    device: str | torch.device | None
+    amp: str | None
+    checkpoint_dir: str | Path | None
+    checkpoint_every: int | None
+    distributed: bool | None
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """TrainSettings with the options' values filled in and checked."""
+
+    steps: int | None
+    epochs: int
+    lr: float
+    dev: torch.device
+    amp: str | None
+    checkpoint_dir: str | Path | None
+    checkpoint_every: int
+    parallel: bool
+
+
+def _resolve(s: TrainSettings, opts: RunOptions, cfg: SAEConfig, repeatable: bool) -> _Resolved:
+    if s.epochs < 1:
+        raise VitposError(f"epochs must be >= 1, got {s.epochs}")
+    if s.steps is not None and s.steps < 1:
+        raise VitposError(f"steps must be >= 1, got {s.steps}")
+    if s.steps is None and s.epochs > 1 and not repeatable:
+        raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh "
+                          "iterator")
+    dev = rdevice.resolve_device(s.device if s.device is not None else (opts.device or "auto"))
+    amp = s.amp if s.amp is not None else opts.amp
+    rdevice.autocast_dtype(amp, dev)  # validates amp for the device
+    lr = default_lr(cfg.d_sae) if s.lr is None else float(s.lr)
+    if not (lr > 0 and math.isfinite(lr)):
+        raise VitposError(f"lr must be a positive number, got {lr}")
+    return _Resolved(
+        steps=s.steps, epochs=s.epochs, lr=lr, dev=dev, amp=amp,
+        checkpoint_dir=s.checkpoint_dir if s.checkpoint_dir is not None else opts.checkpoint_dir,
+        checkpoint_every=int(s.checkpoint_every if s.checkpoint_every is not None else opts.checkpoint_every or 0),
+        parallel=bool(s.distributed or (s.distributed is None and rdist.current().enabled)))
+
+
+def _resume(r: _Resolved, opts: RunOptions, sae: SAE, opt: torch.optim.Optimizer, since_fired: Tensor, log: TrainLog,
+            run_key: dict, factory: Callable[[], Iterator[Tensor]], repeatable: bool) -> tuple[int, int]:
+    """(pass index, batches consumed in it) to continue from: a checkpoint's in `r.checkpoint_dir`, else (0, 0)."""
+    assert r.checkpoint_dir is not None
+    try:
+        pos = load_train_state(r.checkpoint_dir, sae, opt, since_fired, log, run=run_key)
+    except StaleCheckpointError:
+        if not opts.restart_on_mismatch:
+            raise
+        pos = None  # stale scratch of other settings (refused before anything was loaded): start over
+        log.notes.append(f"ignored the checkpoint in {r.checkpoint_dir}: it was made with other settings")
+    epoch0 = skip = 0
+    if pos is not None:
+        epoch0, skip = pos
+        log.notes.append(f"resumed from {r.checkpoint_dir} at step {log.steps}")
+        if repeatable:
+            # Advance a per-epoch batch source (which may reseed its shuffle on every call, eagerly
+            # or once iterated) past the passes already done: start each and take one batch.
+            for _ in range(epoch0):
+                next(iter(factory()), None)
+    rdist.barrier()
+    return epoch0, skip
+
+
+OnStep = Callable[[int, dict[str, float]], bool | None]
+
+
+def train_sae(batches: Batches, cfg: SAEConfig, settings: TrainSettings | None = None, *, progress: bool = True,
+              eval_batches: Batches | None = None, on_step: OnStep | None = None, options: RunOptions | None = None,
+              **overrides: Unpack[TrainOverrides]) -> tuple[SAE, TrainLog]:
+    """Train an SAE on a stream of token activations, as `settings` (`TrainSettings`; keyword
+    `overrides` of its fields, e.g. ``epochs=2, lr=3e-3``, replace its values) say.
 
     Runs ``epochs`` passes over ``batches``; if ``steps`` is given it instead runs exactly that
     many optimiser steps, starting new passes as needed (a one-shot generator that runs out
@@ -130,107 +213,80 @@ def train_sae(
     ``eval_batches`` the log's ``eval`` holds ``sae_metrics`` on them. Deterministic on CPU for
     a fixed ``cfg.seed`` and batch order.
 
-    Scaling (docs/distributed.md): ``device`` ``auto|cpu|cuda`` (None: ``options.device``, else
-    auto); ``amp`` ``none|bf16|fp16`` autocasts the forward. Under an
-    initialised process group with several ranks (``distributed`` None = detect) every rank must
-    get the same global batches; each trains on its slice with DDP and the steps equal
-    single-process steps on the global batches (``vitpos.sae.parallel``). With ``checkpoint_dir`` rank 0
-    saves the full training state every ``checkpoint_every`` steps and at the end, and a rerun
-    resumes from it (skipping the batches already consumed). ``options`` (a CLI's
-    :class:`~vitpos.runtime.options.RunOptions`) supplies what these arguments leave None, plus the
-    checkpoint's extra run identity and whether a checkpoint of other settings is skipped
+    Scaling (docs/distributed.md): under an initialised process group with several ranks every rank
+    must get the same global batches; each trains on its slice with DDP and the steps equal
+    single-process steps on the global batches (``vitpos.sae.parallel``). A rerun with a
+    ``checkpoint_dir`` resumes from its state (skipping the batches already consumed). ``options``
+    (a CLI's :class:`~vitpos.runtime.options.RunOptions`) supplies what the settings leave None, plus
+    the checkpoint's extra run identity and whether a checkpoint of other settings is skipped
     (``restart_on_mismatch``) instead of refused.
     """
     opts = options if options is not None else RunOptions()
-    amp = amp if amp is not None else opts.amp
-    checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else opts.checkpoint_dir
-    checkpoint_every = int(checkpoint_every if checkpoint_every is not None else opts.checkpoint_every or 0)
-    if epochs < 1:
-        raise VitposError(f"epochs must be >= 1, got {epochs}")
-    if steps is not None and steps < 1:
-        raise VitposError(f"steps must be >= 1, got {steps}")
+    s = replace(settings if settings is not None else TrainSettings(), **overrides)
     factory, repeatable = _pass_factory(batches)
-    if steps is None and epochs > 1 and not repeatable:
-        raise VitposError("several epochs need re-iterable batches: pass a list or a function returning a fresh "
-                          "iterator")
-    dev = rdevice.resolve_device(device if device is not None else (opts.device or "auto"))
-
-    def amp_ctx():  # `amp` is validated just below
-        return rdevice.autocast(dev, amp)
-
-    rdevice.autocast_dtype(amp, dev)
-    sae = SAE(cfg).to(dev)
-    sae.train()
-    lr = default_lr(cfg.d_sae) if lr is None else float(lr)
-    if not (lr > 0 and math.isfinite(lr)):
-        raise VitposError(f"lr must be a positive number, got {lr}")
-    opt = torch.optim.Adam(sae.parameters(), lr=lr)
-    log = TrainLog(lr=lr, device=str(dev))
-    since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=dev)
-    par = None
-    if distributed or (distributed is None and rdist.current().enabled):
-        from vitpos.sae.parallel import ParallelStep
-
-        par = ParallelStep(sae, dev)
-    # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
-    # number of ranks (equal up to float rounding).
-    run_key = {"lr": lr, "steps": steps, "epochs": epochs,
-               **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
-    epoch0 = skip = 0
-    if checkpoint_dir is not None:
-        try:
-            pos = load_train_state(checkpoint_dir, sae, opt, since_fired, log, run=run_key)
-        except StaleCheckpointError:
-            if not opts.restart_on_mismatch:
-                raise
-            pos = None  # stale scratch of other settings (refused before anything was loaded): start over
-            log.notes.append(f"ignored the checkpoint in {checkpoint_dir}: it was made with other settings")
-        if pos is not None:
-            epoch0, skip = pos
-            log.notes.append(f"resumed from {checkpoint_dir} at step {log.steps}")
-            if repeatable:
-                # Advance a per-epoch batch source (which may reseed its shuffle on every call, eagerly
-                # or once iterated) past the passes already done: start each and take one batch.
-                for _ in range(epoch0):
-                    next(iter(factory()), None)
-        rdist.barrier()
-
-    def save_state(pass_index: int, batch_in_pass: int) -> None:
-        if checkpoint_dir is not None and rdist.is_main():
-            save_train_state(checkpoint_dir, sae, opt, since_fired, log, epoch=pass_index, batch_in_pass=batch_in_pass,
-                             run=run_key)
-
-    piece = [1 << 62]  # tokens per forward piece: the whole batch until a CUDA OOM halves it
-
-    def fwd_bwd(x: Tensor, dead: Tensor, size: int) -> StepOutput:
-        opt.zero_grad(set_to_none=True)
-        with amp_ctx():
-            if size >= x.shape[0]:
-                out = sae.step(x, dead)
-                out.loss.backward()
-                return out
-            from vitpos.sae.parallel import micro_step  # gradient accumulation equal to the whole batch
-
-            return micro_step(sae, x, dead, -(-x.shape[0] // size), cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
-
-    def note_shrink(old: int, new: int) -> None:
-        log.notes.append(f"step {log.steps + 1}: out of memory at {old} tokens per forward, continuing with {new} "
-                         "(gradients accumulated: same step)")
-
-    total = steps
+    r = _resolve(s, opts, cfg, repeatable)
+    t = _Trainer(cfg, r, opts)
+    start = (0, 0) if r.checkpoint_dir is None else _resume(r, opts, t.sae, t.opt, t.since_fired, t.log, t.run_key,
+                                                            factory, repeatable)
+    total = r.steps
     if total is None and hasattr(batches, "__len__") and not isinstance(batches, Tensor):
-        total = len(batches) * epochs  # type: ignore[arg-type]
+        total = len(batches) * r.epochs  # type: ignore[arg-type]
     t0 = time.perf_counter()
-    stop = False
     with _progress(progress, total) as bar:
-        task = bar.add_task("train", total=total, fvu=float("nan"), l0=0.0, dead=0.0)
-        epoch = epoch0
-        end_pos = (epoch0, skip)  # where a rerun continues: (pass index, batches consumed in it)
+        end_pos = t.passes(factory, repeatable, start, bar, bar.add_task("train", total=total, fvu=float("nan"),
+                                                                          l0=0.0, dead=0.0), on_step)
+    if r.checkpoint_dir is not None:
+        t.save_state(*end_pos)
+    if r.dev.type == "cuda":
+        torch.cuda.synchronize(r.dev)
+    sae, log = t.sae, t.log
+    log.seconds = time.perf_counter() - t0
+    sae.eval()
+    if eval_batches is not None:
+        log.eval = sae_metrics(sae, eval_batches)
+    if s.device is None and opts.device is not None and r.dev.type != "cpu":
+        sae.cpu()  # an options (CLI --device) choice covers training only; callers' models live on the CPU
+    return sae, log
+
+
+class _Trainer:
+    """One training run's state (the SAE, Adam, the log, steps since each latent fired, DDP) and its
+    two units: `step` (one optimiser step on one batch) and `passes` (the epochs / steps loop)."""
+
+    def __init__(self, cfg: SAEConfig, r: _Resolved, opts: RunOptions):
+        self.cfg, self.r = cfg, r
+        self.sae = sae = SAE(cfg).to(r.dev)
+        sae.train()
+        self.opt = torch.optim.Adam(sae.parameters(), lr=r.lr)
+        self.log = TrainLog(lr=r.lr, device=str(r.dev))
+        self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=r.dev)
+        self.par: Any = None
+        if r.parallel:
+            from vitpos.sae.parallel import ParallelStep
+
+            self.par = ParallelStep(sae, r.dev)
+        # Not the world size: a DDP step equals the single-process step, so a checkpoint resumes on any
+        # number of ranks (equal up to float rounding).
+        self.run_key = {"lr": r.lr, "steps": r.steps, "epochs": r.epochs,
+                        **({"caller": opts.checkpoint_key} if opts.checkpoint_key else {})}
+        self.piece = 1 << 62  # tokens per forward piece: the whole batch until a CUDA OOM halves it
+
+    def save_state(self, pass_index: int, batch_in_pass: int) -> None:
+        if self.r.checkpoint_dir is not None and rdist.is_main():
+            save_train_state(self.r.checkpoint_dir, self.sae, self.opt, self.since_fired, self.log, epoch=pass_index,
+                             batch_in_pass=batch_in_pass, run=self.run_key)
+
+    def passes(self, factory: Callable[[], Iterator[Tensor]], repeatable: bool, start: tuple[int, int], bar: Any,
+               task: Any, on_step: OnStep | None) -> tuple[int, int]:
+        """Train from `start` (pass index, batches of it already consumed) until the epochs or steps
+        are done, `on_step` says stop or the batches run out; returns where a rerun continues."""
+        r, log, steps = self.r, self.log, self.r.steps
+        epoch, skip = start
+        end_pos = start
         bar.update(task, completed=log.steps)
-        if steps is not None and log.steps >= steps:
-            stop = True
+        stop = steps is not None and log.steps >= steps
         while not stop:
-            if steps is None and epoch >= epochs:
+            if steps is None and epoch >= r.epochs:
                 break
             if epoch > 0 and not repeatable:
                 log.notes.append(f"batches ran out after {log.steps} of {steps} steps (a one-shot iterator)")
@@ -241,46 +297,10 @@ def train_sae(
                 if skip:  # resume: these batches were consumed before the checkpoint
                     skip -= 1
                     continue
-                x = _tokens(batch, cfg.d_in).to(dev, torch.float32, non_blocking=True)
-                if par is not None:
-                    x = par.local(x)
-                if log.steps == 0:
-                    (par.initialize if par is not None else sae.initialize)(x)
-                dead = since_fired >= cfg.dead_steps
-                if par is not None:
-                    with amp_ctx():
-                        loss, info = par.run(x, dead, cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                else:
-                    info, piece[0] = rdevice.retry_on_oom(partial(fwd_bwd, x, dead), min(piece[0], x.shape[0]),
-                                                          on_shrink=note_shrink)
-                sae.project_decoder_grad_()
-                opt.step()
-                sae.normalize_decoder_()
-                n_tok = int(info.n)  # global tokens of this step
-                with torch.no_grad():
-                    since_fired += n_tok
-                    since_fired.masked_fill_(info.fired, 0)
-                    if cfg.arch == "batchtopk" and info.min_act is not None:
-                        _update_threshold(sae, info.min_act, log.steps)
-                log.steps += 1
-                log.tokens += n_tok
-                m = {
-                    "loss": float(info.loss.detach()),
-                    "fvu": float(info.fvu.detach()),
-                    "l0": float(info.l0),
-                    "aux_loss": float(info.aux_loss.detach()),
-                    "dead_frac": float(dead.float().mean()),
-                }
-                log.step.append(log.steps)
-                for key, v in m.items():
-                    getattr(log, key).append(v)
-                if not all(math.isfinite(v) for v in m.values()):
-                    raise VitposError(f"SAE training diverged at step {log.steps} (loss {m['loss']}); lower lr")
+                m = self.step(batch)
                 bar.update(task, advance=1, fvu=m["fvu"], l0=m["l0"], dead=m["dead_frac"])
-                if checkpoint_every and log.steps % checkpoint_every == 0:
-                    save_state(epoch, n_seen)
+                if r.checkpoint_every and log.steps % r.checkpoint_every == 0:
+                    self.save_state(epoch, n_seen)
                 if on_step is not None and on_step(log.steps, m):
                     stop = True
                 if stop or (steps is not None and log.steps >= steps):
@@ -293,17 +313,69 @@ def train_sae(
             epoch += 1
             log.epochs_done = epoch
             end_pos = (epoch - 1, n_seen) if stop else (epoch, 0)
-    if checkpoint_dir is not None:
-        save_state(*end_pos)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    log.seconds = time.perf_counter() - t0
-    sae.eval()
-    if eval_batches is not None:
-        log.eval = sae_metrics(sae, eval_batches)
-    if device is None and opts.device is not None and dev.type != "cpu":
-        sae.cpu()  # an options (CLI --device) choice covers training only; callers' models live on the CPU
-    return sae, log
+        return end_pos
+
+    def _amp(self):
+        return rdevice.autocast(self.r.dev, self.r.amp)
+
+    def _fwd_bwd(self, x: Tensor, dead: Tensor, size: int) -> StepOutput:
+        sae, cfg = self.sae, self.cfg
+        self.opt.zero_grad(set_to_none=True)
+        with self._amp():
+            if size >= x.shape[0]:
+                out = sae.step(x, dead)
+                out.loss.backward()
+                return out
+            from vitpos.sae.parallel import micro_step  # gradient accumulation equal to the whole batch
+
+            return micro_step(sae, x, dead, -(-x.shape[0] // size), cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
+
+    def _note_shrink(self, old: int, new: int) -> None:
+        self.log.notes.append(f"step {self.log.steps + 1}: out of memory at {old} tokens per forward, continuing with "
+                              f"{new} (gradients accumulated: same step)")
+
+    def step(self, batch: Any) -> dict[str, float]:
+        """One optimiser step on one batch: forward / backward (DDP, or pieces after a CUDA OOM), the
+        decoder projection and renorm, dead-latent bookkeeping, the log's per-step metrics."""
+        sae, cfg, par, log, since_fired = self.sae, self.cfg, self.par, self.log, self.since_fired
+        x = _tokens(batch, cfg.d_in).to(self.r.dev, torch.float32, non_blocking=True)
+        if par is not None:
+            x = par.local(x)
+        if log.steps == 0:
+            (par.initialize if par is not None else sae.initialize)(x)
+        dead = since_fired >= cfg.dead_steps
+        if par is not None:
+            with self._amp():
+                loss, info = par.run(x, dead, cfg.arch, cfg.aux_coeff, cfg.l1_coeff)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+        else:
+            info, self.piece = rdevice.retry_on_oom(partial(self._fwd_bwd, x, dead), min(self.piece, x.shape[0]),
+                                                    on_shrink=self._note_shrink)
+        sae.project_decoder_grad_()
+        self.opt.step()
+        sae.normalize_decoder_()
+        n_tok = int(info.n)  # global tokens of this step
+        with torch.no_grad():
+            since_fired += n_tok
+            since_fired.masked_fill_(info.fired, 0)
+            if cfg.arch == "batchtopk" and info.min_act is not None:
+                _update_threshold(sae, info.min_act, log.steps)
+        log.steps += 1
+        log.tokens += n_tok
+        m = {
+            "loss": float(info.loss.detach()),
+            "fvu": float(info.fvu.detach()),
+            "l0": float(info.l0),
+            "aux_loss": float(info.aux_loss.detach()),
+            "dead_frac": float(dead.float().mean()),
+        }
+        log.step.append(log.steps)
+        for key, v in m.items():
+            getattr(log, key).append(v)
+        if not all(math.isfinite(v) for v in m.values()):
+            raise VitposError(f"SAE training diverged at step {log.steps} (loss {m['loss']}); lower lr")
+        return m
 
 
 @torch.no_grad()

@@ -48,6 +48,10 @@ from vitpos.store.manifest import (
 )
 from vitpos.store.writer import ActivationWriter
 
+# The version of what a capture stores (the hook sites' tensors as `vitpos.hooks` reads them): it is
+# part of every store's meta, so an interrupted store of another version is not resumed into and
+# run_sae does not train on its own scratch store of another version. Bump it when a site's values change.
+CAPTURE_VERSION = 1
 STORABLE_SITES = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot")
 
 
@@ -60,7 +64,7 @@ def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_ima
     """What a store records of its source; one description for single-process and sharded capture,
     with the weights digest so a store is never mistaken for one of retrained weights."""
     return {"model": surface.spec, "weights": surface.weights_digest(), "data": data_name(data), "split": split,
-            "limit": limit, "n_images": n_images}
+            "limit": limit, "n_images": n_images, "capture_version": CAPTURE_VERSION}
 
 
 def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, out, *, limit: int | None = None,
@@ -83,7 +87,7 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
         if s.name not in STORABLE_SITES:
             raise VitposError(f"site {s} cannot be stored (attention patterns and tables are not token activations)")
     # default: wherever the model already is
-    dev = resolve_device(device) if device is not None else next(surface.model.parameters()).device
+    dev = resolve_device(device) if device is not None else surface.device
     autocast_dtype(amp, dev)
     sharded = distributed or (distributed is None and current().enabled)
     dataset = dataset_for(surface, data, split, limit=limit)
@@ -125,13 +129,13 @@ def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: l
     ``start ..``; an interrupted store there of the same block and ``meta`` is resumed.
 
     The model is moved to ``device`` (None: it stays where it is) for the capture and back after."""
-    home = next(surface.model.parameters()).device
+    home = surface.device
     dev = home if device is None else device
     part = dataset if (start, end) == (0, len(dataset)) else _index_range(dataset, start, end)
     keys = [str(s) for s in sites]
     chunk = [batch_size]  # forward size; halves on CUDA OOM
     if dev != home:
-        surface.model.to(dev)  # moved back below: callers keep the surface where it was
+        surface.to(dev)  # moved back below: callers keep the surface where it was
     try:
         with ActivationWriter(out, sites=keys, grid=surface.grid, num_prefix_tokens=surface.num_prefix_tokens,
                               meta=meta, shard_images=shard_images, dtype=dtype, force=force) as writer:
@@ -151,7 +155,7 @@ def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: l
                     bar.update(task, advance=1)
     finally:
         if dev != home:
-            surface.model.to(home)
+            surface.to(home)
 
 
 def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[str], chunk: list[int],

@@ -1,5 +1,7 @@
 """The study's stage cache: OUT/stages/<model>/<stage>-<key>.json, keyed by a content hash of
-(model weights or timm spec, data, seed, the stage's settings, vitpos version)."""
+(model weights or hub spec, data, seed, the stage's settings, the stage's version: its experiment's
+`version` and those of the experiments it reads, `vitpos.experiments.registry.stage_versions`;
+the head stage's `HEAD_VERSION`)."""
 
 from __future__ import annotations
 
@@ -13,18 +15,12 @@ from vitpos.study.config import RunConfig
 
 
 def model_fingerprint(spec: str, cfg: RunConfig) -> str:
-    """Content identity of a model: its weights file hash, or timm spec + weights source."""
-    from vitpos.models.spec import BUILTIN_DIR
+    """Content identity of a model: its weights file hash, or hub spec + weights source."""
+    from vitpos.models.spec import weights_file
 
-    if spec.startswith("builtin:"):
-        path = BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
-    elif spec.startswith("timm:"):
-        ck = cfg.checkpoints.get(spec)
-        path = Path(ck) if ck else None
-        if path is None:
-            return hashlib.sha256(f"{spec}|pretrained={cfg.pretrained}".encode()).hexdigest()[:16]
-    else:
-        path = Path(spec) / "model.safetensors"
+    path = weights_file(spec, cfg.checkpoints.get(spec))
+    if path is None:
+        return hashlib.sha256(f"{spec}|pretrained={cfg.pretrained}".encode()).hexdigest()[:16]
     if not path.is_file():
         return hashlib.sha256(spec.encode()).hexdigest()[:16]  # load_model will give the clear error
     h = hashlib.sha256()

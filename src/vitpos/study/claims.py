@@ -1,50 +1,7 @@
 """The study's claims C1-C5, each with measured numbers and a verdict computed from them.
 
-Verdict rules (ours, since the study gives only its abstract; thresholds are module constants;
-every measurement and control is defined in docs/methods.md):
-  Each condition of a rule reads a 95 % interval [lo, hi] of its measurement (analysis/stats.py;
-  a measurement without one counts as the interval [x, x]) and comes out true (the whole interval
-  is on the rule's side of the threshold), false (the whole interval is on the other side) or
-  undecided (the threshold lies inside the interval). Per model a claim `holds` when every
-  condition is true, `fails` when any is false, and is `inconclusive` otherwise.
-  C1 (APE)  >= 1 row and >= 1 col SAE feature, and ablating each set is axis-selective
-            downstream: the interval of the selectivity (paired bootstrap over the probes' test
-            images) lies at or above SELECTIVE, for both sets.
-  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
-            eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
-            pooled) by >= MIN_DROP points, and the drop's interval lies above CONTROL_FACTOR x
-            the interval of its own control (as many live non-positional latents, matched in
-            activation mass, permuted the same way); without that control the claim is
-            inconclusive. Row+col, row-only and col-only are reported beside their own controls
-            but do not enter the verdict (the 24-31 range is ImageNet's; whether the drop falls in
-            it is stated, not required).
-  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
-            (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
-            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
-            of its above-chance decodability, for both axes: each fraction's interval (paired
-            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
-            threshold; fails if one lies below.
-  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
-            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
-            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
-            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
-            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
-            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
-            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
-            the primary head is also first there).
-  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
-            head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
-            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
-            Results without margins fall back to the per-head `drop_ci95` intervals (the
-            primary's above every other's), then to the point ranking. The verdict rests on the
-            identity ablation (the head's rotations removed; numbers `ablation`); the same rule
-            under the counterfactual ablations (rope_heads `c5_ablations`: swap, shift, jitter,
-            rescale, mean output) is reported as `outcome_under_ablation`, not read by the verdict.
-Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
-`partly supported` when it holds for some but not all, `not supported` when it holds for none and
-fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
-`not applicable` where no model of its scheme ran. `numbers[model]` records `result` (holds /
-fails / inconclusive) and `holds` (result == holds).
+Verdict rules: the data below (`RULES_PREAMBLE`, `CLAIM_RULES`, one text per claim, and
+`AGGREGATION`), recorded with every summary (`rules_text`) and shown in the report.
 """
 
 from __future__ import annotations
@@ -72,6 +29,60 @@ CLAIM_TEXT = {
     "C4": "RoPE: once rotations are restored the information is partly rebuilt, in part by axis-specialised heads.",
     "C5": "RoPE: ablating the rotations of the primary rebuilding head reduces accuracy more than any other head.",
 }
+
+
+# --- the verdict rules, as data (thresholds are the constants above) -----------------------------
+RULES_PREAMBLE = """(ours, since the study gives only its abstract; thresholds are module constants;
+every measurement and control is defined in docs/methods.md):
+  Each condition of a rule reads a 95 % interval [lo, hi] of its measurement (analysis/stats.py;
+  a measurement without one counts as the interval [x, x]) and comes out true (the whole interval
+  is on the rule's side of the threshold), false (the whole interval is on the other side) or
+  undecided (the threshold lies inside the interval). Per model a claim `holds` when every
+  condition is true, `fails` when any is false, and is `inconclusive` otherwise."""
+CLAIM_RULES: dict[str, str] = {
+    "C1": """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and ablating each set is axis-selective
+            downstream: the interval of the selectivity (paired bootstrap over the probes' test
+            images) lies at or above SELECTIVE, for both sets.""",
+    "C2": """  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
+            eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
+            pooled) by >= MIN_DROP points, and the drop's interval lies above CONTROL_FACTOR x
+            the interval of its own control (as many live non-positional latents, matched in
+            activation mass, permuted the same way); without that control the claim is
+            inconclusive. Row+col, row-only and col-only are reported beside their own controls
+            but do not enter the verdict (the 24-31 range is ImageNet's; whether the drop falls in
+            it is stated, not required).""",
+    "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
+            (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
+            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
+            of its above-chance decodability, for both axes: each fraction's interval (paired
+            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
+            threshold; fails if one lies below.""",
+    "C4": """  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
+            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
+            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
+            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
+            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
+            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
+            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
+            the primary head is also first there).""",
+    "C5": """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
+            head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
+            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
+            The verdict rests on the identity ablation (the head's rotations removed; numbers
+            `ablation`); the same rule under the counterfactual ablations (rope_heads
+            `c5_ablations`: swap, shift, jitter, rescale, mean output) is reported as
+            `outcome_under_ablation`, not read by the verdict.""",
+}
+AGGREGATION = """Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
+`partly supported` when it holds for some but not all, `not supported` when it holds for none and
+fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
+`not applicable` where no model of its scheme ran. `numbers[model]` records `result` (holds /
+fails / inconclusive) and `holds` (result == holds)."""
+
+
+def rules_text() -> str:
+    """The verdict rules as one text (what the summary records as `rules`)."""
+    return "\n".join([RULES_PREAMBLE, *CLAIM_RULES.values(), AGGREGATION])
 
 
 CLAIM_SCHEME = {"C1": "ape", "C2": "ape", "C3": "rope", "C4": "rope", "C5": "rope"}
@@ -180,11 +191,6 @@ def aggregate(results: list[Outcome]) -> str:
 
 def _iv(iv: Interval | None, d: int = 2) -> str:
     return "" if iv is None or iv[0] == iv[1] else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
-
-
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def _c1(spec: str, sae: dict) -> dict:
@@ -341,7 +347,7 @@ def _head(lh: list[int] | None) -> str:
 def _c5(spec: str, rh: dict) -> dict:
     prim, rank = rh.get("primary_rebuilding_head"), rh.get("primary_head_drop_rank")
     drop = rh["drop_points"][prim[0]][prim[1]] if prim else None
-    cis = rh.get("drop_ci95")
+    cis = rh["drop_ci95"]
     big = rh["largest_drop_head"]
     n_heads = len(rh["layers"]) * rh["num_heads"]
     n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
@@ -369,20 +375,11 @@ def _ci(iv: list[float]) -> str:
 
 
 def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
-    """Paired margins (`primary_margin_ci95`) where measured; else the primary's `drop_ci95` above
-    every other head's; else the point ranking (`primary_is_largest_drop`)."""
+    """The paired margins (`primary_margin_ci95`): every other head's below the primary's drop."""
     if prim is None:
         return FAILS
-    margins = rh.get("primary_margin_ci95")
-    if margins is not None:
-        return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
-    cis = rh.get("drop_ci95")
-    if cis is None:
-        return known(bool(rh.get("primary_is_largest_drop")))
-    drops = rh["drop_points"]
-    others = [iv for layer, row in enumerate(drops) for h, d in enumerate(row)
-              if [layer, h] != list(prim) and (iv := bounds(d, cis[layer][h])) is not None]
-    return largest(bounds(drops[prim[0]][prim[1]], cis[prim[0]][prim[1]]), others)
+    margins = rh["primary_margin_ci95"]
+    return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
 
 
 def _c5_ablation_numbers(rh: dict) -> dict:
@@ -468,5 +465,4 @@ def summarise(models: dict[str, dict]) -> Summary:
                         for spec, r in found},
             "models": [spec for spec, _ in found],
         })
-    rules = (__doc__ or "").split("Verdict rules", 1)[1].strip()
-    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules)
+    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules_text())

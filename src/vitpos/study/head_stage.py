@@ -16,6 +16,10 @@ from typing import Literal
 from vitpos.experiments.base import Result
 from vitpos.models.head import Head
 
+# The head stage's version (in its cache key, as an experiment's `version`): bump it when the fit
+# changes, and a rerun refits the head; the stages measured through it follow its new digest.
+HEAD_VERSION = 1
+
 
 class HeadResult(Result):
     """Where the head came from, where it lives and how well it does (from its head.json)."""
@@ -42,4 +46,4 @@ class HeadResult(Result):
                    reason=reason)
 
 
-__all__ = ["HeadResult"]
+__all__ = ["HEAD_VERSION", "HeadResult"]

@@ -49,7 +49,7 @@ def _block_flops_per_token(surface: ModelSurface) -> float:
 def measure_throughput(surface: ModelSurface, images: int = TIMING_IMAGES, repeats: int = 2) -> Throughput:
     """Time `repeats` batches of random images through the model (after a warm-up) and one probe
     fit at the sweeps' size; wall-clock seconds, so the machine's load counts."""
-    dev = next(surface.model.parameters()).device
+    dev = surface.device
     g = torch.Generator().manual_seed(0)
     x = torch.randn(images, *surface.input_size, generator=g).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

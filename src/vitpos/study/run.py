@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import timm
 import torch
 
 import vitpos
@@ -28,14 +27,15 @@ from vitpos.data import dataset_info
 from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
-from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
+from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
 from vitpos.io import exclusive_lock, write_json
 from vitpos.models.head import Head, check_head
+from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
 from vitpos.study.cache import StageCache, model_fingerprint
 from vitpos.study.claims import model_family, summarise
 from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_models
-from vitpos.study.head_stage import HeadResult
+from vitpos.study.head_stage import HEAD_VERSION, HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 
@@ -142,7 +142,7 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
             quick: bool, reproduce: str | None, log: Callable[[str], None]) -> StudyResults:
 
     results = StudyResults(
-        vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=timm.__version__,
+        vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=library_versions()["timm"],
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise({k: e.to_json() for k, e in entries.items()}))
@@ -215,7 +215,7 @@ class _ModelStages:
     def _head_key(self, settings: dict) -> dict:
         return {"model": self.fingerprint, "weights": self.surface.weights_digest(), "spec": self.spec,
                 "data": self.data, "seed": self.cfg.seed, **({"data_files": self.data_fp} if self.data_fp else {}),
-                "stage": "head", "settings": settings, "vitpos": vitpos.__version__}
+                "stage": "head", "settings": settings, "version": HEAD_VERSION}
 
     def _cached_head(self, key: dict) -> tuple[HeadResult, Head] | None:
         hit = self.cache.get(self.cache.path(self.slug, "head", key))
@@ -253,7 +253,7 @@ class _ModelStages:
     def _key(self, exp: Experiment, settings: dict, head: str | None) -> dict:
         return {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
                 **({"data_files": self.data_fp} if self.data_fp else {}),
-                "stage": exp.name, "settings": settings, "vitpos": vitpos.__version__,
+                "stage": exp.name, "settings": settings, "versions": stage_versions(exp),
                 **({"head": head} if head is not None else {})}
 
     def _cached(self, exp: Experiment, key: dict) -> Result | None:
