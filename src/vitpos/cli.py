@@ -225,10 +225,15 @@ def head_cmd(
 
 
 @app.command()
-def models():
+def models(families: bool = typer.Option(False, "--families", help="run each family's output-match gate on a toy "
+                                                                   "model and print its status (seconds)")):
     """List the shipped models and the timm families vitpos supports."""
     from vitpos.io import read_json
     from vitpos.models.spec import BUILTIN_DIR, available_builtins
+
+    if families:
+        _print_families()
+        return
 
     t = Table("model", "pe", "data", "test top-1")
     for name in available_builtins():
@@ -237,6 +242,24 @@ def models():
     out_console.print(t)
     out_console.print("timm: VisionTransformer (vit_*, deit_*, deit3_*, vit_*_reg*) and Eva "
                       "(vit_*_rope_*, vit_*_rope_mixed_*, vit_*_rope_ape_*, eva02_*, vit_*_dinov3)")
+    out_console.print("hf (pip install 'vitpos[hf]'): ViTModel, DeiTModel, Dinov2Model, Dinov2WithRegistersModel (and "
+                      "their *ForImageClassification), DINOv3ViTModel, CLIPVisionModel, SiglipVisionModel; "
+                      "`vitpos models --families` runs each family's gate")
+
+
+def _print_families() -> None:
+    """`vitpos models --families`: every timm and Hugging Face family with its gate status, run now."""
+    from vitpos.models.gates import family_rows, gate_family, hf_available
+
+    t = Table("family", "positional encoding", "prefix tokens", "gate")
+    for name, pe, prefix, spec in family_rows():
+        if name.startswith("hf ") and not hf_available():
+            t.add_row(name, pe, prefix, "skipped: transformers not installed (pip install 'vitpos[hf]')")
+            continue
+        g = gate_family(spec, name)
+        failed = "; ".join(c.detail for c in g.checks if not c.passed)
+        t.add_row(name, pe, prefix, g.status if g.passed else f"{g.status} ({failed})")
+    out_console.print(t)
 
 
 @app.command()

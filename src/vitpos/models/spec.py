@@ -69,7 +69,14 @@ def _trained_data(model_dir: Path) -> str | None:
 
 def library_versions() -> dict[str, str]:
     """Versions of the model-family libraries behind the adapters (recorded with every study)."""
-    return {"timm": TIMM_VERSION}
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"timm": TIMM_VERSION}
+    try:
+        out["transformers"] = version("transformers")
+    except PackageNotFoundError:
+        pass
+    return out
 
 
 def weights_file(spec: str, checkpoint: str | Path | None = None) -> Path | None:
@@ -80,6 +87,11 @@ def weights_file(spec: str, checkpoint: str | Path | None = None) -> Path | None
         return BUILTIN_DIR / spec[len("builtin:"):] / "model.safetensors"
     if spec.startswith("timm:"):
         return Path(checkpoint) if checkpoint else None
+    if spec.startswith("hf:"):  # a checkpoint, a save_pretrained folder's weights; None: random init / hub cache
+        if checkpoint:
+            return Path(checkpoint)
+        folder = Path(os.path.expanduser(spec[len("hf:"):].partition("?")[0]))
+        return folder / "model.safetensors" if folder.is_dir() else None
     return Path(os.path.expanduser(spec)) / "model.safetensors"
 
 
@@ -158,6 +170,13 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
 def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
                timm_kwargs: dict | None = None) -> ModelSurface:
     """Load any supported model SPEC behind the model surface (eval mode)."""
+    if spec.startswith("hf:"):
+        if pretrained:
+            raise VitposError("--pretrained applies to timm:NAME specs; hf: specs load a local folder (hf:DIR), the "
+                              "local Hugging Face cache (hf:ORG/NAME) or --checkpoint FILE.safetensors")
+        from vitpos.models.hf_adapter import load_hf
+
+        return load_hf(spec, checkpoint)
     if not spec.startswith("timm:") and (pretrained or checkpoint is not None):
         flag = "--checkpoint" if checkpoint is not None else "--pretrained"
         raise VitposError(f"{flag} applies to timm:NAME specs only; {spec!r} loads its own weights (drop {flag}, "

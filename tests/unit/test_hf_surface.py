@@ -1,0 +1,290 @@
+"""Hugging Face transformers families behind the surface: the output-match gate per family, layouts that
+must fail it, timm <-> transformers twins on random weights, offline loading and one-line errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install 'vitpos[hf]')")
+
+from vitpos.cli import main  # noqa: E402
+from vitpos.errors import VitposError  # noqa: E402
+from vitpos.hooks import capture, remove_rope  # noqa: E402
+from vitpos.models import load_model  # noqa: E402
+from vitpos.models.gates import (  # noqa: E402
+    check_axis_removal,
+    check_rotations,
+    run_gate,
+    site_differences,
+)
+from vitpos.models.hf_adapter import FAMILIES, HFSurface, tiny_spec  # noqa: E402
+from vitpos.models.surface import RopeAxisMap  # noqa: E402
+
+
+def tiny(key: str, seed: int = 0, **extra) -> HFSurface:
+    torch.manual_seed(seed)
+    s = load_model(tiny_spec(key, **extra))
+    assert isinstance(s, HFSurface)
+    return s
+
+
+def images(s, n: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, *s.input_size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("key", list(FAMILIES))
+def test_family_passes_its_gate(key):
+    spec = tiny_spec(key)
+    result = run_gate(key, spec, lambda: tiny(key))
+    assert result.passed, [c for c in result.checks if not c.passed]
+    names = {c.name for c in result.checks}
+    assert {"noop", "partial", "pattern", "head_proj"} <= names
+    if FAMILIES[key].pe == "rope":
+        assert {"rotations", "axis_removal", "per_head"} <= names
+
+
+@pytest.mark.parametrize("key,prefix", [("vit", 1), ("deit", 2), ("dinov2", 1), ("dinov2_reg", 3), ("dinov3", 3),
+                                        ("clip", 1), ("siglip", 0)])
+def test_shapes_prefix_and_scheme(key, prefix):
+    s = tiny(key)
+    assert s.grid == (4, 4) and s.num_prefix_tokens == prefix and s.depth == 2 and s.num_heads == 2
+    assert s.scheme == ("rope" if key == "dinov3" else "ape")
+    x = images(s)
+    with capture(s, ["blocks.0.resid_post", "blocks.0.q"]) as c:
+        out = s(x)
+    assert out.shape == (2, 32) and s.num_classes == 0  # headless: pooled features
+    assert c["blocks.0.resid_post"].shape == (2, prefix + 16, 32)
+    assert c["blocks.0.q"].shape == (2, 2, prefix + 16, 16)
+    if s.has_ape:
+        assert s.patch_pos_embed().shape == (16, 32)
+
+
+def test_plain_forward_is_the_models_own_sdpa_forward():
+    """The dispatcher vitpos installs calls the model's own attention implementation: bit for bit."""
+    s = tiny("dinov3")
+    twin = copy.deepcopy(s.model)
+    twin.set_attn_implementation("sdpa")
+    x = images(s)
+    with torch.no_grad():
+        own = twin(pixel_values=x).last_hidden_state[:, 0]
+    assert torch.equal(s(x), own)
+
+
+def test_pattern_carries_rope_under_sdpa():
+    s = tiny("dinov3")
+    assert s.model.config._attn_implementation != "eager"
+    x = images(s)
+    with capture(s, ["blocks.1.attn_pattern", "blocks.1.q", "blocks.1.k", "blocks.1.q_rot", "blocks.1.k_rot"]) as c:
+        s(x)
+    scale = s.head_dim ** -0.5
+    with_rope = torch.softmax(c["blocks.1.q_rot"] @ c["blocks.1.k_rot"].transpose(-1, -2) * scale, -1)
+    without = torch.softmax(c["blocks.1.q"] @ c["blocks.1.k"].transpose(-1, -2) * scale, -1)
+    torch.testing.assert_close(c["blocks.1.attn_pattern"], with_rope, atol=1e-6, rtol=1e-5)
+    assert (c["blocks.1.attn_pattern"] - without).abs().max() > 1e-3
+    npt = s.num_prefix_tokens  # prefix tokens are not rotated, patches are
+    assert torch.equal(c["blocks.1.q_rot"][:, :, :npt], c["blocks.1.q"][:, :, :npt])
+    assert not torch.allclose(c["blocks.1.q_rot"][:, :, npt:], c["blocks.1.q"][:, :, npt:])
+
+
+def test_axis_map_reads_dinov3_layout():
+    amap = tiny("dinov3").rope_axis_map()
+    d = 16  # head_dim: rotate-half pairs (p, p + 8); the first d/4 pairs turn with rows, the next d/4 with columns
+    assert amap.kind == "axial" and amap.layout == "half"
+    assert amap.channels("row") == [0, 1, 2, 3, 8, 9, 10, 11] and amap.channels("col") == [4, 5, 6, 7, 12, 13, 14, 15]
+    pairs, f = amap.axis_pairs("row", 0, 0)
+    assert pairs == [0, 1, 2, 3] and len(amap.channels("col")) == d // 2
+    assert f[0] > f[1] > f[2] > f[3] > 0  # inv_freq falls with the pair index
+
+
+def test_wrong_layout_fails_the_rotation_gate():
+    s = tiny("dinov3")
+    x = images(s)
+    assert check_rotations(s, x).passed
+    good = s.rope_axis_map()
+    s._axis_map = RopeAxisMap("axial", good.head_dim, good.depth, good.num_heads, "interleaved",
+                              channel_axis=good.channel_axis, channel_freq=good.channel_freq)
+    bad = check_rotations(s, x)
+    assert not bad.passed, bad.detail
+
+
+def test_swapped_axes_fail_the_axis_removal_gate():
+    s = tiny("dinov3")
+    x = images(s)
+    good = s.rope_axis_map()
+    assert good.channel_axis is not None
+    swapped = tuple({"row": "col", "col": "row"}.get(a, a) for a in good.channel_axis)
+    s._axis_map = RopeAxisMap("axial", good.head_dim, good.depth, good.num_heads, "half", channel_axis=swapped,
+                              channel_freq=good.channel_freq)
+    assert not check_axis_removal(s, x).passed
+
+
+def test_per_head_removal_and_band_touch_only_their_channels():
+    s = tiny("dinov3")
+    x = images(s)
+    with capture(s, ["blocks.0.q_rot"]) as c0:
+        s(x)
+    with remove_rope(s, {"col": [1]}, layers=[0]), capture(s, ["blocks.0.q_rot", "blocks.0.q"]) as c1:
+        s(x)
+    assert torch.equal(c0["blocks.0.q_rot"][:, 0], c1["blocks.0.q_rot"][:, 0])
+    amap = s.rope_axis_map()
+    npt = s.num_prefix_tokens
+    q1 = c1["blocks.0.q"][:, 1, npt:]
+    col = amap.channels("col")
+    torch.testing.assert_close(c1["blocks.0.q_rot"][:, 1, npt:, col], q1[..., col])  # col channels: identity
+    assert not torch.allclose(c1["blocks.0.q_rot"][:, 1, npt:, amap.channels("row")], q1[..., amap.channels("row")])
+
+
+TWINS = [  # (family, timm name, timm kwargs, transformers classifier variant)
+    ("dinov2", "vit_small_patch14_dinov2", dict(num_classes=0, init_values=0.5), False),
+    ("vit", "vit_small_patch16_224", dict(num_classes=4), True),
+    ("deit", "deit_small_distilled_patch16_224", dict(num_classes=0), False),
+    ("dinov3", "vit_small_patch16_dinov3", dict(num_classes=0, global_pool="token", init_values=0.5), False),
+]
+
+
+@pytest.mark.parametrize("family,name,kwargs,classifier", TWINS)
+def test_timm_and_transformers_twins_agree_on_every_site(family, name, kwargs, classifier):
+    import timm
+
+    from vitpos.models.hf_convert import hf_from_timm, hf_to_timm
+    from vitpos.models.timm_adapter import surface_for
+
+    torch.manual_seed(0)
+    t = timm.create_model(name, img_size=16, patch_size=4, depth=2, embed_dim=32, num_heads=2, **kwargs).eval()
+    hf = hf_from_timm(t, family, classifier=classifier)
+    back = hf_to_timm(hf.state_dict(), family, classifier=hf.base_model_prefix if classifier else None)
+    assert set(back) == set(t.state_dict()) and all(torch.equal(back[k], v) for k, v in t.state_dict().items())
+    a, b = surface_for(t, f"timm:{name}"), HFSurface(hf, f"hf:{family}", FAMILIES[family])
+    x = images(a)
+    diffs = site_differences(a, b, x)
+    assert len(diffs) >= 2 * 11 + 2 and max(diffs.values()) <= 1e-5, {k: v for k, v in diffs.items() if v > 1e-5}
+    torch.testing.assert_close(a(x), b(x), atol=1e-5, rtol=1e-5)  # logits (vit) or pooled features
+    if a.has_rope:
+        torch.testing.assert_close(a.rope_table(), b.rope_table(), atol=1e-6, rtol=1e-6)
+
+
+def test_classifier_variant_outputs_logits():
+    s = tiny("vit")
+    torch.manual_seed(0)
+    c = load_model("hf:ViTForImageClassification?" + tiny_spec("vit").split("?")[1] + "&num_labels=4")
+    assert c.num_classes == 4
+    x = images(s)
+    out = c(x)
+    assert out.shape == (2, 4) and torch.equal(out, c.forward_from(0, c.embed_tokens(x)))
+    assert c.pooled_features(x).shape == (2, 32)
+
+
+def test_save_pretrained_folder_and_checkpoint_load_offline(tmp_path):
+    s = tiny("dinov2_reg")
+    s.model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "preprocessor_config.json").write_text(
+        '{"image_mean": [0.1, 0.2, 0.3], "image_std": [0.5, 0.5, 0.5], "resample": 2}')
+    x = images(s)
+    d = load_model(f"hf:{tmp_path / 'm'}")
+    assert torch.equal(d(x), s(x))
+    assert d.data_config() == {"mean": (0.1, 0.2, 0.3), "std": (0.5, 0.5, 0.5), "interpolation": "bilinear"}
+    # the same weights as --checkpoint into a random-init model of the same config
+    r = load_model(tiny_spec("dinov2_reg"), checkpoint=tmp_path / "m" / "model.safetensors")
+    assert torch.equal(r(x), s(x))
+
+
+def test_bad_hf_inputs_raise_one_line(tmp_path):
+    s = tiny("dinov2")
+    s.model.save_pretrained(tmp_path / "m")
+    cases = {
+        "hf:NoSuchModel": "neither a transformers class vitpos supports",
+        "hf:PixtralVisionModel": "has no vitpos surface",
+        "hf:facebook/not-cached-anywhere": "local Hugging Face cache",
+        "hf:Dinov2Model?hidden_size=banana": "could not build",
+    }
+    for spec, words in cases.items():
+        with pytest.raises(VitposError, match=words) as info:
+            load_model(spec)
+        assert "\n" not in str(info.value)
+    with pytest.raises(VitposError, match="does not fit") as info:  # 32-wide weights into a 48-wide config
+        load_model(tiny_spec("dinov2", hidden_size=48), checkpoint=tmp_path / "m" / "model.safetensors")
+    assert "\n" not in str(info.value)
+    (tmp_path / "w.bin").write_bytes(b"x")
+    with pytest.raises(VitposError, match="never unpickles"):
+        load_model(tiny_spec("dinov2"), checkpoint=tmp_path / "w.bin")
+
+
+@pytest.mark.parametrize("argv", [
+    "eval -m hf:NoSuchModel",
+    "eval -m hf:Qwen2VisionTransformerPretrainedModel",
+    f"eval -m {tiny_spec('dinov2', hidden_size=48)} --checkpoint {{ckpt}}",
+])
+def test_cli_bad_hf_input_is_one_error_line(argv, tmp_path, capsys):
+    s = tiny("dinov2")
+    s.model.save_pretrained(tmp_path / "m")
+    args = argv.format(ckpt=tmp_path / "m" / "model.safetensors").split()
+    capsys.readouterr()  # save_pretrained's progress bar
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_models_families_lists_every_family_with_its_gate(capsys):
+    main(["models", "--families"])
+    out = capsys.readouterr().out
+    for fam in FAMILIES.values():
+        assert fam.model_cls in out
+    assert "timm DINOv3" in out and "FAILS" not in out and out.count("passes") == len(FAMILIES) + 7
+
+
+@pytest.mark.parametrize("family,name,kwargs", [(f, n, k) for f, n, k, c in TWINS if f in ("dinov2", "dinov3")])
+def test_resized_twins_still_agree(family, name, kwargs):
+    """at_size at 1.5x: DINOv3's rotary grid is the same in both libraries. DINOv2's resampled APE tables differ
+    (timm: bicubic with antialias, PIL's a=-0.5 kernel; transformers: bicubic without, a=-0.75): each library's
+    own resize, kept as it is; with transformers' table put into timm, every site agrees again."""
+    import timm
+
+    from vitpos.models.hf_convert import hf_from_timm
+    from vitpos.models.timm_adapter import surface_for
+
+    torch.manual_seed(0)
+    t = timm.create_model(name, img_size=16, patch_size=4, depth=2, embed_dim=32, num_heads=2, **kwargs).eval()
+    a = surface_for(t, "timm").at_size(24)
+    b = HFSurface(hf_from_timm(t, family), "hf", FAMILIES[family]).at_size(24)
+    assert a.grid == b.grid == (6, 6)
+    if a.has_ape:
+        gap = float((a.patch_pos_embed() - b.patch_pos_embed()).abs().max())
+        assert 1e-4 < gap < 0.1 * float(b.patch_pos_embed().abs().max()), gap  # other kernels, the same table
+        with torch.no_grad():
+            a.model.pos_embed[0, 1:] = b.patch_pos_embed()
+    diffs = site_differences(a, b, images(a))
+    assert max(diffs.values()) <= 1e-5, {k: v for k, v in diffs.items() if v > 1e-5}
+    with pytest.raises(VitposError, match="positive multiple"):
+        b.at_size(25)
+
+
+def test_eager_models_keep_eager_attention():
+    """A model set to eager attention runs its family's own eager function (bit for bit) when no pattern is hooked."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Dinov2Model(transformers.Dinov2Config(**FAMILIES["dinov2"].tiny)).eval()
+    model.set_attn_implementation("eager")
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(pixel_values=x).last_hidden_state[:, 0]
+    s = HFSurface(model, "hf:eager", FAMILIES["dinov2"])
+    assert s.attention(0).get_submodule("vitpos_taps").impl == "eager"
+    assert torch.equal(s(x), ref)
+    assert run_gate("dinov2", "hf:eager", lambda: s).passed
+
+
+def test_image_transform_uses_the_family_preprocessing():
+    from PIL import Image
+
+    s = tiny("clip")
+    img = Image.new("RGB", (40, 30), (255, 0, 0))
+    t = s.image_transform()(img)
+    assert t.shape == (3, 16, 16)
+    mean, std = s.data_config()["mean"], s.data_config()["std"]
+    assert mean[0] == pytest.approx(0.48145466)  # CLIP's own normalisation, not ImageNet's
+    torch.testing.assert_close(t[:, 5, 5], torch.tensor([(1 - mean[0]) / std[0], -mean[1] / std[1], -mean[2] / std[2]]))
