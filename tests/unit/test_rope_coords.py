@@ -251,3 +251,16 @@ def test_report_shows_c5_under_each_ablation():
     html = _sec_heads(doc)
     assert "C5 under each ablation" in html and "identity (verdict)" in html and "swap text" in html
     assert "L0 h0: 40.0 pts" in html and ">fails<" in html
+
+
+def test_coordinate_edits_refuse_a_rope_family_without_the_recomputation():
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install 'vitpos[hf]')")
+    from vitpos.models import load_model
+    from vitpos.models.hf_adapter import tiny_spec
+
+    torch.manual_seed(0)
+    s = load_model(tiny_spec("dinov3"))  # Hugging Face DINOv3: RoPE, but not timm's modules
+    assert s.has_rope
+    with pytest.raises(VitposError, match="implemented for timm's RoPE families"):
+        with rope_coordinates(s, CoordEdit()):
+            pass

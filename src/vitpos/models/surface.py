@@ -392,13 +392,19 @@ class ModelSurface:
 
     def rope_coords(self) -> RopeCoords:
         """The model's own rotary coordinates for its grid (the family's units and column order)."""
-        raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
+        raise VitposError(self._no_coordinates())
 
     def rope_from_coords(self, coords: torch.Tensor | None = None, layout: str | None = None) -> torch.Tensor:
         """The rotary tensor the blocks get, recomputed by vitpos from (N, 2) coordinates (None: the
         model's own) with the family's arithmetic: (N, 2d), or (depth, h, N, 2d) for mixed RoPE.
         layout: force 'interleaved' or 'half' (None: the family's own; a wrong one is for self-tests)."""
-        raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
+        raise VitposError(self._no_coordinates())
+
+    def _no_coordinates(self) -> str:
+        if not self.has_rope:
+            return f"{self.spec} has no rotary embedding (scheme {self.scheme})"
+        return (f"{self.spec}: counterfactual RoPE coordinates are implemented for timm's RoPE families (and vitpos' "
+                f"own models), not for {type(self).__name__}; use remove_rope, or load the model through timm")
 
     # --- what the hook engine uses (vitpos.models.adapter.FamilyAdapter) --------------------------
     def block(self, layer: int) -> nn.Module:
