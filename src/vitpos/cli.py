@@ -30,7 +30,7 @@ ModelOpt = typer.Option(..., "--model", "-m",
                         help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
 CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
-DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | imagefolder:PATH")
+DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | natural | imagefolder:PATH")
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
 DeviceOpt = typer.Option("auto", "--device",

@@ -41,7 +41,9 @@ from conftest import GOLDEN_PATH  # tests/golden/run_quick_results.json
 
 # claims whose verdict rule changed on purpose since the golden file was written: their verdicts,
 # per-model results and evidence text are not compared, their measured numbers still are
-RULE_CHANGED: set[str] = {"C3", "C4"}  # issue 18: C3 / C4 read intervals (removal, median Rec, |S|)
+# issue 28 (rules version 2): C1 adds probe-drop and top-1 floors and a matched random removal, C2 reads
+# the same-position swap null instead of the random control; their numbers are compared as before
+RULE_CHANGED: set[str] = {"C3", "C4", "C1", "C2"}  # issue 18: C3 / C4 read intervals (removal, median Rec, |S|)
 RULE_FIELDS = {"verdict", "evidence"}  # what a rule change may move in a claim
 RULE_NUMBERS = {"result", "holds"}  # ... and in each model's numbers
 # provenance and paths, not measurements

@@ -11,10 +11,14 @@ from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.ape_permute import (
     CONTROLS,
+    NULLS,
     VARIANTS,
+    crossed_edit,
+    image_rotation,
     matched_control,
     matched_random_features,
     run_ape_permute,
+    swap_features,
     variant_names,
 )
 from vitpos.sae import SAE, SAEConfig
@@ -87,7 +91,8 @@ def test_each_permuted_set_has_its_control_and_every_variant_an_interval(model_a
     doc = {"layer": 0, "site": "resid_post", "row_features": [1, 2], "col_features": [3], "mixed_features": [4, 5]}
     res = run_ape_permute(s, sae, doc, data=toy_images(64), n_images=64, seeds=(0, 1)).to_json()
     assert res["variants"] == list(VARIANTS) and res["controls"] == CONTROLS
-    assert sorted(variant_names(res)[-3:]) == ["random_all_positional", "random_col", "random_row"]
+    assert sorted(variant_names(res)[-6:-3]) == ["random_all_positional", "random_col", "random_row"]
+    assert variant_names(res)[-3:] == list(NULLS) and res["nulls"] == NULLS
     for kept, ctrl in CONTROLS.items():
         assert res[ctrl]["n_features"] == res[kept]["n_features"], ctrl
         assert res[ctrl]["activation_mass"] is not None
@@ -135,3 +140,52 @@ def test_shared_prefix_gives_the_numbers_of_full_forwards(varied_ape, layer, sit
     full = run_ape_permute(s, sae, doc, data=data, n_images=300, seeds=(0, 1), shared_prefix=False).to_json()
     assert shared == full
     assert any(abs(shared[v]["drop_points"]) > 0.1 for v in variant_names(shared))  # the edits moved predictions
+
+
+# ---------------------------------------------------------------- nulls by construction (issue 28)
+def _pure_codes(B: int = 5, grid=(4, 4)):
+    """Codes of 4 row latents (ids 0-3), 4 col latents (4-7), 4 content latents (8-11) that vary by image."""
+    H, W = grid
+    z = torch.zeros(B, H * W, 12)
+    n = torch.arange(H * W)
+    z[:, n, n // W] = 1.0
+    z[:, n, 4 + n % W] = 1.0
+    z[..., 8:] = torch.rand(B, H * W, 4, generator=torch.Generator().manual_seed(0))
+    return z
+
+
+def _identity_sae() -> SAE:
+    sae = SAE(SAEConfig.model_validate({"arch": "relu", "d_in": 12, "expansion": 1, "normalize": False}))
+    with torch.no_grad():
+        sae.W_dec.copy_(torch.eye(12))
+        sae.W_enc.copy_(torch.eye(12))
+    return sae
+
+
+def test_the_swap_and_crossed_nulls_are_no_ops_on_pure_positional_features():
+    """Another image's codes at the same patch, and row codes moved by whole columns (col codes by whole
+    rows), leave pure row / col features exactly where they were; on content latents the swap moves codes."""
+    sae, z = _identity_sae(), _pure_codes()
+    x = z.clone()
+    g = torch.Generator().manual_seed(0)
+    other = image_rotation(5, g)
+    assert not torch.equal(other, torch.arange(5)) and sorted(other.tolist()) == list(range(5))
+    assert torch.equal(swap_features(x, z, sae, list(range(8)), other), x)
+    assert torch.equal(crossed_edit(x, z, sae, [0, 1, 2, 3], [4, 5, 6, 7], (4, 4), g), x)
+    assert not torch.equal(swap_features(x, z, sae, [8, 9], other), x)
+    # the real permutation of the same set does move them
+    from vitpos.experiments.ape_permute import permute_features, random_perms
+    assert not torch.equal(permute_features(x, z, sae, list(range(8)), random_perms("all", 5, (4, 4), g)), x)
+    assert torch.equal(image_rotation(1, g), torch.zeros(1, dtype=torch.long))
+
+
+def test_every_variant_has_its_edit_size_and_the_norm_control_is_matched_on_it(model_and_sae):
+    s, sae = model_and_sae
+    doc = {"layer": 0, "site": "resid_post", "row_features": [1, 2], "col_features": [3], "mixed_features": [4, 5]}
+    res = run_ape_permute(s, sae, doc, data=toy_images(64), n_images=64, seeds=(0,)).to_json()
+    for v in ("all_positional", "random_all_positional", "swap_all_positional", "crossed", "norm_all_positional",
+              "mean_ablate"):
+        if "skipped" not in res[v]:
+            assert res[v]["edit_norm"] is not None and res[v]["edit_norm"] >= 0, v
+    assert res["norm_all_positional"]["n_features"] == res["all_positional"]["n_features"]
+    assert res["pos_embed_shuffle"].get("edit_norm") is None  # SAE-free: no SAE edit to size

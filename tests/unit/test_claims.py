@@ -47,11 +47,22 @@ def test_aggregation_over_models():
 
 
 # ---------------------------------------------------------------- C1
-def sae(row_ci, col_ci, n_row=3, n_col=2) -> dict:
-    def eff(ci):
-        return {"selectivity": sum(ci) / 2, "selectivity_ci95": list(ci)}
-    return {"layer": 1, "n_row_features": n_row, "n_col_features": n_col, "fvu": 0.2,
-            "causal": {"ablate_row": eff(row_ci), "ablate_col": eff(col_ci)}}
+def sae(row_ci, col_ci, n_row=3, n_col=2, own=(0.3, (0.25, 0.35)), ctrl=(0.01, (0.0, 0.02)),
+        top1=(20.0, (15.0, 25.0))) -> dict:
+    """An sae result whose selectivities are as given; by default each set's own-axis probe drop
+    (fractions), its control's and its top-1 drop (points) clear the issue-28 conditions."""
+    def eff(kind, ci, drop, top):
+        out = {"selectivity": sum(ci) / 2, "selectivity_ci95": list(ci)}
+        if drop is not None:
+            out.update({f"{kind}_drop": drop[0], f"{kind}_drop_ci95": list(drop[1])})
+        if top is not None:
+            out.update({"top1_drop": top[0], "top1_drop_ci95": list(top[1])})
+        return out
+    causal = {"ablate_row": eff("row", row_ci, own, top1), "ablate_col": eff("col", col_ci, own, top1)}
+    if ctrl is not None:
+        causal.update({"control_row": eff("row", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0))),
+                       "control_col": eff("col", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0)))})
+    return {"layer": 1, "n_row_features": n_row, "n_col_features": n_col, "fvu": 0.2, "causal": causal}
 
 
 def claim(models: dict, cid: str) -> dict:
@@ -73,6 +84,37 @@ def test_c1_per_model_result(row_ci, col_ci, n_col, result):
     assert f"[{row_ci[0]:.2f}, {row_ci[1]:.2f}]" in c["evidence"]  # the interval is in the console's evidence
 
 
+@pytest.mark.parametrize("kw, result", [
+    ({}, HOLDS),
+    ({"own": (0.006, (0.004, 0.008))}, FAILS),  # 0.6 points: below the 5-point floor (the quick run's row set)
+    ({"own": (0.05, (0.03, 0.07))}, INCONCLUSIVE),  # the floor lies inside the interval
+    ({"ctrl": (0.3, (0.25, 0.35))}, FAILS),  # a random removal lowers the probe as much
+    ({"ctrl": None}, INCONCLUSIVE),  # no control measured
+    ({"top1": (0.0, (0.0, 0.0))}, FAILS),  # the model does not use them (planted pos_unused)
+    ({"top1": None}, INCONCLUSIVE),  # no top-1 (a headless model without a head)
+])
+def test_c1_needs_a_floor_a_control_and_a_top1_drop(kw, result):
+    c = claim({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95), **kw)}}, "C1")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == result
+    assert "row_probe_drop" in nums and "row_top1_drop" in nums and "row_control_probe_drop" in nums
+
+
+def test_rules_are_versioned_hashed_and_each_threshold_has_a_curve():
+    from vitpos.study.rules import RULES
+
+    s = summarise({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}})
+    assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash or "") == 16
+    c1 = next(c for c in s.claims if c.id == "C1")
+    curves = {x.threshold: x for x in c1.sensitivity or []}
+    assert set(curves) == {t.name for t in RULES.of("C1")}
+    floor = curves["C1.min_top1_drop"]  # top-1 drop [15, 25]: holds up to 10, undecided at 20, fails at 30
+    assert [p.verdict for p in floor.curve] == ["supported"] * 5 + ["inconclusive", "not supported"]
+    assert not floor.stable and floor.value == 5.0
+    other = RULES.model_copy(update={"version": RULES.version + 1})
+    assert other.digest() != RULES.digest()
+
+
 # ---------------------------------------------------------------- C2
 def variant(drop, ci=None, n: int | None = 10, note=None) -> dict:
     return {"top1": 0.9 - drop / 100, "top1_std": 0.0, "drop_points": drop, "drop_std": 0.0, "per_seed_top1": [0.5],
@@ -80,31 +122,49 @@ def variant(drop, ci=None, n: int | None = 10, note=None) -> dict:
             "note": note}
 
 
-def ape(treated, control, row_col=(0.0, (0.0, 0.0))) -> dict:
+def ape(treated, null, row_col=(0.0, (0.0, 0.0)), random=(1.0, (0.0, 2.0))) -> dict:
+    """An ape_permute result: the all-positional drop, its same-position swap null (None: not
+    measured) and its count/mass-matched random control (reported, not read)."""
     doc = {"variants": [], "baseline_top1": 0.9, "all": variant(row_col[0], row_col[1]),
            "random_features": variant(0.0, (0.0, 0.0)), "pos_embed_shuffle": variant(70.0, (65, 75), n=None)}
     doc["all_positional"] = variant(*treated, n=40)
-    doc["random_all_positional"] = {"skipped": "no live non-positional latents"} if control is None \
-        else variant(*control, n=40)
+    doc["random_all_positional"] = variant(*random, n=40)
+    doc["swap_all_positional"] = {"skipped": "no features"} if null is None else variant(*null, n=40)
     return doc
 
 
-@pytest.mark.parametrize("treated, control, result", [
+@pytest.mark.parametrize("treated, null, result", [
     ((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)), HOLDS),
     ((4.0, (2.0, 6.0)), (1.0, (0.0, 2.0)), FAILS),  # below MIN_DROP
     ((12.0, (8.0, 16.0)), (1.0, (0.0, 2.0)), INCONCLUSIVE),  # MIN_DROP = 10 inside the interval
-    ((20.0, (15.0, 25.0)), (9.0, (6.0, 12.0)), INCONCLUSIVE),  # 2 x control overlaps the drop
-    ((20.0, (15.0, 25.0)), (14.0, (13.0, 15.0)), FAILS),  # the control drops as much: no more than 2x it
-    ((20.0, (15.0, 25.0)), None, INCONCLUSIVE),  # no control to compare with
+    ((20.0, (15.0, 25.0)), (9.0, (6.0, 12.0)), INCONCLUSIVE),  # 2 x null overlaps the drop
+    ((20.0, (15.0, 25.0)), (14.0, (13.0, 15.0)), FAILS),  # the swap drops as much: content, not position
+    ((20.0, (15.0, 25.0)), None, INCONCLUSIVE),  # no null to compare with
     ((20.0, None), (1.0, None), HOLDS),  # results without intervals: the points decide
 ])
-def test_c2_reads_the_all_positional_set_against_its_control(treated, control, result):
+def test_c2_reads_the_all_positional_set_against_its_null(treated, null, result):
     assert (MIN_DROP, CONTROL_FACTOR) == (10.0, 2.0)
-    c = claim({"m": {"ape_permute": ape(treated, control, row_col=(30.0, (25.0, 35.0)))}}, "C2")
+    c = claim({"m": {"ape_permute": ape(treated, null, row_col=(30.0, (25.0, 35.0)))}}, "C2")
     nums = c["numbers"]["m"]
     assert nums["result"] == result
     assert nums["all_positional_drop"] == treated[0] and nums["drop_points"] == 30.0  # row+col: reported only
     assert "all positional (row+col+mixed) (40)" in c["evidence"] and "row+col (10)" in c["evidence"]
+
+
+def test_c2_a_random_control_that_moves_the_label_does_not_decide():
+    """On a spatial task permuting content latents moves the label too (the issue's 62.6 vs 62.5): it is
+    reported, and the swap null decides."""
+    doc = ape((60.0, (55.0, 65.0)), (0.5, (0.0, 1.0)), random=(60.0, (55.0, 65.0)))
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    assert c["verdict"] == "supported" and c["numbers"]["m"]["all_positional_control_drop"] == 60.0
+
+
+def test_c2_states_the_drop_as_a_fraction_of_the_position_gain():
+    models = {"ape": {"data": "shapes", "describe": {"scheme": "ape"},
+                      "ape_permute": ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))},
+              "none": {"data": "shapes", "describe": {"scheme": "none"}, "eval": {"top1": 0.5}}}
+    nums = claim(models, "C2")["numbers"]["ape"]
+    assert nums["position_gain_points"] == pytest.approx(40.0) and nums["drop_fraction_of_position_gain"] == 0.5
 
 
 def test_c2_row_col_alone_does_not_decide():
@@ -310,7 +370,8 @@ def test_rules_are_data_and_survive_python_OO():
 
     assert set(CLAIM_RULES) == set(CLAIM_TEXT)
     assert all(rule.lstrip().startswith(f"{cid} (") for cid, rule in CLAIM_RULES.items())
-    assert "MIN_DROP" in CLAIM_RULES["C2"] and "SELECTIVE" in CLAIM_RULES["C1"]
+    assert "C2.min_drop" in CLAIM_RULES["C2"] and "C1.selective" in CLAIM_RULES["C1"]
+    assert "C1.min_top1_drop = 5 points" in rules_text()  # the rule set's values are part of the text
     code = ("import vitpos.study.claims as c; assert c.__doc__ is None; "
             "import sys; sys.stdout.write(c.summarise({}).rules)")
     proc = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True, timeout=120)

@@ -94,24 +94,25 @@ def rope4():
 @pytest.mark.parametrize("shared", [True, False])
 def test_rope_axis_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
-    for restore in (None, [2, 3]):
-        settings = {"images": 280, "restore": restore}
+    for restore, readout in ((None, 0), ([2, 3], 24)):
+        settings = {"images": 280, "restore": restore, "readout_images": readout}
         plan = plan_rope_axis(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
-            run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared)
+            run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared,
+                          readout_images=readout)
         assert_counts(plan, counts)
 
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_rope_heads_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
-    for axis, restore_from in (("both", None), ("col", 1)):
+    for axis, restore_from, sweep in (("both", None, None), ("col", 1, [1, 3])):
         settings = {"axis": axis, "restore_from": restore_from, "probe_images": 40, "top1_images": 290,
-                    "attn_images": 6}
+                    "attn_images": 6, "sweep_restore": sweep}
         plan = plan_rope_heads(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
             run_rope_heads(rope4, data, axis=axis, restore_from=restore_from, n_probe_images=40, n_top1_images=290,
-                           n_attn_images=6, shared_prefix=shared)
+                           n_attn_images=6, shared_prefix=shared, sweep_restore=sweep)
         assert_counts(plan, counts)
 
 
@@ -215,7 +216,9 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
             assert counts["fits"] == plan.fits == 0
         elif name == "sae":
             causal = result.causal
-            missing = 0 if causal is None else sum(e is None for e in (causal.effect("row"), causal.effect("col")))
+            # each set without features skips its ablation pass, each set without a control its control pass
+            missing = 0 if causal is None else sum(
+                x is None for k in ("row", "col") for x in (causal.effect(k), causal.control(k)))
             assert counts["forwards"] == plan.forwards - missing * 30
             assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth
             assert counts["fits"] == plan.fits

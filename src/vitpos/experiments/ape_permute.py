@@ -21,6 +21,20 @@ than the set has, the control moves all of them (the largest matched set) and sa
 number of the older variants. (random_features, older, excludes only row+col latents from its
 candidates, so it may draw mixed ones; it is kept as it was for comparability.)
 
+Nulls by construction (`NULLS`, issue 28), each with its own generators (no older number moves):
+  swap_all_positional  the same-position cross-image swap: at every patch the all-positional set's
+                       codes are replaced by another image's codes at the same patch (the images of
+                       a batch are rotated by a random offset): content moves, position stays. Pure
+                       positional latents make it a no-op; C2 reads it as its null.
+  crossed              row features permuted by whole columns and col features by whole rows: each
+                       token keeps its row code and its column code, so real row / col features cost
+                       ~nothing (the check that they are what they are called).
+  norm_all_positional  as random_all_positional, but each latent matched on the size of the edit a
+                       permutation makes of it (its within-image spread of z, `feature_spread`), not
+                       on its mean activation.
+Every SAE variant also records `edit_norm`: the mean over patch tokens of ||x' - x|| (and
+`edit_rel`, that over the mean ||x||), measured on the first MASS_IMAGES images with fresh draws.
+
 Uncertainty (analysis/stats.py): `drop_ci95` of every variant is a paired bootstrap over images
 of (clean correct - intervened correct, averaged over seeds per image), in points;
 `baseline_top1_ci95` is the Wilson interval of the clean top-1. Per-image correctness stays in
@@ -31,16 +45,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Skipped, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import (
+    Done,
+    Experiment,
+    Figure,
+    Result,
+    Skipped,
+    SplitSizes,
+    StageInput,
+    StagePlan,
+    omit_unmeasured,
+)
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
@@ -53,14 +78,22 @@ VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", 
 CONTROLS = {"all_positional": "random_all_positional", "all": "random_features", "row_only": "random_row",
             "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
 CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
-ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS
-_CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS)}  # + 10_000 + seed: own generators
+NULLS = {"swap_all_positional": "all_positional", "crossed": "all", "norm_all_positional": "all_positional"}
+NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 reads swap_all_positional)
+ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS
+_CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS + NULL_VARIANTS)}  # + 10_000 + seed
+EDIT_STREAM = 900_000  # + seed: the fresh draws that measure each variant's edit size
 
 
 def variant_names(doc: Mapping) -> list[str]:
     """Every variant of a result's JSON: its `variants` then the matched controls it lists."""
     names: list[str] = [str(v) for v in doc.get("variants") or VARIANTS]
-    return names + [c for c in (doc.get("controls") or {}).values() if c not in names]
+    names += [c for c in (doc.get("controls") or {}).values() if c not in names]
+    return names + [c for c in (doc.get("nulls") or {}) if c not in names]
+
+
+# measured since issue 28: left out of a result's JSON where a result written before them has none
+NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS})
 
 
 class GroupDrop(BaseModel):
@@ -81,6 +114,12 @@ class VariantResult(BaseModel):
     drop_ci95: list[float] | None = None  # paired bootstrap over images (seeds pooled), points
     activation_mass: float | None = None  # sum of the moved latents' mean activation (mean over seeds)
     note: str | None = None  # e.g. a control smaller than its set
+    edit_norm: float | None = None  # mean ||x' - x|| over patch tokens (first MASS_IMAGES images, fresh draws)
+    edit_rel: float | None = None  # edit_norm / mean ||x||
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), NEW_FIELDS)
 
 
 Outcome = VariantResult | Skipped
@@ -109,6 +148,14 @@ class ApePermuteResult(Result):
     random_col: Outcome | None = None
     random_all_positional: Outcome | None = None
     controls: dict[str, str] | None = None  # permuted set -> its matched control variant
+    swap_all_positional: Outcome | None = None
+    crossed: Outcome | None = None
+    norm_all_positional: Outcome | None = None
+    nulls: dict[str, str] | None = None  # null variant -> the permuted set it is the null of
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), NEW_FIELDS)
 
     def variant(self, name: str) -> VariantResult | None:
         v = getattr(self, name, None)
@@ -120,6 +167,33 @@ def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int],
     c = sae.feature_contribution(z, ids)
     moved = torch.gather(c, 1, perm.unsqueeze(-1).expand_as(c))
     return x + (moved - c)
+
+
+def swap_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], other: torch.Tensor) -> torch.Tensor:
+    """The same-position cross-image swap: image b takes image other[b]'s codes of `ids` at each patch."""
+    c = sae.feature_contribution(z, ids)
+    return x + (c[other] - c)
+
+
+def image_rotation(B: int, g: torch.Generator) -> torch.Tensor:
+    """(B,) image b -> image (b + s) % B with a random shift s in 1..B-1 (no image keeps its own
+    codes; a batch of one is left as it is)."""
+    if B < 2:
+        return torch.zeros(B, dtype=torch.long)
+    shift = int(torch.randint(1, B, (1,), generator=g))
+    return (torch.arange(B) + shift) % B
+
+
+def crossed_edit(x: torch.Tensor, z: torch.Tensor, sae: SAE, row: list[int], col: list[int], grid: tuple[int, int],
+                 g: torch.Generator) -> torch.Tensor:
+    """Row features moved by whole columns, col features by whole rows (each token keeps its row's
+    row codes and its column's col codes when the features are what they are called)."""
+    B = x.shape[0]
+    if row:
+        x = permute_features(x, z, sae, row, random_perms("col", B, grid, g))
+    if col:
+        x = permute_features(x, z, sae, col, random_perms("row", B, grid, g))
+    return x
 
 
 def random_perms(kind: str, B: int, grid: tuple[int, int], g: torch.Generator) -> torch.Tensor:
@@ -162,7 +236,7 @@ def matched_random_features(mass: torch.Tensor, positional: list[int], live: tor
 
 
 def matched_control(mass: torch.Tensor, targets: list[int], positional: list[int], live: torch.Tensor,
-                    g: torch.Generator, pool: int = 5) -> tuple[list[int], str | None]:
+                    g: torch.Generator, pool: int = 5, what: str = "mass") -> tuple[list[int], str | None]:
     """A random control for the permuted set `targets`: live latents outside `positional` (every
     positional latent), one matched in mass to each target. With fewer such latents than targets,
     all of them (the largest matched set) and a note saying so; ([], note) when there are none."""
@@ -172,7 +246,7 @@ def matched_control(mass: torch.Tensor, targets: list[int], positional: list[int
         ids = _pick_matched(mass, targets, cands, g, pool)
         want, got = float(mass[targets].sum()), float(mass[ids].sum())
         if want > 0 and abs(got / want - 1) > MASS_TOLERANCE:  # the candidates' masses cannot match: said so
-            return ids, (f"mass not matched within {MASS_TOLERANCE:.0%}: the control's {got:.3g} vs the set's "
+            return ids, (f"{what} not matched within {MASS_TOLERANCE:.0%}: the control's {got:.3g} vs the set's "
                          f"{want:.3g} (the closest live non-positional latents)")
         return ids, None
     if not cands:
@@ -191,6 +265,33 @@ def feature_mass(surface: ModelSurface, sae: SAE, site: Site, dataset,
     acts = capture_layers(surface, dataset.subset(n), [site], check_classifier=False)[0][str(site)]
     z = sae.encode(acts.reshape(-1, acts.shape[-1]))
     return z.mean(0), (z != 0).float().mean(0)
+
+
+@torch.no_grad()
+def site_tokens(surface: ModelSurface, site: Site, dataset, n: int = MASS_IMAGES) -> torch.Tensor:
+    """(n, N, D) patch tokens at `site` of the first n images."""
+    return capture_layers(surface, dataset.subset(n), [site], check_classifier=False)[0][str(site)]
+
+
+@torch.no_grad()
+def feature_spread(sae: SAE, acts: torch.Tensor) -> torch.Tensor:
+    """(F,) per latent, sqrt of its mean within-image variance of z over patches: a permutation of
+    patches moves latent f by sqrt(2) x this on average (decoder rows are unit-norm), so it sizes the edit."""
+    z = sae.encode(acts)  # (n, N, F)
+    return z.var(1, correction=0).mean(0).sqrt()
+
+
+@torch.no_grad()
+def edit_size(edit: PatchEdit, sae: SAE, acts: torch.Tensor, batch: int = 256) -> tuple[float, float]:
+    """(mean ||x' - x||, that / mean ||x||) over the patch tokens `acts` (n, N, D) under `edit`."""
+    total, norm, count = 0.0, 0.0, 0
+    for i in range(0, acts.shape[0], batch):
+        x = acts[i:i + batch]
+        d = (edit(x, sae.encode(x)) - x).norm(dim=-1)
+        total += float(d.sum())
+        norm += float(x.norm(dim=-1).sum())
+        count += d.numel()
+    return total / max(count, 1), total / norm if norm > 0 else 0.0
 
 
 def check_sae_matches(surface: ModelSurface, sae_doc: Mapping) -> None:
@@ -218,14 +319,17 @@ def _start_after(site: Site) -> int | None:
 
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
-                    progress: bool = False, shared_prefix: bool = True) -> ApePermuteResult:
+                    progress: bool = False, shared_prefix: bool = True,
+                    keep_correct: dict[str, torch.Tensor] | None = None) -> ApePermuteResult:
     """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists).
 
     shared_prefix (default): per batch the clean stream up to the SAE's site and its SAE codes are
     computed once, and every variant runs only the blocks after the site; shared_prefix=False runs
     each variant as a full forward with a hook at the site. The numbers are the same (each variant
     keeps its own generator across batches, so the permutations drawn are too); mean ablation is
-    deterministic, so it runs once and counts for every seed."""
+    deterministic, so it runs once and counts for every seed. `keep_correct` (a dict, filled): the
+    per-image correctness, "baseline" (images,) and each variant run (seeds, images), e.g. for a
+    paired bootstrap across layers (`sae_sweep`)."""
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
@@ -247,15 +351,45 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
         g = torch.Generator().manual_seed(seed)  # one per (variant, seed), advanced batch by batch
         return lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g))
 
+    def swapping(ids: list[int], seed: int) -> PatchEdit:
+        g = torch.Generator().manual_seed(seed)
+        return lambda x, z: swap_features(x, z, sae, ids, image_rotation(x.shape[0], g))
+
+    def crossing(seed: int) -> PatchEdit:
+        g = torch.Generator().manual_seed(seed)
+        return lambda x, z: crossed_edit(x, z, sae, row, col, surface.grid, g)
+
+    def null_edit(v: str, seed: int, stream: int | None = None) -> PatchEdit | None:
+        """The null variant `v`'s edit for `seed` (its own stream unless `stream` is given), or None
+        when it has nothing to move."""
+        stream = _CONTROL_STREAM[v] + 10_000 + seed if stream is None else stream
+        if v == "swap_all_positional":
+            return swapping(positional, stream) if positional else None
+        if v == "crossed":
+            return crossing(stream) if row + col else None
+        matched = norm_ids.get(seed) or []
+        return permuting(matched, "all", stream) if matched else None
+
     def mass_of(ids: list[int]) -> float:
         return float(mean_code[ids].sum()) if ids else 0.0
 
+    notes: dict[str, str] = {}
+    plan_of: dict[str, tuple[list[int], str]] = {}
+    mass_acts = site_tokens(surface, site, dataset)
+    spread = feature_spread(sae, mass_acts)
+    norm_ids: dict[int, list[int]] = {}  # seed -> the norm-matched control of all_positional
+    for seed in seeds:
+        if positional:
+            gc = torch.Generator().manual_seed(_CONTROL_STREAM["norm_all_positional"] + seed)
+            nids, note = matched_control(spread, positional, positional, live, gc, what="edit size")
+            norm_ids[seed] = nids
+            if note:
+                notes["norm_all_positional"] = note
     # every run, planned before the forwards: (variant, seed) -> its edit of the site's patch tokens
     sae_runs: dict[tuple[str, int], PatchEdit] = {}
     masses: dict[str, list[float]] = {v: [] for v in ALL_VARIANTS}
     n_moved: dict[str, int] = {}
     skipped: dict[str, str] = {}
-    notes: dict[str, str] = {}
     for seed in seeds:
         g = torch.Generator().manual_seed(10_000 + seed)
         plan = {**sets, "random_features": (matched_random_features(mean_code, row + col, live, g), "all")}
@@ -270,6 +404,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
             if note:
                 notes[v] = note
             plan[v] = (ids, kind)
+        if seed == seeds[0]:
+            plan_of.update(plan)
         for v, (ids, kind) in plan.items():
             if not ids:
                 skipped.setdefault(v, "no features of this kind" if v not in control_of
@@ -280,6 +416,15 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
                 n_moved[v] = len(ids)
         if row + col:
             masses["mean_ablate"].append(mass_of(row + col))
+        for v in NULL_VARIANTS:
+            fn = null_edit(v, seed)
+            if fn is None:
+                skipped[v] = notes.get(v) or f"no features in {NULLS[v]}"
+                continue
+            sae_runs[(v, seed)] = fn
+            moved = {"swap_all_positional": positional, "crossed": row + col}.get(v, norm_ids.get(seed) or [])
+            masses[v].append(mass_of(moved))
+            n_moved[v] = len(moved)
     if row + col:
         ids = row + col
         mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
@@ -294,6 +439,22 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
             moved = pe[random_perms("all", t.shape[0], surface.grid, pe_gens[seed])]  # (B, N, D)
             return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
         return fn
+
+    # each variant's edit size, from fresh draws on the first MASS_IMAGES images (its own stream)
+    sizes: dict[str, tuple[float, float]] = {}
+    for v in ALL_VARIANTS:
+        key = (v, seeds[0])
+        if key not in sae_runs:
+            continue
+        if v == "mean_ablate":
+            sizes[v] = edit_size(sae_runs[key], sae, mass_acts)
+            continue
+        v_ids, v_kind = plan_of.get(v, ([], "all"))
+        fresh = (null_edit(v, seeds[0], EDIT_STREAM + seeds[0]) if v in NULLS
+                 else permuting(v_ids, v_kind, EDIT_STREAM + seeds[0]))
+        if fresh is not None:
+            sizes[v] = edit_size(fresh, sae, mass_acts)
+    del mass_acts
 
     resume = _start_after(site) if shared_prefix else None
     dev = surface.device
@@ -325,6 +486,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     labels = torch.cat(label_parts)
     base = accuracy_report(torch.cat(base_preds), labels, info)
     base_correct = torch.cat(base_preds) == labels
+    if keep_correct is not None:
+        keep_correct["baseline"] = base_correct
     per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
     for seed in seeds:
         for v in ALL_VARIANTS:
@@ -336,7 +499,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
            "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
            "baseline_top1_ci95": accuracy_interval(base_correct),
-           "variants": list(VARIANTS), "controls": dict(CONTROLS),
+           "variants": list(VARIANTS), "controls": dict(CONTROLS), "nulls": dict(NULLS),
            "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
     n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(positional),
                "random_features": len(row + col), "mean_ablate": len(row + col), "pos_embed_shuffle": None}
@@ -352,13 +515,16 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
             groups[gname] = {"top1": float(gt.mean()),
                              "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
         correct = torch.stack([c for _, c in runs]).float()  # (seeds, images)
+        if keep_correct is not None:
+            keep_correct[v] = correct.bool()
         doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
                   "per_seed_top1": t.tolist(), "n_features": n_feats.get(v, n_moved.get(v)), "per_group": groups,
                   "drop_ci95": scaled(paired_bootstrap_diff(base_correct.float(), correct), 100.0),
                   "activation_mass": sum(masses[v]) / len(masses[v]) if masses[v] else None,
-                  "note": notes.get(v)}
+                  "note": notes.get(v),
+                  **({"edit_norm": sizes[v][0], "edit_rel": sizes[v][1]} if v in sizes else {})}
     result = ApePermuteResult.model_validate(doc)
     if out is not None:
         ApePermuteExperiment().write(result, out)
@@ -374,9 +540,9 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     layer = sae.get("layer")
     layer = L // 2 if layer is None else int(layer)
     resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
-    sae_runs = (len(ALL_VARIANTS) - 2) * seeds + 1  # every permuted set and control per seed; mean ablation once
-    # feature mass, then per seed the APE-table shuffle (a full forward: it edits the input)
-    plan = StagePlan.full(min(MASS_IMAGES, n), L) + StagePlan.full(n, L, seeds)
+    sae_runs = (len(ALL_VARIANTS) - 2) * seeds + 1  # every permuted set, control and null per seed; mean ablation once
+    # feature mass and edit sizes, then per seed the APE-table shuffle (a full forward: it edits the input)
+    plan = StagePlan.full(min(MASS_IMAGES, n), L, 2) + StagePlan.full(n, L, seeds)  # + the edit-size capture
     if resume is None:
         plan = plan + StagePlan.full(n, L, 1 + sae_runs)
     else:  # the clean prefix once, then the blocks after the site for the baseline and every SAE variant
@@ -386,7 +552,7 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
 
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
-    version = 1
+    version = 2  # 2 (issue 28): the nulls by construction and each variant's edit size
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

@@ -35,6 +35,12 @@ class Result(BaseModel):
         return cls.model_validate(doc)
 
 
+def omit_unmeasured(doc: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+    """`doc` without those of `keys` whose value is None: measurements added later stay out of the
+    JSON of a result written before them, so it reads back exactly as it was written."""
+    return {k: v for k, v in doc.items() if not (v is None and k in keys)}
+
+
 class Skipped(BaseModel):
     """An experiment that ran but could not produce its measurement (e.g. no features of a kind)."""
 

@@ -319,6 +319,72 @@ def recovery_samples(clean: Mapping[int, Any], off: Mapping[int, Any], restored:
     return ((r - o) / (c - o)).mean(-1)
 
 
+class CountMatched(BaseModel):
+    """Recovery against a count-matched reference (restore point R): per layer l >= R the clean
+    model's own gain over the same layers, P_clean(l) - P_clean(R-1), the restore condition's gain
+    P_restore(l) - P_restore(R-1) (= P_off(R-1): before R the two are the same run), and the
+    rebuilt share B(l) = (gain_restore - gain_clean) / deficit, deficit = P_clean(R-1) - P_off(R-1):
+    the share of the deficit at R that the restored layers close beyond what the same layers add in
+    the clean model, = 1 - (P_clean(l) - P_restore(l)) / deficit. B = 0: the layers after R only do
+    what they do anyway; B = 1: the deficit is closed. None where the deficit is < MIN_GAP."""
+
+    layers: list[int]
+    deficit: float | None  # P_clean(R-1) - P_off(R-1)
+    clean_gain: list[float | None]
+    restore_gain: list[float | None]
+    share: list[float | None]
+    mean_share: float | None
+    mean_share_ci95: list[float] | None = None  # paired bootstrap over the probes' test images
+
+
+def rebuilt_share(clean: list[float], off: list[float], restored: list[float], R: int, layers: list[int]) -> dict:
+    """`CountMatched` of one restore point from per-layer accuracies over `layers` (which must hold
+    R - 1 for a defined share)."""
+    n = len(layers)
+    out: dict[str, Any] = {"layers": layers, "deficit": None, "clean_gain": [None] * n, "restore_gain": [None] * n,
+                           "share": [None] * n, "mean_share": None}
+    if R - 1 not in layers:
+        return out
+    j = layers.index(R - 1)
+    deficit = clean[j] - off[j]
+    out["deficit"] = deficit
+    for i, layer in enumerate(layers):
+        if layer >= R:
+            out["clean_gain"][i] = clean[i] - clean[j]
+            out["restore_gain"][i] = restored[i] - off[j]
+            if deficit >= MIN_GAP:
+                out["share"][i] = 1 - (clean[i] - restored[i]) / deficit
+    vals = [b for b in out["share"] if b is not None]
+    out["mean_share"] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def rebuilt_share_samples(clean: Mapping[int, Any], off: Mapping[int, Any], restored: Mapping[int, Any], axis: str,
+                          share: Mapping[str, Any], R: int) -> torch.Tensor | None:
+    """(n_boot,) paired bootstrap samples of `share`'s mean rebuilt share (as `recovery_samples`)."""
+    used = [layer for layer, b in zip(share["layers"], share["share"], strict=True) if b is not None]
+    if not used:
+        return None
+    cols = [fits[layer].per_image_acc(axis) for layer in [R - 1, *used] for fits in (clean, off, restored)]
+    if any(c is None for c in cols):
+        return None
+    boot = bootstrap_means(torch.stack(cols, dim=1)).reshape(-1, 1 + len(used), 3)  # (n_boot, layers, [c, o, r])
+    c, o, r = boot.unbind(-1)
+    deficit = (c[:, :1] - o[:, :1])
+    return (1 - (c[:, 1:] - r[:, 1:]) / deficit).mean(-1)
+
+
+def condition_rebuilt_share(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]],
+                            axis: str, restored: str, R: int, layers: list[int]) -> tuple[dict, torch.Tensor | None]:
+    """`rebuilt_share` of condition `restored` against `baseline` and `no_<axis>`, with its paired
+    bootstrap interval, and the samples it was read from."""
+    b = rebuilt_share(conditions["baseline"][f"{axis}_acc"], conditions[f"no_{axis}"][f"{axis}_acc"],
+                      conditions[restored][f"{axis}_acc"], R, layers)
+    samples = rebuilt_share_samples(fitted["baseline"], fitted[f"no_{axis}"], fitted[restored], axis, b, R)
+    b["mean_share_ci95"] = sample_interval(samples)
+    return b, samples
+
+
 def sample_interval(samples: torch.Tensor | None) -> list[float] | None:
     return None if samples is None else percentile_interval(samples)
 

@@ -14,11 +14,19 @@ resamples for every condition):
               (P_cond - chance) / (P_base - chance) (`kept_fraction`; claims.py reads the same function)
   median_recovery[a]  median over the restore points R of mean Rec (`median_recovery`), its interval
               the median over R of each resample's mean Rec
+Issue 29 (what C3 and C4 read now):
+  count_matched[a][R]  the clean model's gain over the same layers and the rebuilt share
+              B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)) (`common.CountMatched`);
+              median_rebuilt_share[a] its median over R (C4)
+  removal_floored[no_<a>]  C3's fractions above each layer's content floor max(chance, P_no_both)
+  readouts    linear and MLP probes of row / col and of pairwise offsets Δrow / Δcol under baseline,
+              no_row, no_col, no_both (`analysis.readout`), with removal fractions
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -35,17 +43,21 @@ from vitpos.experiments.common import (
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
     AxisSweepResult,
+    CountMatched,
     ProbedCondition,
     Recovery,
     advance,
     check_restore_points,
     condition_context,
+    condition_rebuilt_share,
     condition_recovery_samples,
     probe_condition,
     require_rope,
     sample_interval,
+    sweep_batch,
 )
-from vitpos.models.surface import AXES, Axis, ModelSurface
+from vitpos.hooks import capture
+from vitpos.models.surface import AXES, Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 
 Condition = ProbedCondition  # (the name results and plots know it by)
@@ -90,6 +102,12 @@ def median_recovery(per_r: Mapping[str, Mapping[str, Any]]) -> float:
     return median([r["mean_rec"] for r in per_r.values() if r["mean_rec"] is not None] or [float("nan")])
 
 
+def median_rebuilt_share(per_r: Mapping[str, Mapping[str, Any]]) -> float:
+    """Median over the restore points of the mean rebuilt share (those with one; NaN if none):
+    what C4 reads, against the count-matched reference (`CountMatched`)."""
+    return median([r["mean_share"] for r in per_r.values() if r["mean_share"] is not None] or [float("nan")])
+
+
 def median_samples(samples: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
     """Per resample the median over restore points (statistics.median's: the mean of the two
     middle values for an even count) of paired bootstrap samples; None if any is missing."""
@@ -122,6 +140,42 @@ class MedianRecovery(BaseModel):
     restore_points: list[int]  # the Rs with a mean Rec
 
 
+class MedianShare(BaseModel):
+    """C4's count-matched number for one axis: the median over restore points of the mean rebuilt
+    share (`CountMatched`), its interval the median over restore points of each paired resample's."""
+
+    median_share: float
+    median_share_ci95: list[float] | None = None
+    restore_points: list[int]  # the Rs with a mean rebuilt share
+
+
+class Readouts(BaseModel):
+    """The MLP and relative-position read-outs (`vitpos.analysis.readout`) under baseline, no_row,
+    no_col and no_both, at a few layers, on their own image split (the same test images under
+    every condition); removal fractions as C3's, over these layers, with paired intervals."""
+
+    layers: list[int]
+    n_images: int
+    n_test_images: int
+    chance: dict[str, float]  # row, col, drow, dcol: majority-class rate
+    accuracy: dict[str, dict[str, dict[str, dict[str, float]]]]  # condition -> str(layer) -> kind -> target
+    removal: dict[str, dict[str, dict[str, Any]]]  # no_<axis> -> kind -> {removed, kept, removed_pair, kept_pair}+_ci95
+
+
+class FlooredRemoval(BaseModel):
+    """C3's fractions with a per-layer floor instead of chance: the content baseline of each layer,
+    the same model's no_both accuracy (rotations gone: what content alone gives the probe there),
+    never below chance. A layer enters where the baseline is >= MIN_ABOVE_CHANCE above its floor."""
+
+    removed: float | None
+    removed_ci95: list[float] | None = None
+    kept: float | None
+    kept_ci95: list[float] | None = None
+    removed_layers: list[int]
+    kept_layers: list[int]
+    interaction: bool = False  # kept's interval lies above 1: the other axis gains when this one goes
+
+
 class RopeAxisResult(AxisSweepResult):
     rope: dict[str, Any]  # the model's RopeAxisMap.to_json(): kind, layout, channels
     conditions: dict[str, Condition]
@@ -130,11 +184,19 @@ class RopeAxisResult(AxisSweepResult):
     # C3 / C4 with intervals (None in results written before them)
     removal: dict[str, AxisRemoval] | None = None  # no_row / no_col -> fractions
     median_recovery: dict[str, MedianRecovery] | None = None  # row / col
+    # count-matched reference (None in results written before it): axis -> str(R) -> CountMatched
+    count_matched: dict[str, dict[str, CountMatched]] | None = None
+    median_rebuilt_share: dict[str, MedianShare] | None = None  # row / col: what C4 reads
+    # C3 calibrated (issue 29; None in results written before it): per-layer content floors, read-outs
+    removal_floored: dict[str, FlooredRemoval] | None = None  # no_row / no_col
+    content_floor: dict[str, list[float]] | None = None  # row / col: the floor per layer (no_both, >= chance)
+    readouts: Readouts | None = None
 
 
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
-                  progress: bool = False, shared_prefix: bool = True, batch_size: int | None = None) -> RopeAxisResult:
+                  progress: bool = False, shared_prefix: bool = True, batch_size: int | None = None,
+                  readout_images: int = 0, readout_layer_list: list[int] | None = None) -> RopeAxisResult:
     """shared_prefix (default): restore_<axis>_R<k> agrees with no_<axis> before layer k, so it runs
     only blocks >= k from no_<axis>'s residual stream at k and copies no_<axis>'s fits of layers < k
     (the same numbers, fewer forwards and fits); False: every condition from the input.
@@ -185,15 +247,23 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
     rec: dict[str, dict] = {"row": {}, "col": {}}
     medians: dict[str, dict] = {}
+    matched: dict[str, dict] = {"row": {}, "col": {}}
+    shares: dict[str, dict] = {}
     for a in ("row", "col"):
-        samples = []
+        samples, share_samples = [], []
         for R in Rs:
             rec[a][str(R)], rs = condition_recovery_samples(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
             if rec[a][str(R)]["mean_rec"] is not None:
                 samples.append(rs)
+            matched[a][str(R)], bs = condition_rebuilt_share(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
+            if matched[a][str(R)]["mean_share"] is not None:
+                share_samples.append(bs)
         medians[a] = {"median_rec": median_recovery(rec[a]),
                       "median_rec_ci95": sample_interval(median_samples(samples)),
                       "restore_points": [R for R in Rs if rec[a][str(R)]["mean_rec"] is not None]}
+        shares[a] = {"median_share": median_rebuilt_share(matched[a]),
+                     "median_share_ci95": sample_interval(median_samples(share_samples)),
+                     "restore_points": [R for R in Rs if matched[a][str(R)]["mean_share"] is not None]}
     H, W = surface.grid
     chance = {"row": 1 / H, "col": 1 / W}
     result = RopeAxisResult.model_validate({
@@ -201,7 +271,12 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
         "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
         "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "median_recovery": medians})
+        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares,
+        "removal_floored": {f"no_{a}": floored_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "content_floor": {a: [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]] for a in ("row", "col")},
+        "readouts": None if not readout_images else run_readouts(
+            surface, dataset, readout_layers(surface.depth, readout_layer_list, False), readout_images, seed,
+            batch_size)})
     if out is not None:
         RopeAxisExperiment().write(result, out)
     return result
@@ -225,6 +300,110 @@ def axis_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[st
     return out
 
 
+def floored_kept(base: Sequence[float], cond: Sequence[float],
+                 floor: Sequence[float]) -> tuple[float | None, list[int]]:
+    """Mean over layers whose baseline is >= MIN_ABOVE_CHANCE above the floor of
+    (cond - floor) / (base - floor), and those layers (None without one)."""
+    used = [i for i, (b, f) in enumerate(zip(base, floor, strict=True)) if b - f >= MIN_ABOVE_CHANCE]
+    if not used:
+        return None, []
+    return sum((cond[i] - floor[i]) / (base[i] - floor[i]) for i in used) / len(used), used
+
+
+def floored_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], axis: str,
+                    chance: Mapping[str, float], layers: Sequence[int]) -> dict:
+    """`FlooredRemoval` of condition no_<axis>: the floor of each layer is max(chance, no_both's
+    accuracy there); intervals resample the probes' test images jointly for the baseline, the
+    condition and no_both (paired)."""
+    other = "col" if axis == "row" else "row"
+    out: dict[str, Any] = {}
+    for a, key in ((axis, "removed"), (other, "kept")):
+        base = conditions["baseline"][f"{a}_acc"]
+        floor = [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]]
+        point, used = floored_kept(base, conditions[f"no_{axis}"][f"{a}_acc"], floor)
+        samples = None
+        cols = [fits[layers[i]].per_image_acc(a) for i in used
+                for fits in (fitted["baseline"], fitted[f"no_{axis}"], fitted["no_both"])]
+        if used and all(c is not None for c in cols):
+            boot = bootstrap_means(torch.stack(cols, dim=1)).reshape(-1, len(used), 3)
+            b, c, f = boot.unbind(-1)
+            f = f.clamp_min(chance[a])
+            samples = ((c - f) / (b - f)).mean(-1)
+        if key == "removed":
+            point = None if point is None else 1 - point
+            samples = None if samples is None else 1 - samples
+        out[key], out[f"{key}_ci95"] = point, sample_interval(samples)
+        out[f"{key}_layers"] = [layers[i] for i in used]
+    out["interaction"] = out["kept_ci95"] is not None and out["kept_ci95"][0] > 1
+    return out
+
+
+READOUT_CONDITIONS: dict[str, tuple[Axis, ...]] = {"baseline": (), "no_row": ("row",), "no_col": ("col",),
+                                                   "no_both": ("row", "col")}
+
+
+@torch.no_grad()
+def run_readouts(surface: ModelSurface, dataset, layers: list[int], n_images: int, seed: int = 0,
+                 batch_size: int | None = None) -> dict:
+    """`Readouts` on the first n_images of `dataset`: per condition one forward capturing the patch
+    tokens of `layers`, then the read-outs of each layer."""
+    from vitpos.analysis import readout
+
+    data = dataset.subset(n_images)
+    npt = surface.num_prefix_tokens
+    dev = next(surface.model.parameters()).device
+    sites = [Site(layer, "resid_post") for layer in layers]
+    acc: dict[str, dict[str, dict[str, dict[str, torch.Tensor]]]] = {}
+    for name, axes in READOUT_CONDITIONS.items():
+        context = condition_context(surface, axes) if axes else None
+        with (context() if context else nullcontext()), capture(surface, sites, tokens=slice(npt, None)) as c:
+            for x, _ in data.batches(sweep_batch(surface, batch_size)):
+                surface(x.to(dev))
+        acc[name] = {str(layer): readout.readouts(c[str(site)], surface.grid, seed=seed)
+                     for layer, site in zip(layers, sites, strict=True)}
+    chance = readout.chance(surface.grid, seed)
+    n_test = len(next(iter(next(iter(acc["baseline"].values())).values()))["row"])
+    removal: dict[str, dict[str, dict[str, Any]]] = {}
+    for axis, other in (("row", "col"), ("col", "row")):
+        removal[f"no_{axis}"] = {}
+        for kind in readout.KINDS:
+            entry: dict[str, Any] = {}
+            for key, target in (("removed", axis), ("kept", other), ("removed_pair", "d" + axis),
+                                ("kept_pair", "d" + other)):
+                point, samples = _readout_kept(acc, f"no_{axis}", kind, target, chance[target], layers)
+                if key.startswith("removed"):
+                    point = None if point is None else 1 - point
+                    samples = None if samples is None else 1 - samples
+                entry[key], entry[f"{key}_ci95"] = point, sample_interval(samples)
+            removal[f"no_{axis}"][kind] = entry
+    accuracy = {name: {lay: {kind: {t: float(v.mean()) for t, v in per.items()} for kind, per in kinds.items()}
+                       for lay, kinds in by_layer.items()} for name, by_layer in acc.items()}
+    return {"layers": layers, "n_images": len(data), "n_test_images": n_test, "chance": chance, "accuracy": accuracy,
+            "removal": removal}
+
+
+def _readout_kept(acc: Mapping[str, Any], cond: str, kind: str, target: str, chance: float,
+                  layers: Sequence[int]) -> tuple[float | None, torch.Tensor | None]:
+    """`kept_fraction` of a read-out over `layers` (those >= MIN_ABOVE_CHANCE above chance in the
+    baseline), with paired bootstrap samples over the read-outs' test images."""
+    base = [acc["baseline"][str(layer)][kind][target] for layer in layers]
+    cnd = [acc[cond][str(layer)][kind][target] for layer in layers]
+    used = [i for i, b in enumerate(base) if float(b.mean()) - chance >= MIN_ABOVE_CHANCE]
+    if not used:
+        return None, None
+    point = sum((float(cnd[i].mean()) - chance) / (float(base[i].mean()) - chance) for i in used) / len(used)
+    boot = bootstrap_means(torch.stack([x for i in used for x in (base[i], cnd[i])], dim=1)).reshape(-1, len(used), 2)
+    b, c = boot.unbind(-1)
+    return point, ((c - chance) / (b - chance)).mean(-1)
+
+
+def readout_layers(depth: int, layers: list[int] | None, quick: bool) -> list[int]:
+    """The read-outs' layers: `layers` if given, else the middle and last layer (the last under --quick)."""
+    if layers is not None:
+        return sorted(set(layers))
+    return [depth - 1] if quick else sorted({depth // 2, depth - 1})
+
+
 def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                    shared_prefix: bool = True) -> StagePlan:
     """What run_rope_axis(n_images=settings['images'], restore_points=settings['restore']) computes.
@@ -237,10 +416,20 @@ def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: Sp
 
     plan = StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID)) + StagePlan.full(n, L, 3) + fits(3 * L)
     if not shared_prefix or not Rs:
-        return plan + StagePlan.full(n, L, 2 * len(Rs)) + fits(2 * len(Rs) * L)
+        return plan + StagePlan.full(n, L, 2 * len(Rs)) + fits(2 * len(Rs) * L) + readout_plan(settings, L, sizes)
     # per axis: no_<axis>'s stream moved from min(Rs) to each R, then blocks >= R; layers < R copied
     tail = sum(L - R for R in Rs)
-    return plan + StagePlan(blocks=2 * n * ((Rs[-1] - Rs[0]) + tail)) + fits(2 * tail)
+    return (plan + StagePlan(blocks=2 * n * ((Rs[-1] - Rs[0]) + tail)) + fits(2 * tail)
+            + readout_plan(settings, L, sizes))
+
+
+def readout_plan(settings: Mapping[str, Any], L: int, sizes: SplitSizes) -> StagePlan:
+    """The read-outs' four full forwards (their small probe fits are not counted)."""
+    n_r = min(settings.get("readout_images") or 0, sizes.n("test", settings["images"]))
+    if not n_r:
+        return StagePlan()
+    return StagePlan.full(n_r, L, len(READOUT_CONDITIONS)) + StagePlan(
+        note=f"read-outs: {8 * len(READOUT_CONDITIONS)} small probe fits per layer, not counted")
 
 
 def _order(Rs: list[int]):
@@ -260,7 +449,9 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
         restore = config.rope_axis.restore
         if restore is None and quick:
             restore = [max(1, surface.depth // 2)]
-        return {**config.rope_axis.model_dump(), "restore": restore}
+        doc = config.rope_axis.model_dump()
+        return {**doc, "restore": restore,
+                "readout_layers": readout_layers(surface.depth, doc.get("readout_layers"), quick)}
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_axis(settings, surface, sizes)
@@ -268,7 +459,8 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeAxisResult:
         s = stage.settings
         return run_rope_axis(surface, data=stage.data, n_images=s["images"], restore_points=s["restore"],
-                             seed=stage.seed)
+                             seed=stage.seed, readout_images=s.get("readout_images", 0),
+                             readout_layer_list=s.get("readout_layers"))
 
     def figures(self, result: RopeAxisResult) -> list[Figure]:
         figs = [Figure("rope_axis", "probe accuracy per layer under each condition",

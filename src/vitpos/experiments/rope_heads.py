@@ -11,15 +11,19 @@ Per (layer, head):
               (0 for heads in layers < R, whose rotation is removed anyway: reported as null)
   drop_points  100 x (top-1 intact - top-1 with all of this head's rotations removed), with
               drop_ci95: paired bootstrap over the top-1 images (the same images intact and ablated)
-primary_rebuilding_head = argmax rebuild_score. primary_margin_ci95[layer][head]: interval of
-drop(primary) - drop(head), paired over the same images (null for the primary itself); C5 holds
-when every margin's interval lies above 0 (analysis/stats.py, docs/methods.md).
+primary_rebuilding_head = argmax rebuild_score. Issue 29: how often it would be chosen again
+(`selection_frequency`, bootstrap over the probe images; `restore_sweep` at other R), S measured in
+the restore condition (`axis_index_restore`) signed to the axis it carries, the |S| null from
+relabelled rotary pairs (`axis_index_null_threshold`), and its share of the recovery.
+primary_margin_ci95[layer][head]: interval of drop(primary) - drop(head), paired over the same
+images (null for the primary itself); C5 holds when every margin's interval lies above 0
+(analysis/stats.py, docs/methods.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -32,7 +36,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, position_labels
 from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     SWEEP_TRAIN_TOKENS,
@@ -51,7 +55,7 @@ from vitpos.experiments.common import (
 from vitpos.hooks import capture, edit, head_means, mean_ablate_heads, observe, remove_rope, rope_coordinates
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
-from vitpos.rope import CoordEdit
+from vitpos.rope import CoordEdit, remove_axial_channels
 
 EPS = 1e-12
 SPECIALISED = 0.5  # |S| at or above which a head is axis-specialised
@@ -126,6 +130,24 @@ class RopeHeadsResult(Result):
     largest_drop_head_after_R: list[int] | None
     primary_is_largest_drop: bool
     specialised_heads: list[list[int]]
+    # issue 29 (None in results written before it): the fall in each axis' mean Rec per head; how often
+    # each head would be primary over paired bootstrap resamples of the probe images ("L<l>H<h>" -> share)
+    rebuild_score_axis: dict[str, list[list[float | None]]] | None = None
+    selection_frequency: dict[str, float] | None = None
+    primary_selection_frequency: float | None = None
+    # S measured in the restore condition (layers >= R), with the null of relabelled rotary pairs
+    axis_index_restore: list[list[float | None]] | None = None
+    axis_index_restore_ci95: list[list[list[float] | None]] | None = None
+    axis_index_null_threshold: float | None = None  # NULL_QUANTILE of the null |S|
+    axis_index_null_n: int | None = None
+    axis_index_null_quantiles: dict[str, float] | None = None  # sensitivity: the threshold at other quantiles
+    primary_axis: str | None = None  # the axis whose recovery the primary head carries (its larger fall)
+    primary_axis_index_matched: float | None = None  # restore-condition S, + for row, signed to primary_axis
+    primary_axis_index_matched_ci95: list[float] | None = None
+    primary_recovery_share: float | None = None  # the primary's fall in Rec / Rec
+    primary_recovery_share_ci95: list[float] | None = None
+    top_heads_recovery_fraction_ci95: dict[str, list[float] | None] | None = None
+    restore_sweep: dict[str, SweepPoint] | None = None  # str(R) -> the primary chosen at R (R's own included)
     # C5 under each ablation of a head (None in results written before them or without a primary):
     # 'identity' (rotations removed: the drops above, every head), 'swap', 'shift', 'jitter', 'rescale'
     # (the head's rotations recomputed from edited coordinates) and 'mean_output' (its output mean-ablated),
@@ -174,6 +196,112 @@ def axis_index(surface: ModelSurface, images: torch.Tensor,
     S = (A["row"] - A["col"]) / (A["row"] + A["col"] + EPS)
     return S.tolist(), {"kl_row": A["row"].tolist(), "kl_col": A["col"].tolist(),
                         "ci95": axis_index_intervals(per_image)}
+
+
+NULL_SPLITS = 16  # random row/col relabellings of each head's rotary pairs for the |S| null
+NULL_QUANTILE = 0.95  # |S| threshold: this quantile of the null |S| over heads and relabellings
+NULL_SENSITIVITY = (0.5, 0.8, 0.9, 0.95, 0.99)  # quantiles reported: the threshold's sensitivity
+
+
+@contextmanager
+def _pairs_off(surface: ModelSurface, layer: int, head: int, pairs: list[int]) -> Iterator[None]:
+    """Identity rotation on these rotary pairs of one head in one layer (every other channel kept)."""
+    chans = surface.rope_axis_map().pair_channels(pairs)
+    H = surface.num_heads
+
+    def pre(m, args, kwargs):
+        base = kwargs.get("rope")
+        if base is None:
+            return None
+        out = (base if base.ndim == 3 else base.unsqueeze(0)).expand(H, *base.shape[-2:]).clone()
+        out[head] = remove_axial_channels(out[head], chans)
+        return args, {**kwargs, "rope": out}
+
+    handle = surface.block(layer).register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def null_split(surface: ModelSurface, layer: int, head: int) -> tuple[list[int], int]:
+    """A head's rotary pairs and how many a relabelled 'row' set holds: axial, its row and column
+    pairs with as many in the first set as the row has; mixed (every pair turns with both axes),
+    all pairs, half in each set."""
+    amap = surface.rope_axis_map()
+    if amap.kind == "mixed":
+        n = amap.head_dim // 2
+        return list(range(n)), n // 2
+    rows = amap.axis_pairs("row", layer, head)[0]
+    return rows + amap.axis_pairs("col", layer, head)[0], len(rows)
+
+
+class RestoreAxisIndex(NamedTuple):
+    S: list[list[float | None]]  # [layer][head], None for layers < R
+    ci95: list[list[list[float] | None]]
+    null: list[float]  # |S| of every head (layers >= R, some attention moved) under relabelled pairs
+    threshold: float | None  # NULL_QUANTILE of `null`
+
+
+@torch.no_grad()
+def restore_axis_index(surface: ModelSurface, images: torch.Tensor, axes: tuple[Axis, ...], R: int,
+                       n_null: int = NULL_SPLITS, seed: int = 0) -> RestoreAxisIndex:
+    """S of every head of layers >= R measured where it rebuilds: on the restore condition's stream
+    (`axes` removed in layers < R), A_a = mean KL(attention restored || attention with axis a also
+    removed for this head only). Its null: the same S with the head's rotary pairs relabelled at
+    random (`null_split`: a random set as large as the row's as 'row', the rest as 'col'), n_null
+    relabellings per head; the threshold is the NULL_QUANTILE of |S| over every head and
+    relabelling (heads whose attention no removal moves are left out: S is 0 / 0 there)."""
+    npt, L, Hh = surface.num_prefix_tokens, surface.depth, surface.num_heads
+    x = surface.embed_tokens(images)
+    with condition_context(surface, axes, R)():
+        x = surface.run_blocks(x, 0, R)
+    S: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+    ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
+    null: list[float] = []
+    g = torch.Generator().manual_seed(seed)
+
+    def kl_of(li: int, p: torch.Tensor, h: int, context) -> torch.Tensor:
+        with context, capture(surface, [Site(li, "attn_pattern")]) as c:
+            surface.run_blocks(x, li, li + 1)
+        return _kl_rows(p, c[str(Site(li, "attn_pattern"))][:, h, npt:]).double().mean(-1)  # (images,)
+
+    for li in range(R, L):
+        with capture(surface, [Site(li, "attn_pattern")]) as c:
+            surface.run_blocks(x, li, li + 1)
+        pattern = c[str(Site(li, "attn_pattern"))]
+        per_image = torch.zeros(len(images), 1, Hh, 2, dtype=torch.float64)
+        for h in range(Hh):
+            p = pattern[:, h, npt:]
+            for ai, a in enumerate(("row", "col")):
+                per_image[:, 0, h, ai] = kl_of(li, p, h, remove_rope(surface, {a: [h]}, layers=[li]))
+            a_row, a_col = per_image[:, 0, h].mean(0).tolist()
+            S[li][h] = (a_row - a_col) / (a_row + a_col + EPS)
+            pairs, n_first = null_split(surface, li, h)
+            for _ in range(n_null):
+                order = torch.randperm(len(pairs), generator=g).tolist()
+                first, second = [pairs[i] for i in order[:n_first]], [pairs[i] for i in order[n_first:]]
+                a1 = float(kl_of(li, p, h, _pairs_off(surface, li, h, first)).mean())
+                a2 = float(kl_of(li, p, h, _pairs_off(surface, li, h, second)).mean())
+                if a1 + a2 > EPS:
+                    null.append(abs(a1 - a2) / (a1 + a2 + EPS))
+        ci[li] = list(axis_index_intervals(per_image)[0])
+        x = surface.run_blocks(x, li, li + 1)
+    threshold = float(torch.quantile(torch.tensor(null, dtype=torch.float64), NULL_QUANTILE)) if null else None
+    return RestoreAxisIndex(S, ci, null, threshold)
+
+
+def selection_frequency(scores: Mapping[tuple[int, int], torch.Tensor | None]) -> dict[str, float] | None:
+    """How often each head is the argmax over paired bootstrap samples of the heads' scores
+    ({(layer, head): (n_boot,)}; the same image resamples for every head), as {"L<l>H<h>": share},
+    heads never chosen left out; None without samples for every head."""
+    if not scores or any(v is None for v in scores.values()):
+        return None
+    heads = list(scores)
+    stacked = torch.stack([scores[k] for k in heads])  # type: ignore[misc]
+    winners = stacked.nan_to_num(float("-inf")).argmax(0)
+    counts = torch.bincount(winners, minlength=len(heads)).double() / stacked.shape[1]
+    return {f"L{heads[i][0]}H{heads[i][1]}": float(c) for i, c in enumerate(counts) if c > 0}
 
 
 def axis_index_intervals(per_image: torch.Tensor, level: float = LEVEL) -> list[list[list[float]]]:
@@ -395,6 +523,22 @@ def _mean_ablated(surface: ModelSurface, heads: Mapping[int, list[int]],
     return lambda: edit(surface, {Site(li, "z"): replace(li, list(hs)) for li, hs in heads.items()})
 
 
+class Fall(NamedTuple):
+    """The fall in mean Rec an intervention causes in the restore condition."""
+
+    value: float
+    ci95: list[float] | None
+    samples: torch.Tensor | None  # (n_boot,) paired bootstrap samples of the fall
+    by_axis: dict[str, float]  # the fall in each axis' mean Rec
+
+
+def _share_interval(fall_samples: torch.Tensor | None, rec_samples: torch.Tensor | None) -> list[float] | None:
+    """Interval of fall / Rec from paired samples of both."""
+    if fall_samples is None or rec_samples is None:
+        return None
+    return sample_interval(fall_samples / rec_samples)
+
+
 class RestoreStats(NamedTuple):
     """One pass of the probe images under the restore condition, over layers >= R."""
 
@@ -449,11 +593,96 @@ def _restore_stats(surface: ModelSurface, dataset, context: ContextFactory, star
     return RestoreStats(means, torch.stack([torch.cat(direct[li]) for li in layers], dim=1))
 
 
+class SweepPoint(BaseModel):
+    """The primary rebuilding head chosen at one restore point R: every head's fall in mean Rec
+    when its rotations stay removed (heads of layers >= R), the head with the largest fall, and
+    how often each head would be chosen over paired bootstrap resamples of the probe images."""
+
+    recovery_restore: float
+    rebuild_score: list[list[float | None]]
+    primary: list[int] | None
+    selection_frequency: dict[str, float] | None = None
+
+
+@torch.no_grad()
+def rebuild_sweep(surface: ModelSurface, probe_set, axes: tuple[Axis, ...], Rs: list[int],
+                  seed: int = 0) -> dict[str, dict]:
+    """`SweepPoint` at each R in Rs: clean and axis-off fits once over layers >= min(Rs), per R the
+    restore condition (its stream kept at R) and, from it, each later head's rotations removed."""
+    L, Hh = surface.depth, surface.num_heads
+    layers = list(range(min(Rs), L))
+    clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=layers)
+    base = clean_fit["probes"]
+    off_fit = probe_condition(surface, probe_set, condition_context(surface, axes), base, seed=seed, layers=layers)
+    out: dict[str, dict] = {}
+    for R in Rs:
+        def mean_rec(fit: Mapping[str, Any], R: int = R) -> tuple[float, torch.Tensor | None]:
+            vals, samples = [], []
+            for a in axes:
+                r = recovery(clean_fit["doc"][f"{a}_acc"], off_fit["doc"][f"{a}_acc"], fit["doc"][f"{a}_acc"], R,
+                             layers)
+                if r["mean_rec"] is not None:
+                    vals.append(r["mean_rec"])
+                    samples.append(recovery_samples(clean_fit["probes"], off_fit["probes"], fit["probes"], a, r))
+            paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
+            return (sum(vals) / len(vals) if vals else float("nan")), paired
+
+        restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), base, seed=seed,
+                                   layers=layers, keep_pre=R)
+        rec, rec_samples = mean_rec(restored)
+        start = restored.pop("start")
+        scores: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+        samples: dict[tuple[int, int], torch.Tensor | None] = {}
+        for li in range(R, L):
+            if li > start.layer:
+                start = advance(surface, start, li)
+            for h in range(Hh):
+                fit = probe_condition(surface, probe_set, _rotations_off(surface, {li: [h]}, axes), base, seed=seed,
+                                      layers=layers, start=start, reuse=restored)
+                value, s = mean_rec(fit)
+                scores[li][h] = rec - value
+                samples[li, h] = None if s is None or rec_samples is None else rec_samples - s
+        flat = [(v, li, h) for li, row in enumerate(scores) for h, v in enumerate(row) if v is not None and v == v]
+        best = max(flat) if flat else None
+        out[str(R)] = {"recovery_restore": rec, "rebuild_score": scores,
+                       "primary": None if best is None else [best[1], best[2]],
+                       "selection_frequency": selection_frequency(samples)}
+    return out
+
+
+def sweep_plan(n_p: int, L: int, Hh: int, N: int, Rs: list[int]) -> StagePlan:
+    """What `rebuild_sweep` runs: clean and off over every block, fits over layers >= min(Rs); per R
+    the restore condition (full forward), its stream moved on layer by layer, and per later head
+    blocks >= its layer with fits of the layers >= that block."""
+    if not Rs:
+        return StagePlan()
+    fitted = L - min(Rs)
+
+    def fits(count: int, l2_values: int = 2) -> StagePlan:
+        return StagePlan.probe_fits(count, n_p, N, SWEEP_TRAIN_TOKENS, l2_values)
+
+    plan = StagePlan.full(n_p, L, 2) + fits(fitted, len(DEFAULT_L2_GRID)) + fits(fitted)
+    for R in Rs:
+        tails = sum(L - li for li in range(R, L))
+        plan += (StagePlan.full(n_p, L) + fits(fitted) + StagePlan(blocks=n_p * ((L - 1 - R) + Hh * tails))
+                 + fits(Hh * tails))
+    return plan
+
+
+def sweep_points(L: int, R: int, sweep: list[int] | None, quick: bool) -> list[int]:
+    """The restore points of the R sweep besides R: `sweep` if given, else every valid R (1..L-1),
+    or under --quick the next one (R + 1, else R - 1: the cheapest point, fewest heads after it)."""
+    if sweep is None:
+        sweep = ([R + 1] if R + 1 <= L - 1 else [R - 1]) if quick else list(range(1, L))
+    return sorted({r for r in sweep if 1 <= r <= L - 1} - {R})
+
+
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
                    progress: bool = False, shared_prefix: bool = True,
-                   top1_screen: int | None = None, c5_ablation_heads: int | None = None) -> RopeHeadsResult:
+                   top1_screen: int | None = None, sweep_restore: list[int] | None = None,
+                   c5_ablation_heads: int | None = None) -> RopeHeadsResult:
     """shared_prefix (default): every per-head intervention in layer l runs only blocks >= l from
     the stream it shares with a reference condition, and the rebuild probes of layers R..l-1 (fits
     on activations identical to the plain restore condition's) are copied from it: the same
@@ -463,6 +692,9 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     images, the remaining top-1 images only for the heads still in the race (`in_the_race`: the
     leader, heads whose interval reaches its lower end, the primary rebuilding head). The drops
     and intervals of the others rest on the screen's images (`top1_images_per_head`).
+
+    sweep_restore: further restore points at which the primary rebuilding head is chosen again
+    (`rebuild_sweep`, `restore_sweep` in the result, beside R's own point); None or []: none.
 
     c5_ablation_heads: C5 under the counterfactual ablations (`c5_under_ablations`) on every head
     (None) or on the primary and the top `c5_ablation_heads` heads by the identity drop."""
@@ -495,49 +727,58 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
                                        layers=later, keep_pre=R if shared_prefix else None)
         bar.update(task, advance=1)
 
-        def mean_rec(fit: Mapping[str, Any]) -> tuple[float, torch.Tensor | None]:
-            """Mean Rec over the axes with one, and its bootstrap samples (paired across conditions)."""
-            vals, samples = [], []
+        def mean_rec(fit: Mapping[str, Any]) -> tuple[float, torch.Tensor | None, dict[str, float]]:
+            """Mean Rec over the axes with one, its bootstrap samples (paired across conditions), and
+            each axis' mean Rec."""
+            vals, samples, per_axis = [], [], {}
             for a in axes:
                 r = recovery(clean[f"{a}_acc"], off[f"{a}_acc"], fit["doc"][f"{a}_acc"], R, later)
                 if r["mean_rec"] is not None:
                     vals.append(r["mean_rec"])
+                    per_axis[a] = r["mean_rec"]
                     samples.append(recovery_samples(clean_fit["probes"], off_fit["probes"], fit["probes"], a, r))
             paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
-            return (sum(vals) / len(vals) if vals else float("nan")), paired
+            return (sum(vals) / len(vals) if vals else float("nan")), paired, per_axis
 
-        rec_restore, rec_restore_samples = mean_rec(restored_fit)
+        rec_restore, rec_restore_samples, rec_restore_axis = mean_rec(restored_fit)
         rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         mean_abl: list[list[float | None]] = [[None] * Hh for _ in range(L)]
         rebuild_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
         mean_abl_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
+        rebuild_samples: dict[tuple[int, int], torch.Tensor | None] = {}
+        rebuild_axis: dict[str, list[list[float | None]]] = {a: [[None] * Hh for _ in range(L)] for a in axes}
         start_r = restored_fit.pop("start", None)
         stats = _restore_stats(surface, probe_set, condition_context(surface, axes, R), start_r, later, base_probes,
                                axes)
         means = stats.z_means
 
-        def fall(intervention: ContextFactory, at: Start | None) -> tuple[float, list[float] | None]:
+        def fall(intervention: ContextFactory, at: Start | None) -> Fall:
             """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
             condition: from a restore stream at or before its first hooked block, or from the input;
-            with its paired bootstrap interval."""
+            with its paired bootstrap interval and samples, and the fall per axis."""
             if at is None:
                 context = _stacked(condition_context(surface, axes, R), intervention)
                 fit = probe_condition(surface, probe_set, context, base_probes, seed=seed, layers=later)
             else:
                 fit = probe_condition(surface, probe_set, intervention, base_probes, seed=seed, layers=later,
                                       start=at, reuse=restored_fit)
-            value, samples = mean_rec(fit)
+            value, samples, per_axis = mean_rec(fit)
+            by_axis = {a: rec_restore_axis[a] - v for a, v in per_axis.items() if a in rec_restore_axis}
             if rec_restore_samples is None or samples is None:
-                return rec_restore - value, None
-            return rec_restore - value, sample_interval(rec_restore_samples - samples)
+                return Fall(rec_restore - value, None, None, by_axis)
+            diff = rec_restore_samples - samples
+            return Fall(rec_restore - value, sample_interval(diff), diff, by_axis)
 
         start = start_r
         for li in later:
             if start is not None and li > start.layer:  # the restore condition has no hooks from R on
                 start = advance(surface, start, li)
             for h in range(Hh):
-                rebuild[li][h], rebuild_ci[li][h] = fall(_rotations_off(surface, {li: [h]}, axes), start)
-                mean_abl[li][h], mean_abl_ci[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)
+                f = fall(_rotations_off(surface, {li: [h]}, axes), start)
+                rebuild[li][h], rebuild_ci[li][h], rebuild_samples[li, h] = f.value, f.ci95, f.samples
+                for a, v in f.by_axis.items():
+                    rebuild_axis[a][li][h] = v
+                mean_abl[li][h], mean_abl_ci[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)[:2]
                 bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
         del start
         k = min(TOP_K, len(later) * Hh)
@@ -550,6 +791,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             direct_ci[li] = list(cis[i * Hh:(i + 1) * Hh])
         top = {"rebuild": _top(rebuild, k), "mean_ablate": _top(mean_abl, k), "direct_effect": _top(direct, k)}
         explained: dict[str, float | None] = {}
+        explained_ci: dict[str, list[float] | None] = {}
         for method, heads in top.items():
             by_layer: dict[int, list[int]] = {}
             for li, h in heads:
@@ -557,12 +799,39 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
             # rotation-removal heads lose their rotations, the others their output (mean-ablated)
             make = _rotations_off(surface, by_layer, axes) if method == "rebuild" else _mean_ablated(
                 surface, by_layer, means)
-            lost, _ = fall(make, start_r)
-            explained[method] = lost / rec_restore if rec_restore > 0 else None  # no recovery: nothing to explain
+            joint = fall(make, start_r)
+            # no recovery: nothing to explain
+            explained[method] = joint.value / rec_restore if rec_restore > 0 else None
+            explained_ci[method] = _share_interval(joint.samples, rec_restore_samples) if rec_restore > 0 else None
         bar.update(task, advance=1, description="rope-heads: top heads jointly")
         del start_r
         flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
         primary = (max(flat)[1], max(flat)[2]) if flat else None
+        sweep = {str(R): {"recovery_restore": rec_restore, "rebuild_score": rebuild,
+                          "primary": None if primary is None else list(primary),
+                          "selection_frequency": selection_frequency(rebuild_samples)}}
+        if sweep_restore:
+            check_restore_points(surface, list(sweep_restore), "sweep_restore")
+            sweep.update(rebuild_sweep(surface, probe_set, axes, sorted(set(sweep_restore) - {R}), seed=seed))
+        # where it rebuilds: S in the restore condition, its null, the axis the primary carries
+        restore_S = restore_axis_index(surface, attn_images, axes, R, seed=seed)
+        freq = sweep[str(R)]["selection_frequency"]
+        carried = matched = matched_ci = share = share_ci = None
+        if primary is not None:
+            pl, ph = primary
+            by = {a: v for a in axes if (v := rebuild_axis[a][pl][ph]) is not None}
+            carried = axes[0] if len(axes) == 1 else (max(by, key=by.__getitem__) if by else None)
+            s_r, s_ci = restore_S.S[pl][ph], restore_S.ci95[pl][ph]
+            if carried is not None and s_r is not None:
+                sign = 1.0 if carried == "row" else -1.0
+                matched = sign * s_r
+                matched_ci = None if s_ci is None else sorted([sign * s_ci[0], sign * s_ci[1]])
+            rb = rebuild[pl][ph]
+            if rec_restore > 0 and rb is not None:
+                share = rb / rec_restore
+                share_ci = _share_interval(rebuild_samples.get(primary), rec_restore_samples)
+        null_q = ({f"{q:g}": float(torch.quantile(torch.tensor(restore_S.null, dtype=torch.float64), q))
+                   for q in NULL_SENSITIVITY} if restore_S.null else None)
         measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
             task, advance=1, description=f"rope-heads: ablate L{li}H{h}"), screen=top1_screen,
             keep=[primary] if primary else [])
@@ -600,6 +869,15 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
         "specialised_heads": [[li, h] for li in range(L) for h in range(Hh) if abs(S[li][h]) >= SPECIALISED],
+        "rebuild_score_axis": rebuild_axis, "selection_frequency": freq,
+        "primary_selection_frequency": None if primary is None or freq is None else freq.get(
+            f"L{primary[0]}H{primary[1]}", 0.0),
+        "axis_index_restore": restore_S.S, "axis_index_restore_ci95": restore_S.ci95,
+        "axis_index_null_threshold": restore_S.threshold, "axis_index_null_n": len(restore_S.null),
+        "axis_index_null_quantiles": null_q, "primary_axis": carried, "primary_axis_index_matched": matched,
+        "primary_axis_index_matched_ci95": matched_ci, "primary_recovery_share": share,
+        "primary_recovery_share_ci95": share_ci, "top_heads_recovery_fraction_ci95": explained_ci,
+        "restore_sweep": {k: sweep[k] for k in sorted(sweep, key=int)},
         "c5_ablations": c5, "c5_rests_on": C5_RESTS_ON, "c5_ablation_heads_rule": c5_heads_rule(c5_ablation_heads),
     })
     if out is not None:
@@ -628,7 +906,9 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         # direct effects and the three joint top-k conditions, each a full forward fitting every later layer
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
                 + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
-                + StagePlan.full(n_t, L, 1 + L * Hh) + plan_c5_ablations(settings, surface, sizes, False))
+                + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R)
+                + sweep_plan(n_p, L, Hh, N, sorted(set(settings.get("sweep_restore") or []) - {R}))
+                + plan_c5_ablations(settings, surface, sizes, False))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
@@ -644,16 +924,31 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
                            note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
                                 "race (data-dependent)")
-    return attn + probes + rebuild + drops + plan_c5_ablations(settings, surface, sizes, shared_prefix)
+    Rs = sorted(set(settings.get("sweep_restore") or []) - {R})
+    return (attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, Rs)
+            + plan_c5_ablations(settings, surface, sizes, shared_prefix))
+
+
+def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NULL_SPLITS) -> StagePlan:
+    """What `restore_axis_index` runs: the restore stream to R, then per later layer the restored
+    pattern, two axis removals and 2 x n_null relabelled removals per head (single blocks), and
+    the step to the next layer."""
+    later = L - R
+    return StagePlan(forwards=n_images, blocks=n_images * (R + later * (2 + Hh * (2 + 2 * n_null))))
 
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
-    version = 2  # 2: c5_ablations (C5 under counterfactual ablations, issue 29)
+    version = 2  # 2: issue 29 (c5_ablations: C5 under counterfactual ablations)
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult
     scheme = "rope"
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        s = config.rope_heads.model_dump()
+        R = s["restore_from"] if s["restore_from"] is not None else max(1, surface.depth // 2)
+        return {**s, "sweep_restore": sweep_points(surface.depth, R, s.get("sweep_restore"), quick)}
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_heads(settings, surface, sizes)
@@ -663,7 +958,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
                               n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images"),
+                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"),
                               c5_ablation_heads=s.get("c5_ablation_heads"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:

@@ -25,29 +25,46 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens
 from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fit_probe_tokens, probe_sample, rows_in
-from vitpos.analysis.stats import bootstrap_means, percentile_interval
+from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Result, Skipped, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.ape_permute import matched_control
+from vitpos.experiments.base import (
+    Done,
+    Experiment,
+    Result,
+    Skipped,
+    SplitSizes,
+    StageInput,
+    StagePlan,
+    omit_unmeasured,
+)
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
+from vitpos.experiments.sae_seeds import SAESweep, run_sweep
 from vitpos.hooks import edit
 from vitpos.io import read_json, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
-from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
+from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, median_token_norm, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 # The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
-SAE_VERSION = 1
+# 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
+SAE_VERSION = 2
+
+
+# measured since issue 28: left out of a result's JSON where a result written before them has none
+ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
+                            "control_row", "control_col", "clean_top1", "eta2_null"})
 
 
 class AblationEffect(BaseModel):
@@ -63,6 +80,25 @@ class AblationEffect(BaseModel):
     row_drop_ci95: list[float] | None
     col_drop_ci95: list[float] | None
     selectivity_ci95: list[float] | None
+    # issue 28: the behavioural read-out and the size of the edit (None: written before they existed)
+    n_features: int | None = None
+    edit_norm: float | None = None  # mean ||removed contribution|| over the held-out patch tokens
+    top1: float | None = None  # top-1 with the set removed (None without class logits)
+    top1_drop: float | None = None  # points, clean - removed
+    top1_drop_ci95: list[float] | None = None  # paired bootstrap over the held-out images, points
+    per_group_drop: dict[str, float] | None = None  # points per class group of the data
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+
+
+class RemovalControl(AblationEffect):
+    """A matched random-latent removal: as many live non-positional latents as the set, each matched
+    on its RMS code (the size of what removing it subtracts; decoder rows are unit-norm)."""
+
+    features: list[int]
+    note: str | None = None
 
 
 class CausalCheck(BaseModel):
@@ -71,6 +107,17 @@ class CausalCheck(BaseModel):
     clean_col_acc: list[float]
     ablate_row: AblationEffect | Skipped
     ablate_col: AblationEffect | Skipped
+    control_row: RemovalControl | Skipped | None = None  # issue 28: the row set's matched random removal
+    control_col: RemovalControl | Skipped | None = None
+    clean_top1: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+
+    def control(self, kind: str) -> RemovalControl | None:
+        c = self.control_row if kind == "row" else self.control_col
+        return c if isinstance(c, RemovalControl) else None
 
     def effect(self, kind: str) -> AblationEffect | None:
         eff = self.ablate_row if kind == "row" else self.ablate_col
@@ -86,6 +133,10 @@ class SAETraining(BaseModel):
     reader_bound_bytes: int
     max_batch_tokens: int
     dropped_tail_tokens: int
+    # high-norm exclusion (None: off): tokens above factor x the median patch-token norm left out of training
+    high_norm_factor: float | None = None
+    high_norm_threshold: float | None = None
+    excluded_high_norm_tokens: int | None = None  # in the last epoch's pass
 
 
 class SAEResult(Result):
@@ -122,8 +173,14 @@ class SAEResult(Result):
     n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
+    eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
+    sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -196,14 +253,16 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
-            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None
-            ) -> tuple[SAEResult, SAE]:
+            lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
+            high_norm: float | None = None) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
     without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
     reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`).
-    `options` (device, amp, checkpointing) reach the capture and `train_sae`."""
+    `options` (device, amp, checkpointing) reach the capture and `train_sae`. `high_norm` (None: off):
+    patch tokens whose norm exceeds high_norm x the median patch-token norm of the training store are
+    left out of training (high-norm "artifact" tokens); held-out metrics still read every patch token."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
@@ -225,6 +284,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+               **({"high_norm": high_norm} if high_norm is not None else {}),
                **({"head": surface.head.digest()} if surface.head is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
@@ -238,14 +298,18 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         else:
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
             train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
-        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
+        max_norm = None if high_norm is None else high_norm * median_token_norm(train_store, str(s))
+        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens,
+                                max_norm=max_norm)
         t0 = time.time()
         sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
         seconds = time.time() - t0
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
-                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens}
+                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens,
+                **({"high_norm_factor": high_norm, "high_norm_threshold": max_norm,
+                    "excluded_high_norm_tokens": batches.excluded_tokens} if high_norm is not None else {})}
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
     held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None)
@@ -262,7 +326,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
-        "causal": causal,
+        "causal": causal, "eta2_null": held.eta2_null,
     })
     if out is not None:
         sae.save(out)
@@ -270,6 +334,19 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         write_json(out / "sae.json", result.to_json())
         plots.plot_feature_maps(scores, out / "features.png")
     return result, sae
+
+
+def sae_doc_from_held(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int = 0) -> dict[str, Any]:
+    """What the claims and ape_permute read of an SAE result, for an SAE that is given (not trained
+    here, e.g. a planted one): `evaluate_sae` on `eval_set` with class logits."""
+    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=True)
+    sc = held.scores
+    return {"model": surface.spec, "layer": s.layer, "site": s.name, "data": data_name(eval_set), **held.metrics,
+            "top1": held.top1, "top1_spliced": held.top1_spliced, "row_features": sc.row_features,
+            "col_features": sc.col_features, "mixed_features": sc.mixed_features,
+            "n_row_features": len(sc.row_features), "n_col_features": len(sc.col_features),
+            "n_mixed_features": len(sc.mixed_features), "thresholds": vars(sc.thresholds), "causal": held.causal,
+            "eta2_null": held.eta2_null}
 
 
 @dataclass(frozen=True)
@@ -284,6 +361,7 @@ class HeldOut:
     top1_spliced: float | None
     top1_change_points: float | None
     causal: dict | None
+    eta2_null: dict[str, Any] | None = None
 
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
@@ -306,7 +384,10 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
         metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
                                             for a in kept.iter_images(str(s), batch_size)))
         scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
+        null = eta2_null(sae, kept.iter_images(str(s), batch_size), surface.grid, scores, seed=seed)
+        rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
         kl = top1 = top1_spliced = change = None
+        clean_correct = None
         if logits:
             # splice the reconstruction in (patch tokens only): how much does the model notice?
             base_logp = clean_logits.log_softmax(-1)
@@ -314,19 +395,101 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
                 spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
             preds = spliced_logits.argmax(-1)
             kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
-            top1 = float((clean_logits.argmax(-1) == labels).float().mean())
+            clean_correct = clean_logits.argmax(-1) == labels
+            top1 = float(clean_correct.float().mean())
             top1_spliced = float((preds == labels).float().mean())
             change = 100 * (top1_spliced - top1)
-        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size) if later else None
-    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal)
+        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
+                              readout=Readout(labels, clean_correct, rms, sizes)) if later else None
+    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null)
+
+
+ETA2_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # thresholds whose admitted feature counts are reported
+NULL_QUANTILE = 0.99  # the null-derived threshold: this quantile of the live latents' null eta2
+
+
+@torch.no_grad()
+def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, seed: int = 0,
+              quantile: float = NULL_QUANTILE) -> dict[str, Any]:
+    """eta2 of every latent with the patch positions shuffled within each image (a fresh random
+    permutation per image: position carries nothing, content and sample size stay), its `quantile`
+    over live latents per statistic as the null-derived threshold, and how many features each
+    threshold admits on the real scores (row / col / mixed under FeatureThresholds with min_eta2 =
+    min_eta2_pos = t, the other settings kept), on `ETA2_GRID` and at the null thresholds."""
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(50_000 + seed)
+
+    def shuffled():
+        for a in batches:
+            perm = torch.stack([torch.randperm(a.shape[1], generator=g) for _ in range(a.shape[0])])
+            yield torch.gather(a, 1, perm.unsqueeze(-1).expand_as(a))
+
+    null = score_features(sae, shuffled(), grid, scores.thresholds)
+    live = scores.fire_rate >= scores.thresholds.min_fire_rate
+    out: dict[str, Any] = {"quantile": quantile, "n_live": int(live.sum())}
+    for stat in ("row", "col", "pos"):
+        v = getattr(null, f"eta2_{stat}")[live]
+        out[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
+        out[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
+
+    def counts(t_axis: float, t_pos: float) -> dict[str, int]:
+        probe = FeatureScores(scores.grid, scores.n_images, scores.eta2_row, scores.eta2_col, scores.eta2_pos,
+                              scores.fire_rate, scores.cell_means)
+        probe.classify(replace(scores.thresholds, min_eta2=t_axis, min_eta2_pos=t_pos))
+        return {"row": len(probe.row_features), "col": len(probe.col_features), "mixed": len(probe.mixed_features)}
+
+    out["admitted"] = [{"threshold": t, **counts(t, t)} for t in ETA2_GRID]
+    t_axis = max(out["null_row_q"] or 0.0, out["null_col_q"] or 0.0)
+    t_pos = out["null_pos_q"] or 0.0
+    out["null_thresholds"] = {"min_eta2": t_axis, "min_eta2_pos": t_pos, **counts(t_axis, t_pos)}
+    used = scores.thresholds
+    out["used_above_null"] = bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos)
+    return out
+
+
+@torch.no_grad()
+def code_rms(sae: SAE, batches, scores: FeatureScores) -> tuple[torch.Tensor, dict[str, float]]:
+    """(F,) RMS of each latent's code over the held-out patch tokens (decoder rows are unit-norm, so
+    the size of what removing it subtracts), and the mean ||sum_f z_f d_f|| of the row and col sets."""
+    sq, n = None, 0
+    norms = {"row": 0.0, "col": 0.0}
+    sets = {"row": scores.row_features, "col": scores.col_features}
+    for a in batches:
+        z = sae.encode(a)
+        zz = z.double().pow(2).sum((0, 1))
+        sq = zz if sq is None else sq + zz
+        n += z.shape[0] * z.shape[1]
+        for k, ids in sets.items():
+            if ids:
+                norms[k] += float(sae.feature_contribution(z, ids).norm(dim=-1).sum())
+    rms = (sq / max(n, 1)).sqrt().float() if sq is not None else torch.zeros(sae.d_sae)
+    return rms, {k: v / max(n, 1) for k, v in norms.items()}
+
+
+@dataclass(frozen=True)
+class Readout:
+    """What the causal check needs beside the probes: held-out labels, the clean per-image
+    correctness (None without class logits), each latent's RMS code and the sets' edit norms."""
+
+    labels: torch.Tensor
+    clean_correct: torch.Tensor | None
+    rms: torch.Tensor
+    edit_norms: dict[str, float]
+
+
+CONTROL_STREAM = 70_000  # + seed: the removal controls' own generator
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
-                 batch_size: int | None = None) -> dict:
+                 batch_size: int | None = None, readout: Readout | None = None) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers.
 
     `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
-    ablated forwards keep only the probes' test images. One layer's images are loaded at a time."""
+    ablated forwards keep only the probes' test images. One layer's images are loaded at a time.
+    With `readout` (issue 28): each removal's top-1 (overall, per class group, paired interval) and
+    edit norm, and per set a matched random-latent removal (`control_row`, `control_col`) measured
+    the same way; their draws come from their own generator, so the older numbers do not move."""
     keys = {layer: str(Site(layer, "resid_post")) for layer in later}
     probes = {}
     clean_per_layer = []
@@ -342,14 +505,13 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
            "clean_col_acc": [probes[layer].col_acc for layer in later]}
     clean_per_image = _stack_layers(clean_per_layer)
     seed = sample.seed
-    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
-        if not ids:
-            out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
-            continue
+    positional = scores.row_features + scores.col_features + scores.mixed_features
+
+    def remove(ids: list[int]) -> dict:
         fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
         keep = {Site(layer, "resid_post"): Keep.whole(test) for layer in later}
-        acts, _, _, _ = capture_condition(surface, dataset, lambda fn=fn: edit(surface, {site: fn}), keep,
-                                          check_classifier=False, batch_size=batch_size)
+        acts, _, logits, _ = capture_condition(surface, dataset, lambda fn=fn: edit(surface, {site: fn}), keep,
+                                               check_classifier=False, batch_size=batch_size)
         row, col, ablated_per_layer = [], [], []
         with acts:
             for layer in later:
@@ -358,15 +520,74 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
                 col.append(probes[layer].col_probe.accuracy(feats))
                 ablated_per_layer.append(_layer_image_accuracy(probes[layer], feats))
                 del feats
+        return {"row": row, "col": col, "per_image": _stack_layers(ablated_per_layer), "logits": logits}
+
+    def effect(kind: str, r: dict) -> dict:
+        row, col = r["row"], r["col"]
         d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
         d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
         mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
         denom = abs(mine) + abs(other)
-        out[f"ablate_{kind}"] = {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
-                                 "selectivity": mine / denom if denom > 1e-9 else None,
-                                 **selectivity_intervals(clean_per_image, _stack_layers(ablated_per_layer), kind,
-                                                         seed)}
+        return {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
+                "selectivity": mine / denom if denom > 1e-9 else None,
+                **selectivity_intervals(clean_per_image, r["per_image"], kind, seed)}
+
+    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
+        if not ids:
+            out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
+            continue
+        r = remove(ids)
+        out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
+                                                                 readout.edit_norms.get(kind) if readout else None)}
+    if readout is None:
+        return out
+    live = scores.fire_rate >= scores.thresholds.min_fire_rate
+    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
+        if not ids:
+            out[f"control_{kind}"] = {"skipped": f"no {kind} features"}
+            continue
+        g = torch.Generator().manual_seed(CONTROL_STREAM + (0 if kind == "row" else 1) + 10 * seed)
+        ctrl, note = matched_control(readout.rms, ids, positional, live, g, what="RMS code")
+        if not ctrl:
+            out[f"control_{kind}"] = {"skipped": note or "no live non-positional latents"}
+            continue
+        r = remove(ctrl)
+        size = _edit_norm(surface, sae, clean, site, ctrl, batch_size)
+        out[f"control_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ctrl), size),
+                                  "features": ctrl, "note": note}
+    if readout.clean_correct is not None:
+        out["clean_top1"] = float(readout.clean_correct.float().mean())
     return out
+
+
+def _behaviour(logits: torch.Tensor, readout: Readout | None, info, n: int, size: float | None) -> dict:
+    """Top-1 under a removal beside the clean one: drop in points, its paired interval, per class group."""
+    out: dict[str, Any] = {"n_features": n, "edit_norm": size}
+    if readout is None or readout.clean_correct is None:
+        return out
+    preds = logits.argmax(-1)
+    correct = preds == readout.labels
+    clean = readout.clean_correct
+    out["top1"] = float(correct.float().mean())
+    out["top1_drop"] = 100 * float(clean.float().mean() - correct.float().mean())
+    out["top1_drop_ci95"] = scaled(paired_bootstrap_diff(clean.float(), correct.float()), 100.0)
+    groups = {}
+    for gname, ids in info.class_groups.items():
+        mask = torch.isin(readout.labels, torch.tensor(ids))
+        if mask.any():
+            groups[gname] = 100 * float(clean[mask].float().mean() - correct[mask].float().mean())
+    out["per_group_drop"] = groups
+    return out
+
+
+@torch.no_grad()
+def _edit_norm(surface, sae: SAE, clean: KeptTokens, site: Site, ids: list[int], batch_size: int | None) -> float:
+    total, n = 0.0, 0
+    for a in clean.iter_images(str(site), sweep_batch(surface, batch_size)):
+        c = sae.feature_contribution(sae.encode(a), ids)
+        total += float(c.norm(dim=-1).sum())
+        n += c.shape[0] * c.shape[1]
+    return total / max(n, 1)
 
 
 def _layer_image_accuracy(probes, feats: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -401,6 +622,15 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
             "selectivity_ci95": percentile_interval(sel)}
 
 
+_SWEEP_DEFAULTS = {"data": None, "seeds": 1, "expansions": None, "high_norm": None}
+
+
+def _sae_settings(config) -> dict:
+    """config.sae as stage settings; the sweep / data / high-norm keys only when set, so the stage
+    keys (and caches) of runs that do not use them are those from before the keys existed."""
+    return {k: v for k, v in config.sae.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+
+
 class SAEExperiment(Experiment[SAEResult]):
     name = "sae"
     version = SAE_VERSION
@@ -413,12 +643,12 @@ class SAEExperiment(Experiment[SAEResult]):
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         given = config.sae.layer is not None
         layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**config.sae.model_dump(), "layer": layer,
+        return {**_sae_settings(config), "layer": layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
         given = config.sae.layer is not None
-        return {**config.sae.model_dump(), "layer": config.sae.layer,
+        return {**_sae_settings(config), "layer": config.sae.layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
@@ -429,20 +659,46 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture, held-out capture, spliced forward, the causal check's two ablations
-        out = StagePlan.full(n_train, L) + StagePlan.full(n_eval, L, 2 + (2 if later else 0))
+        # train capture (it stops after the SAE's layer: vitpos.store.capture), held-out capture, spliced
+        # forward, the causal check's two ablations and their two matched random removals
+        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 2 + (4 if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
         tokens = n_train * N * settings["epochs"]
         latents = settings["expansion"] * surface.width
-        return out + StagePlan(sae_tokens=tokens, sae_work=tokens * latents, note=note)
+        seeds, sizes_ = settings.get("seeds", 1), settings.get("expansions") or [settings["expansion"]]
+        extra = [e for e in sizes_ for _ in range(seeds)]
+        if settings["expansion"] in extra:
+            extra.remove(settings["expansion"])  # the main SAE is one of the grid
+        if extra:  # the sweep's other SAEs: trained on the same store, scored on a held-out capture to the layer
+            out += StagePlan.full(n_eval, layer + 1)
+            note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
+        work = tokens * (latents + sum(e * surface.width for e in extra))
+        return out + StagePlan(sae_tokens=tokens * (1 + len(extra)), sae_work=work, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
-        result, _ = run_sae(surface, s["layer"], site=s["site"], data=stage.data, arch=s["arch"], k=s["k"],
-                            expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
-                            epochs=s["epochs"], seed=stage.seed,
-                            out=stage.out, progress=stage.progress, lr=s["lr"], keep_acts=False)
-        return result.model_copy(update={"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]})
+        # sae.data: the SAE (its training, held-out metrics, feature scores and C1's causal check) may read
+        # other images than the run's labelled data, e.g. natural crops for a model measured on fashion
+        data = s.get("data") or stage.data
+        sweep = s.get("seeds", 1) > 1 or bool(s.get("expansions"))
+        result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
+                              expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
+                              epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
+                              keep_acts=sweep, high_norm=s.get("high_norm"))
+        update: dict[str, Any] = {"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]}
+        if sweep:
+            site = Site(s["layer"], s["site"])
+            acts = Path(stage.out) / "acts"
+
+            def train_store():
+                return _capture_train_store(surface, site, data, s["images"], acts, stage.progress, False)
+
+            update["sweep"] = run_sweep(surface, site, data, sae, train_store, settings=s, seed=stage.seed,
+                                        out=Path(stage.out) / "sweep", progress=stage.progress)
+            import shutil
+
+            shutil.rmtree(acts, ignore_errors=True)  # the training store is scratch once every SAE is trained
+        return result.model_copy(update=update)
 
     def artifacts_ready(self, result: SAEResult) -> bool:
         return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()

@@ -43,9 +43,48 @@ def _evidence_cell(entries: list[dict]) -> str:
             # folded: with several seeds the per-model lists run to pages; the evidence above reads alone
             block += (f'<details class="nums"><summary>numbers per model ({len(nums)})</summary><ul class="nums">'
                       + "".join(_numbers_item(k, v) for k, v in nums.items()) + "</ul></details>")
+        block += _sensitivity(c.get("sensitivity"))
         if c.get("models"):
             block += f'<p class="small">models: {e(", ".join(map(str, c["models"])))}</p>'
         out.append(block)
+    return "".join(out)
+
+
+def _sensitivity(curves: Any) -> str:
+    """Each threshold's sensitivity curve: the verdict as it moves over its documented range."""
+    if not isinstance(curves, list) or not curves:
+        return ""
+    rows = []
+    for s in curves:
+        if not isinstance(s, dict):
+            continue
+        pts = "; ".join(f"{fmt_value(p.get('value'))}: {p.get('verdict')}" for p in s.get("curve") or []
+                        if isinstance(p, dict))
+        rows.append([str(s.get("threshold")), f"{fmt_value(s.get('value'))} {s.get('unit', '')}",
+                     str(s.get("source", "")), "yes" if s.get("stable") else "no", pts])
+    return ('<details class="nums"><summary>threshold sensitivity (verdict as each threshold moves)</summary>'
+            + table(["threshold", "rule's value", "source", "verdict stable", "verdict over the range"], rows)
+            + "</details>")
+
+
+def _validation(summary: dict) -> str:
+    """The rule set's version and hash, and the validation table on planted models."""
+    out = ['<section id="validation"><h2>Validation: verdicts on planted models</h2>']
+    version, digest = summary.get("rules_version"), summary.get("rules_hash")
+    if version is not None:
+        out.append(f"<p>Verdict rules version <b>{e(version)}</b>, hash <code>{e(digest)}</code> "
+                   "(study/rules.py; results.json records both).</p>")
+    val = summary.get("validation")
+    if not isinstance(val, dict) or not val.get("rows"):
+        out.append('<p class="na">no validation table in these results (written before it existed).</p></section>')
+        return "".join(out)
+    out.append(f"<p>Small models where each claim is true or false by construction, measured by the same "
+               f"pipeline and rules ({e(val.get('n_images'))} planted images, seeds {e(val.get('seeds'))}). A "
+               "planted-true claim should come out supported, a planted-false one not supported.</p>")
+    rows = [[str(r.get("claim")), f"{r.get('case')}: {r.get('description')}", "true" if r.get("planted") else "false",
+             str(r.get("verdict")), "yes" if r.get("passes") else "NO"] for r in val["rows"] if isinstance(r, dict)]
+    out.append(table(["claim", "planted model", "planted truth", "verdict", "as planted"], rows))
+    out.append("</section>")
     return "".join(out)
 
 
@@ -245,7 +284,7 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
                     if HEADLINE_FIGURE in figs else "")
     body = [f"<header><h1>vitpos report: where ViTs keep position (APE vs RoPE)</h1><p>{e(desc)}</p>{quick}</header>",
             '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', headline_fig, _headline(doc, models),
-            "</section>",
+            "</section>", _validation(dict_at(doc, "summary")),
             '<section id="models"><h2>Models</h2>', models_table(models), "</section>"]
     for spec, entry in results.models.items():
         body.append(model_section(spec, entry, figs, used))

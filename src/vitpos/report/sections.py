@@ -268,6 +268,32 @@ def _sec_sae(doc: dict) -> str:
                    f"{fnum(row.get('selectivity'), 2)} {ci(row.get('selectivity_ci95'), digits=2)}"),
                   ("causal selectivity of the col features Δcol / (|Δrow| + |Δcol|)",
                    f"{fnum(col.get('selectivity'), 2)} {ci(col.get('selectivity_ci95'), digits=2)}")]
+        for kind, eff in (("row", row), ("col", col)):
+            ctl = c.get(f"control_{kind}")
+            if not isinstance(ctl, dict) or "top1_drop" not in eff and f"{kind}_drop" not in ctl:
+                continue
+            groups = "; ".join(f"{g}: {pts(v)}" for g, v in (eff.get("per_group_drop") or {}).items())
+            pairs += [(f"removing the {kind} features: top-1 drop (per class group)",
+                       f"{pts(eff.get('top1_drop'))} {ci(eff.get('top1_drop_ci95'), digits=1)}"
+                       + (f" ({groups})" if groups else "")),
+                      (f"matched random removal ({kind}): {kind}-probe drop, top-1 drop",
+                       f"{fnum(ctl.get(f'{kind}_drop', ctl.get('skipped')))} "
+                       f"{ci(ctl.get(f'{kind}_drop_ci95'), digits=4)}; {pts(ctl.get('top1_drop'))}"
+                       + (f" — {ctl['note']}" if ctl.get("note") else "")),
+                      (f"edit norm of the {kind} set vs its control",
+                       f"{fnum(eff.get('edit_norm'), 3)} vs {fnum(ctl.get('edit_norm'), 3)}")]
+    null = doc.get("eta2_null")
+    if isinstance(null, dict):
+        adm = "; ".join(f"{a.get('threshold')}: {a.get('row')} row / {a.get('col')} col / {a.get('mixed')} mixed"
+                        for a in null.get("admitted") or [] if isinstance(a, dict))
+        nt = null.get("null_thresholds") or {}
+        pairs += [("η² null (positions shuffled within image): q99 row / col / pos",
+                   f"{fnum(null.get('null_row_q'), 4)} / {fnum(null.get('null_col_q'), 4)} / "
+                   f"{fnum(null.get('null_pos_q'), 4)}; the thresholds used lie "
+                   f"{'above' if null.get('used_above_null') else 'NOT above'} the null"),
+                  ("features admitted at the null-derived thresholds",
+                   f"{nt.get('row')} row / {nt.get('col')} col / {nt.get('mixed')} mixed"),
+                  ("features admitted per η² threshold", adm)]
     return kv_table(pairs)
 
 
@@ -280,7 +306,8 @@ def _sec_ape(doc: dict) -> str:
             f"baseline top-1 <b>{pct(doc.get('baseline_top1'))}</b>{e(' ' + base_ci if base_ci else '')}; positional "
             f"features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, {e(fc.get('mixed', '?'))} mixed. "
             "Drops in top-1 points with their 95% paired-bootstrap interval over images (seeds pooled); C2 reads the "
-            "all-positional set against its matched random control.</p>")
+            "all-positional set against its same-position cross-image swap (a null by construction); the matched "
+            "random controls are reported beside it.</p>")
     given = doc.get("controls")
     controls: dict = given if isinstance(given, dict) else {}
     pairs = []
@@ -295,6 +322,17 @@ def _sec_ape(doc: dict) -> str:
         out += "<h4>each permuted set beside its matched random control</h4>"
         out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
                       "note"], pairs)
+    nulls = doc.get("nulls")
+    if isinstance(nulls, dict) and nulls:
+        nrows = []
+        for v, of in nulls.items():
+            x, k = doc.get(v), doc.get(of)
+            nrows.append([str(of), _drop_text(k) if _ran(k) else _why(k), fnum((k or {}).get("edit_norm"), 3), str(v),
+                          _drop_text(x) if _ran(x) else _why(x), fnum((x or {}).get("edit_norm"), 3),
+                          str((x or {}).get("note") or "")])
+        out += ("<h4>nulls by construction (C2 reads the same-position swap)</h4>"
+                + table(["permuted set", "drop [95% CI]", "edit norm", "null", "null drop [95% CI]", "edit norm",
+                         "note"], nrows))
     rows = []
     for v in variant_names(doc):
         x = doc.get(v)
@@ -373,6 +411,72 @@ def _sec_axis(doc: dict) -> str:
         out += ("<p>Recovery Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off); the study predicts 0 &lt; Rec &lt; 1. "
                 "Intervals: 95 % paired bootstrap over the probes' test images.</p>")
         out += table(["axis", "restore from R", "mean Rec after R", "Rec at final layer"], rec_rows)
+    out += _axis_calibrated(doc)
+    return out
+
+
+def _share_text(v: dict, key: str = "mean_share") -> str:
+    return f"{fnum(v.get(key), 2)} {ci(v.get(key + '_ci95'), digits=2)}".rstrip()
+
+
+def _axis_calibrated(doc: dict) -> str:
+    """Issue 29's rope_axis additions: the count-matched rebuilt share (C4), the floored removal
+    fractions and the MLP / relative-offset read-outs (C3); empty for results without them."""
+    out = ""
+    share_rows = []
+    for axis, per_r in dict_at(doc, "count_matched").items():
+        for r, v in (per_r or {}).items():
+            v = v or {}
+            gains = [g for g in v.get("clean_gain") or [] if g is not None]
+            share_rows.append([str(axis), str(r), fnum(v.get("deficit"), 3), fnum(last(gains), 3), _share_text(v)])
+        med = dict_at(doc, "median_rebuilt_share").get(axis)
+        if isinstance(med, dict):
+            share_rows.append([str(axis), "median over R (C4)", "—", "—", _share_text(med, "median_share")])
+    if share_rows:
+        out += ("<p>C4, count-matched: B(ℓ) = 1 − (P_clean(ℓ) − P_restore(ℓ)) / (P_clean(R−1) − P_off(R−1)), the share "
+                "of the deficit at R that the restored layers close beyond what the same layers add in the clean model "
+                "(its gain P_clean(ℓ) − P_clean(R−1)); 0 = the layers after R only do what they do anyway. 95 % paired "
+                "bootstrap.</p>")
+        out += table(["axis", "restore from R", "deficit at R−1", "clean gain by the last layer",
+                      "mean rebuilt share after R"], share_rows)
+    floored = dict_at(doc, "removal_floored")
+    fl_rows = []
+    for c in ("no_row", "no_col"):
+        rem = floored.get(c)
+        if isinstance(rem, dict):
+            other = "col" if c == "no_row" else "row"
+            kept = f"{pct(rem.get('kept'))} {ci(rem.get('kept_ci95'), 100, 1, '%')}".rstrip()
+            fl_rows.append([c, f"{pct(rem.get('removed'))} {ci(rem.get('removed_ci95'), 100, 1, '%')}".rstrip(),
+                            f"{other}: {kept}" + (" (interaction: above 100 %)" if rem.get("interaction") else "")])
+    if fl_rows:
+        floor = dict_at(doc, "content_floor")
+        out += ("<p>C3 against each layer's content floor (the same model's no_both accuracy, at least chance; "
+                f"row {', '.join(pct(f) for f in floor.get('row') or [])}; col "
+                f"{', '.join(pct(f) for f in floor.get('col') or [])}).</p>")
+        out += table(["condition", "removed of its own axis", "kept of the other axis"], fl_rows)
+    ro = dict_at(doc, "readouts")
+    acc = dict_at(ro, "accuracy")
+    if acc:
+        ch = dict_at(ro, "chance")
+        rows = []
+        for cond, by_layer in acc.items():
+            for layer, kinds in (by_layer or {}).items():
+                for kind, t in (kinds or {}).items():
+                    rows.append([str(cond), str(layer), str(kind)] + [pct((t or {}).get(k))
+                                                                        for k in ("row", "col", "drow", "dcol")])
+        out += (f"<p>Read-outs beside the linear probes ({ro.get('n_images')} images, {ro.get('n_test_images')} "
+                "of them held out): linear and MLP probes of absolute row / col and of the offsets Δrow / Δcol "
+                "between two patch tokens of an image; chance "
+                f"{', '.join(f'{k} {pct(v)}' for k, v in ch.items())}.</p>")
+        out += table(["condition", "layer", "probe", "row", "col", "Δrow", "Δcol"], rows)
+        rem_rows = []
+        for c, kinds in dict_at(ro, "removal").items():
+            for kind, v in (kinds or {}).items():
+                v = v or {}
+                rem_rows.append([str(c), str(kind)] + [f"{pct(v.get(k))} {ci(v.get(k + '_ci95'), 100, 1, '%')}".rstrip()
+                                                       for k in ("removed", "kept", "removed_pair", "kept_pair")])
+        out += table(["condition", "probe", "removed (own axis)", "kept (other axis)", "removed (own offset)",
+                      "kept (other offset)"], rem_rows)
     return out
 
 
@@ -412,6 +516,7 @@ def _sec_heads(doc: dict) -> str:
         for pair, count in agree.items():
             a, b = pair.split("~")
             pairs.append((f"heads in both top lists: {a} and {b}", f"{count} of {k}"))
+    pairs += _heads_selection(doc)
     return kv_table(pairs) + _c5_ablations_table(doc)
 
 
@@ -446,6 +551,45 @@ def _c5_ablations_table(doc: dict) -> str:
             "invisible between patches to a relative encoding (only the unrotated prefix tokens see it).</p>"
             + table(["ablation", "what", "heads", "primary's drop", "primary's rank", "largest drop",
                      "closest rival: drop(primary) − drop(rival)", "C5"], rows))
+
+
+def _sweep_text(r: str, v: Any) -> str:
+    v = v if isinstance(v, dict) else {}
+    p = v.get("primary")
+    share = (v.get("selection_frequency") or {}).get(f"L{p[0]}H{p[1]}") if isinstance(p, list) and len(p) == 2 else None
+    return f"R={r}: {head_name(p)} ({pct(share)} of resamples)"
+
+
+def _heads_selection(doc: dict) -> list[tuple[str, str]]:
+    """Issue 29's rope_heads additions: how stable the primary choice is, S where the head rebuilds
+    with its null threshold, and the share of the recovery it explains; none for older results."""
+    pairs: list[tuple[str, str]] = []
+    freq = doc.get("selection_frequency")
+    if isinstance(freq, dict):
+        pairs.append(("primary chosen over image resamples (bootstrap)",
+                      ", ".join(f"{k} {pct(v)}" for k, v in sorted(freq.items(), key=lambda kv: -kv[1]))))
+    sweep = doc.get("restore_sweep")
+    if isinstance(sweep, dict):
+        pairs.append(("primary at each restore point R", "; ".join(_sweep_text(r, v) for r, v in sweep.items())))
+    if doc.get("axis_index_null_threshold") is not None:
+        ph = doc.get("primary_rebuilding_head")
+        pairs.append(("axis it rebuilds (larger fall in Rec)", str(doc.get("primary_axis") or "n/a")))
+        pairs.append(("its S in the restore condition, signed to that axis",
+                      f"{fnum(doc.get('primary_axis_index_matched'), 2)} "
+                      f"{ci(doc.get('primary_axis_index_matched_ci95'), digits=2)}".rstrip()
+                      + f" (restore S {fnum(at(doc.get('axis_index_restore'), doc, ph), 2)})"))
+        q = doc.get("axis_index_null_quantiles") or {}
+        pairs.append(("|S| null (relabelled rotary pairs): threshold at 0.95",
+                      f"{fnum(doc.get('axis_index_null_threshold'), 3)} over {doc.get('axis_index_null_n')} draws; "
+                      + ", ".join(f"q{k} {fnum(v, 2)}" for k, v in q.items())))
+        pairs.append(("share of the recovery the primary explains",
+                      f"{pct(doc.get('primary_recovery_share'))} "
+                      f"{ci(doc.get('primary_recovery_share_ci95'), 100, 1, '%')}".rstrip()))
+        tk = doc.get("top_heads_recovery_fraction_ci95") or {}
+        frac = doc.get("top_heads_recovery_fraction") or {}
+        pairs.append(("top heads' joint share (rotations removed)",
+                      f"{pct(frac.get('rebuild'))} {ci(tk.get('rebuild'), 100, 1, '%')}".rstrip()))
+    return pairs
 
 
 def _sec_prefix(doc: dict) -> str:

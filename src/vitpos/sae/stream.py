@@ -31,7 +31,8 @@ class StoreBatches:
     """
 
     def __init__(self, store, site: str, batch_tokens: int = 4096, *, seed: int = 0, shuffle: bool = True,
-                 buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS, min_batch: int | None = None) -> None:
+                 buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS, min_batch: int | None = None,
+                 max_norm: float | None = None) -> None:
         from vitpos.store.reader import ActivationStore
 
         self.store = store if isinstance(store, ActivationStore) else ActivationStore(Path(store))
@@ -52,6 +53,8 @@ class StoreBatches:
         self.max_batch_tokens = 0
         self.tokens = 0
         self.dropped_tokens = 0
+        self.max_norm = max_norm  # tokens with a larger L2 norm are left out of every batch (None: none)
+        self.excluded_tokens = 0  # what the last pass left out by max_norm
 
     def bound_bytes(self) -> int:
         """What the reader may hold at most (float32): buffer + largest shard + batch, plus the
@@ -70,9 +73,14 @@ class StoreBatches:
     def _pass(self, seed: int) -> Iterator[torch.Tensor]:
         it = self.store.iter_tokens(self.site, self.batch_tokens, shuffle=self.shuffle, seed=seed,
                                     buffer_tokens=self.buffer_tokens)
-        self.tokens = self.dropped_tokens = 0
+        self.tokens = self.dropped_tokens = self.excluded_tokens = 0
         try:
             for acts, _rows, _cols, _ids in it:
+                if self.max_norm is not None:
+                    keep = acts.norm(dim=1) <= self.max_norm
+                    if not bool(keep.all()):
+                        self.excluded_tokens += int((~keep).sum())
+                        acts = acts[keep]
                 n = acts.shape[0]
                 if n < self.min_batch:
                     self.dropped_tokens += n
@@ -86,10 +94,25 @@ class StoreBatches:
 
 
 def store_batches(store, site: str, batch_tokens: int = 4096, *, seed: int = 0, shuffle: bool = True,
-                  buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS, min_batch: int | None = None) -> StoreBatches:
-    """Batches for ``train_sae`` from an activation store (a path or an ``ActivationStore``)."""
+                  buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS, min_batch: int | None = None,
+                  max_norm: float | None = None) -> StoreBatches:
+    """Batches for ``train_sae`` from an activation store (a path or an ``ActivationStore``);
+    max_norm: leave out tokens whose L2 norm exceeds it (high-norm "artifact" tokens)."""
     return StoreBatches(store, site, batch_tokens, seed=seed, shuffle=shuffle, buffer_tokens=buffer_tokens,
-                        min_batch=min_batch)
+                        min_batch=min_batch, max_norm=max_norm)
 
 
-__all__ = ["DEFAULT_BUFFER_TOKENS", "StoreBatches", "store_batches"]
+def median_token_norm(store, site: str, max_tokens: int = 65_536) -> float:
+    """The median L2 norm of the first `max_tokens` patch tokens of `site`, in stored order."""
+    norms, n = [], 0
+    for acts, _rows, _cols, _ids in store.iter_tokens(site, 4096, shuffle=False):
+        norms.append(acts.norm(dim=1))
+        n += acts.shape[0]
+        if n >= max_tokens:
+            break
+    if not norms:
+        raise VitposError(f"the store at {store.dir} holds no tokens of {site}")
+    return float(torch.cat(norms)[:max_tokens].median())
+
+
+__all__ = ["DEFAULT_BUFFER_TOKENS", "StoreBatches", "median_token_norm", "store_batches"]

@@ -141,7 +141,7 @@ def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: l
                               meta=meta, shard_images=shard_images, dtype=dtype, force=force) as writer:
             done = writer.num_done
             total = (len(part) + batch_size - 1) // batch_size
-            with progress_bar(enabled=progress) as bar, capture(surface, sites) as cache:
+            with progress_bar(enabled=progress) as bar, capture(surface, sites) as cache, _stop_after(surface, sites):
                 task = bar.add_task(f"capture {surface.spec}", total=total)
                 seen = 0
                 for x, y in part.batches(batch_size):
@@ -158,6 +158,35 @@ def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: l
             surface.to(home)
 
 
+class _StopForward(Exception):
+    """Raised after the last block a capture reads: the blocks after it cannot change what was stored."""
+
+
+class _stop_after:  # noqa: N801 - a context manager used like a function
+    """While active, a forward stops after the last block that `sites` read (every site at a layer
+    below depth - 1; otherwise, and for sites outside the blocks, the forward runs whole). The stored
+    activations are the same; a capture at layer l of L blocks costs ~(l + 1) / L of a forward."""
+
+    def __init__(self, surface: ModelSurface, sites: list[Site]):
+        layers = [s.layer for s in sites]
+        last = max((x for x in layers if x is not None), default=None)
+        self.block = (surface.block(last) if last is not None and None not in layers and last < surface.depth - 1
+                      else None)
+        self.handle = None
+
+    def __enter__(self):
+        if self.block is not None:
+            def stop(module, args, out):
+                raise _StopForward
+            self.handle = self.block.register_forward_hook(stop)
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            self.handle.remove()
+        return False
+
+
 def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[str], chunk: list[int],
                       dev: torch.device, amp: str | None) -> None:
     """Forward ``x`` in pieces of ``chunk[0]`` images under autocast; on out-of-memory drop what was
@@ -167,7 +196,10 @@ def _forward_adaptive(surface: ModelSurface, x: torch.Tensor, cache, keys: list[
         try:
             with autocast(dev, amp):
                 for i in range(0, x.shape[0], bs):
-                    surface(x[i : i + bs])
+                    try:
+                        surface(x[i : i + bs])
+                    except _StopForward:
+                        pass
         except BaseException:
             for k in keys:  # a partial batch must not reach the store
                 try:

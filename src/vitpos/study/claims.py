@@ -11,16 +11,18 @@ from typing import Any, Literal
 
 from vitpos.analysis.stats import seed_interval
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
-from vitpos.experiments.rope_axis import kept_fraction, median_recovery
+from vitpos.experiments.rope_axis import floored_kept, kept_fraction, median_recovery
 from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
 from vitpos.experiments.rope_heads import closest_rival
 from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
+from vitpos.study.rules import RULES, RuleReader, sensitivity
 
-SELECTIVE = 0.6
-MIN_DROP = 10.0
-CONTROL_FACTOR = 2.0
+SELECTIVE = RULES.values()["C1.selective"]
+MIN_DROP = RULES.values()["C2.min_drop"]
+CONTROL_FACTOR = RULES.values()["C2.null_factor"]
 MIN_REMOVED = 0.7
 MIN_KEPT = 0.7
+MIN_HEAD_SHARE = 0.25  # C4: the primary rebuilding head explains at least this share of the recovery
 
 CLAIM_TEXT = {
     "C1": "APE: sparse autoencoders recover causal row- and column-specific features.",
@@ -32,39 +34,68 @@ CLAIM_TEXT = {
 
 
 # --- the verdict rules, as data (thresholds are the constants above) -----------------------------
-RULES_PREAMBLE = """(ours, since the study gives only its abstract; thresholds are module constants;
-every measurement and control is defined in docs/methods.md):
+RULES_PREAMBLE = """(ours, since the study gives only its abstract; C1 and C2 read their thresholds from
+the versioned rule set `study.rules.RULES` (named C1.x / C2.x below; the summary records its version
+and hash, and each threshold's sensitivity curve), C3-C5 from module constants; every measurement
+and control is defined in docs/methods.md):
   Each condition of a rule reads a 95 % interval [lo, hi] of its measurement (analysis/stats.py;
   a measurement without one counts as the interval [x, x]) and comes out true (the whole interval
   is on the rule's side of the threshold), false (the whole interval is on the other side) or
   undecided (the threshold lies inside the interval). Per model a claim `holds` when every
   condition is true, `fails` when any is false, and is `inconclusive` otherwise."""
 CLAIM_RULES: dict[str, str] = {
-    "C1": """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and ablating each set is axis-selective
-            downstream: the interval of the selectivity (paired bootstrap over the probes' test
-            images) lies at or above SELECTIVE, for both sets.""",
+    "C1": """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and for each set (row, col) removing it at the
+            SAE's site (intervals: paired bootstrap over the held-out images) is
+            (a) axis-selective downstream: selectivity >= C1.selective;
+            (b) large: the own-axis probe drop (points, mean over later layers) >= C1.min_probe_drop;
+            (c) above its control: that drop > C1.control_factor x the own-axis drop of a matched
+                random-latent removal (as many live non-positional latents, matched on RMS code:
+                the size of what removing them subtracts); no control measured: undecided;
+            (d) used by the model: top-1 drops by >= C1.min_top1_drop points (no top-1, e.g. a
+                headless model without a head: undecided).
+            The control's top-1 drop and the drops per class group are reported beside the rule
+            (removing content latents moves the label of a spatial task, so it is no null there).""",
     "C2": """  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
             eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
-            pooled) by >= MIN_DROP points, and the drop's interval lies above CONTROL_FACTOR x
-            the interval of its own control (as many live non-positional latents, matched in
-            activation mass, permuted the same way); without that control the claim is
-            inconclusive. Row+col, row-only and col-only are reported beside their own controls
-            but do not enter the verdict (the 24-31 range is ImageNet's; whether the drop falls in
-            it is stated, not required).""",
-    "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its above-chance decodability
-            (mean over layers of (base - off) / (base - chance), retrained probes, layers whose
-            baseline is >= MIN_ABOVE_CHANCE above chance) while the other axis keeps >= MIN_KEPT
-            of its above-chance decodability, for both axes: each fraction's interval (paired
-            bootstrap over the probes' test images, rope_axis `removal`) lies at or above its
-            threshold; fails if one lies below.""",
-    "C4": """  C4 (RoPE) recovery after restoring is partial for both axes: the interval of the median over
-            restore points R of mean Rec (paired bootstrap, rope_axis `median_recovery`; results
-            without it: the point median) lies inside (0, 1), fails if it lies wholly at or
-            below 0 or at or above 1; and the primary rebuilding head is axis-specialised: the
-            interval of its |S| (from `axis_index_ci95`, bootstrap over the attention images)
-            lies at or above 0.5, fails if below. Reported beside it, not in the rule: whether
-            mean-ablating head outputs ranks the same heads (overlap of the top five, and whether
-            the primary head is also first there).""",
+            pooled) by >= C2.min_drop points, and the drop's interval lies above C2.null_factor x
+            that of the same-position cross-image swap of the same set (another image's codes at
+            the same patch: content moves, position stays, so it is null by construction for
+            positional features); without that null the claim is inconclusive. Reported beside
+            it, not in the rule: the matched random controls (count and mass, and edit size:
+            not nulls on a spatial task), the crossed design (row features moved by whole
+            columns, col features by whole rows: ~0 for real row / col features), each edit's
+            norm, the drop per class group and as a fraction of the position gain (clean minus
+            the `none` model's top-1 on the same data, where one ran), and whether the drop falls
+            in the study's 24-31 (ImageNet's range: stated, not required).""",
+    "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
+            content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
+            fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
+            whose baseline is >= MIN_ABOVE_CHANCE above the floor), the floor of a layer = the same
+            model's no_both accuracy there (no rotations: what content alone gives), never below
+            chance; each fraction's interval (paired bootstrap over the probes' test images,
+            rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
+            and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
+            fraction's interval >= MIN_REMOVED). Kept above 100 % is reported as an interaction.
+            Reported beside it: the fractions above chance, the floor from the matched `none`
+            model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
+            the floors read the fractions above chance.""",
+    "C4": """  C4 (RoPE) recovery after restoring is partial, against a count-matched reference: for both
+            axes the interval of the median over restore points R of the mean rebuilt share
+            B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)), l >= R (the share
+            of the deficit at R that the restored layers close beyond what the same layers add in
+            the clean model; paired bootstrap, rope_axis `median_rebuilt_share`) lies inside (0, 1),
+            fails if it lies wholly at or below 0 or at or above 1; and the primary rebuilding head
+            is specialised on the axis it rebuilds, where it rebuilds: its axis index S measured in
+            the restore condition, signed to the axis whose recovery it carries (+ row, - col;
+            `primary_axis_index_matched`, bootstrap over the attention images), lies at or above
+            the null threshold (the 0.95 quantile of |S| with each head's rotary pairs relabelled
+            at random, `axis_index_null_threshold`), fails if below; and it explains at least
+            MIN_HEAD_SHARE of the recovery (its fall in Rec / Rec, paired bootstrap,
+            `primary_recovery_share`). Results written before these fall back to median Rec inside
+            (0, 1) and the clean-attention |S| >= 0.5. Reported beside the rule, not in it: median
+            Rec, how often the primary head would be chosen again over image resamples
+            (`selection_frequency`), the top-k heads' joint share with its interval, and whether
+            mean-ablating head outputs ranks the same heads.""",
     "C5": """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
             top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
@@ -82,7 +113,9 @@ fails / inconclusive) and `holds` (result == holds)."""
 
 def rules_text() -> str:
     """The verdict rules as one text (what the summary records as `rules`)."""
-    return "\n".join([RULES_PREAMBLE, *CLAIM_RULES.values(), AGGREGATION])
+    values = "\n".join(f"  {t.name} = {t.value:g} {t.unit} ({t.source}): {t.meaning}" for t in RULES.thresholds)
+    return "\n".join([RULES_PREAMBLE, *CLAIM_RULES.values(), f"Rule set version {RULES.version} "
+                      f"(study/rules.py, hash {RULES.digest()}):", values, AGGREGATION])
 
 
 CLAIM_SCHEME = {"C1": "ape", "C2": "ape", "C3": "rope", "C4": "rope", "C5": "rope"}
@@ -193,21 +226,71 @@ def _iv(iv: Interval | None, d: int = 2) -> str:
     return "" if iv is None or iv[0] == iv[1] else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
 
 
-def _c1(spec: str, sae: dict) -> dict:
+def _pts(v: Any) -> float | None:
+    return 100 * float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _pts_iv(point: Any, ci: Any) -> Interval | None:
+    """A fraction and its interval as points."""
+    iv = bounds(point, ci)
+    return None if iv is None else (100 * iv[0], 100 * iv[1])
+
+
+def _measured_at_least(iv: Interval | None, threshold: float) -> Outcome:
+    """As at_least, but a measurement that was not made is undecided, not false."""
+    return INCONCLUSIVE if iv is None else at_least(iv, threshold)
+
+
+def _c1(spec: str, sae: dict, t: Any = None) -> dict:
+    t = RULES.values() if t is None else t
     causal = sae.get("causal") or {}
     eff = {k: causal.get(f"ablate_{k}") or {} for k in ("row", "col")}
+    ctl = {k: causal.get(f"control_{k}") or {} for k in ("row", "col")}
+    ctl = {k: v if "skipped" not in v else {} for k, v in ctl.items()}
     sel = {k: eff[k].get("selectivity") for k in ("row", "col")}
     ci = {k: eff[k].get("selectivity_ci95") for k in ("row", "col")}
     iv = {k: bounds(sel[k], ci[k]) if sel[k] is not None else None for k in ("row", "col")}
-    result = all_of(known(sae["n_row_features"] > 0 and sae["n_col_features"] > 0),
-                    at_least(iv["row"], SELECTIVE), at_least(iv["col"], SELECTIVE))
-    return {"result": result,
-            "numbers": {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
-                        "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"],
-                        "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]},
+    own = {k: _pts_iv(eff[k].get(f"{k}_drop"), eff[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
+    own_ctl = {k: _pts_iv(ctl[k].get(f"{k}_drop"), ctl[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
+    top1 = {k: bounds(eff[k].get("top1_drop"), eff[k].get("top1_drop_ci95")) for k in ("row", "col")}
+    both = bool(sae["n_row_features"] > 0 and sae["n_col_features"] > 0)
+    conds: list[Outcome] = [known(both)]
+    for k in ("row", "col"):
+        conds.extend((at_least(iv[k], t["C1.selective"]), at_least(own[k], t["C1.min_probe_drop"]),
+                      exceeds(own[k], own_ctl[k], t["C1.control_factor"]),  # a missing own drop is false
+                      _measured_at_least(top1[k], t["C1.min_top1_drop"])))
+    result = all_of(*conds)
+    null = sae.get("eta2_null") or {}
+    nums = {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
+            "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"],
+            "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
+    for k in ("row", "col"):
+        nums[f"{k}_probe_drop"] = _pts(eff[k].get(f"{k}_drop"))
+        own_k, ctl_k = own[k], own_ctl[k]
+        nums[f"{k}_probe_drop_ci95"] = None if own_k is None else list(own_k)
+        nums[f"{k}_control_probe_drop"] = _pts(ctl[k].get(f"{k}_drop"))
+        nums[f"{k}_control_probe_drop_ci95"] = None if ctl_k is None else list(ctl_k)
+        nums[f"{k}_top1_drop"] = eff[k].get("top1_drop")
+        nums[f"{k}_top1_drop_ci95"] = eff[k].get("top1_drop_ci95")
+        nums[f"{k}_top1_drop_per_group"] = eff[k].get("per_group_drop")
+        nums[f"{k}_control_top1_drop"] = ctl[k].get("top1_drop")
+        nums[f"{k}_edit_norm"] = eff[k].get("edit_norm")
+        nums[f"{k}_control_edit_norm"] = ctl[k].get("edit_norm")
+        nums[f"{k}_control_note"] = ctl[k].get("note")
+    nums["eta2_null_thresholds"] = null.get("null_thresholds")
+    nums["eta2_thresholds_above_null"] = null.get("used_above_null")
+
+    def axis(k: str) -> str:
+        return (f"{k} set: selectivity {_f(sel[k])}{_iv(iv[k])}, {k}-probe drop {_f(nums[f'{k}_probe_drop'], 1)}"
+                f"{_iv(own[k], 1)} pts vs control {_f(nums[f'{k}_control_probe_drop'], 1)}{_iv(own_ctl[k], 1)}, "
+                f"top-1 drop {_f(nums[f'{k}_top1_drop'], 1)}{_iv(top1[k], 1)} pts (control "
+                f"{_f(nums[f'{k}_control_top1_drop'], 1)})")
+
+    return {"result": result, "numbers": nums,
             "text": f"{spec}: L{sae['layer']} SAE (FVU {sae['fvu']:.3f}) has {sae['n_row_features']} row / "
-                    f"{sae['n_col_features']} col features; ablation selectivity row {_f(sel['row'])}{_iv(iv['row'])}, "
-                    f"col {_f(sel['col'])}{_iv(iv['col'])} (needs >= {SELECTIVE})"}
+                    f"{sae['n_col_features']} col features; {axis('row')}; {axis('col')} (needs selectivity >= "
+                    f"{t['C1.selective']:g}, probe drop >= {t['C1.min_probe_drop']:g} pts and > "
+                    f"{t['C1.control_factor']:g}x its control, top-1 drop >= {t['C1.min_top1_drop']:g} pts)"}
 
 
 def _f(v, d: int = 2) -> str:
@@ -229,20 +312,27 @@ def _drop(ap: dict, name: str) -> Interval | None:
     return bounds(v.get("drop_points"), v.get("drop_ci95"))
 
 
-def _c2(spec: str, ap: dict) -> dict:
+def _c2(spec: str, ap: dict, t: Any = None, none_top1: float | None = None) -> dict:
+    t = RULES.values() if t is None else t
     allv, rnd = _variant(ap, "all"), _variant(ap, "random_features")
     drop, ctrl = allv.get("drop_points"), rnd.get("drop_points")
     treated, control = _drop(ap, "all_positional"), _drop(ap, "random_all_positional")
-    result = all_of(at_least(treated, MIN_DROP), exceeds(treated, control, CONTROL_FACTOR))
+    null = _drop(ap, "swap_all_positional")
+    result = all_of(at_least(treated, t["C2.min_drop"]), exceeds(treated, null, t["C2.null_factor"]))
     allpos = _variant(ap, "all_positional").get("drop_points")
-    in_range = allpos is not None and 24 <= allpos <= 31
+    in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]
     pe = _variant(ap, "pos_embed_shuffle").get("drop_points")
     note = _variant(ap, "random_all_positional").get("note")
+    clean = ap.get("baseline_top1")
+    gain = None if none_top1 is None or clean is None else 100 * (clean - none_top1)
+    frac = None if gain is None or allpos is None or gain <= 0 else allpos / gain
     parts = []
     for kept, ctrl_name, label in C2_SETS:
         k, c = _variant(ap, kept), _variant(ap, ctrl_name)
         parts.append(f"{label} ({_n(k)}): {_f(k.get('drop_points'), 1)}{_iv(_drop(ap, kept), 1)} pts vs its control "
                      f"({_n(c)}) {_f(c.get('drop_points'), 1)}{_iv(_drop(ap, ctrl_name), 1)}")
+    nulls = {v: _variant(ap, v) for v in ("swap_all_positional", "crossed", "norm_all_positional")}
+    null_text = "; ".join(f"{v} {_f(x.get('drop_points'), 1)}{_iv(_drop(ap, v), 1)}" for v, x in nulls.items())
     return {"result": result,
             "numbers": {"drop_points": drop, "random_control_drop": ctrl, "pos_embed_shuffle_drop": pe,
                         "all_positional_drop": allpos, "in_study_range": in_range,
@@ -250,11 +340,28 @@ def _c2(spec: str, ap: dict) -> dict:
                         "all_positional_control_drop": _variant(ap, "random_all_positional").get("drop_points"),
                         "all_positional_control_drop_ci95": None if control is None else list(control),
                         "n_all_positional": _variant(ap, "all_positional").get("n_features"),
-                        "n_control": _variant(ap, "random_all_positional").get("n_features"), "control_note": note},
-            "text": f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; shuffled APE table {_f(pe, 1)}"
+                        "n_control": _variant(ap, "random_all_positional").get("n_features"), "control_note": note,
+                        "swap_null_drop": nulls["swap_all_positional"].get("drop_points"),
+                        "swap_null_drop_ci95": None if null is None else list(null),
+                        "crossed_drop": nulls["crossed"].get("drop_points"),
+                        "crossed_drop_ci95": nulls["crossed"].get("drop_ci95"),
+                        "norm_control_drop": nulls["norm_all_positional"].get("drop_points"),
+                        "norm_control_drop_ci95": nulls["norm_all_positional"].get("drop_ci95"),
+                        "all_positional_edit_norm": _variant(ap, "all_positional").get("edit_norm"),
+                        "norm_control_edit_norm": nulls["norm_all_positional"].get("edit_norm"),
+                        "all_positional_drop_per_group": {g: v.get("drop_points") for g, v in
+                                                          (_variant(ap, "all_positional").get("per_group")
+                                                           or {}).items()},
+                        "position_gain_points": gain, "drop_fraction_of_position_gain": frac},
+            "text": f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
+                    + f"; shuffled APE table {_f(pe, 1)}"
                     + (f" (control: {note})" if note else "")
-                    + f"; C2 reads the all-positional set (needs >= {MIN_DROP:g} and > {CONTROL_FACTOR:g}x its control)"
-                    f"{', within' if in_range else ', outside'} the study's 24-31"}
+                    + ("" if frac is None else f"; the all-positional drop is {frac:.0%} of the position gain "
+                       f"({gain:.1f} pts over the none model)")
+                    + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
+                      f"{t['C2.null_factor']:g}x its same-position swap)"
+                    f"{', within' if in_range else ', outside'} the study's "
+                    f"{t['C2.study_low']:g}-{t['C2.study_high']:g}"}
 
 
 def _n(v: dict) -> str:
@@ -262,11 +369,13 @@ def _n(v: dict) -> str:
     return "n/a" if n is None else str(n)
 
 
-def _c3(spec: str, ra: dict) -> dict:
+def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
     c = ra["conditions"]
     base = c["baseline"]
     chance = {"row": ra["chance_row"], "col": ra["chance_col"]}
     removal = ra.get("removal") or {}
+    floored = ra.get("removal_floored")  # issue 29: per-layer content floors; None in older results
+    mlp = ((ra.get("readouts") or {}).get("removal")) or None
     nums: dict[str, Any] = {}
     outcomes: list[Outcome] = []
     ivs: dict[str, Interval | None] = {}
@@ -283,22 +392,73 @@ def _c3(spec: str, ra: dict) -> dict:
         nums[f"{rm}_ci95"], nums[f"{kp}_ci95"] = measured.get("removed_ci95"), measured.get("kept_ci95")
         ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
         ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
-        outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+        if floored is None:  # results before the floors: fractions above chance
+            outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
+            continue
+        fl = floored.get(f"no_{a}") or {}
+        for key, num in (("removed", f"{rm}_floored"), ("kept", f"{kp}_floored")):
+            nums[num], nums[f"{num}_ci95"] = fl.get(key), fl.get(f"{key}_ci95")
+            ivs[num] = None if fl.get(key) is None else bounds(fl.get(key), fl.get(f"{key}_ci95"))
+        nums[f"{kp}_interaction"] = bool(fl.get("interaction"))
+        outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
+        if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
+            m = (mlp.get(f"no_{a}") or {}).get("mlp") or {}
+            for key, num in (("removed", f"{rm}_mlp"), ("kept", f"{kp}_mlp"), ("removed_pair", f"{rm}_pair_mlp"),
+                             ("kept_pair", f"{kp}_pair_mlp")):
+                nums[num], nums[f"{num}_ci95"] = m.get(key), m.get(f"{key}_ci95")
+                ivs[num] = None if m.get(key) is None else bounds(m.get(key), m.get(f"{key}_ci95"))
+            outcomes.append(at_least(ivs[f"{rm}_mlp"], MIN_REMOVED))
+        if none_probe is not None and len(none_probe.get(f"{a}_acc") or []) == len(base[f"{a}_acc"]):
+            # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
+            floor = [max(chance[a], f) for f in none_probe[f"{a}_acc"]]
+            kept_none, _ = floored_kept(base[f"{a}_acc"], off[f"{a}_acc"], floor)
+            nums[f"{rm}_none_floor"] = None if kept_none is None else 1 - kept_none
 
     def frac(key: str) -> str:
-        iv = ivs[key]
-        return _pc(nums[key]) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
+        iv = ivs.get(key)
+        return _pc(nums.get(key)) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
 
-    return {"result": all_of(*outcomes), "numbers": nums,
-            "text": f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
-                    f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
-                    f"row keeps {frac('no_col_row_kept')} (needs >= {_pc(MIN_REMOVED)} removed and >= "
-                    f"{_pc(MIN_KEPT)} kept; top-1 {_f(base.get('top1'))} -> no_row "
-                    f"{_f(nums['no_row_top1'])}, no_col {_f(nums['no_col_top1'])})"}
+    text = (f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
+            f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
+            f"row keeps {frac('no_col_row_kept')}")
+    if floored is None:
+        text += f" (needs >= {_pc(MIN_REMOVED)} removed and >= {_pc(MIN_KEPT)} kept"
+    else:
+        text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
+                 f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
+                 f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
+        if mlp is not None:
+            text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
+                     f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
+                     f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
+        if "no_row_row_removed_none_floor" in nums:
+            text += (f"; against the matched none model's floor: row {_pc(nums.get('no_row_row_removed_none_floor'))}, "
+                     f"col {_pc(nums.get('no_col_col_removed_none_floor'))} removed")
+        text += (f" (needs >= {_pc(MIN_REMOVED)} removed above the floor{' and by the MLP probe' if mlp else ''}, "
+                 f">= {_pc(MIN_KEPT)} kept")
+    text += (f"; top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, no_col "
+             f"{_f(nums['no_col_top1'])})")
+    return {"result": all_of(*outcomes), "numbers": nums, "text": text}
+
+
+def matched_none(spec: str, models: dict[str, dict]) -> dict | None:
+    """The `probe` result of the `none` model matched to a RoPE model (rope-axial / rope-mixed in its
+    name replaced by none: builtin:rope-axial-seed1 -> builtin:none-seed1), if it ran."""
+    for pe in ("rope-axial", "rope-mixed"):
+        if pe in spec:
+            probe = (models.get(spec.replace(pe, "none")) or {}).get("probe")
+            return probe if isinstance(probe, dict) and "row_acc" in probe else None
+    return None
 
 
 def _pc(v) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _pc_iv(iv: Interval | None) -> str:
+    return "" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
 
 
 def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
@@ -306,6 +466,9 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
     med = ra.get("median_recovery") or {}
     rec_ci = {a: (med.get(a) or {}).get("median_rec_ci95") for a in ("row", "col")}
     rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in ("row", "col")}
+    shares = ra.get("median_rebuilt_share")  # the count-matched reading (issue 29); None in older results
+    share = {a: (shares or {}).get(a) or {} for a in ("row", "col")}
+    share_iv = {a: bounds(share[a].get("median_share"), share[a].get("median_share_ci95")) for a in ("row", "col")}
     prim, S, S_ci = None, None, None
     if rh and rh.get("primary_rebuilding_head"):
         prim = rh["primary_rebuilding_head"]
@@ -313,8 +476,37 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
         cis = rh.get("axis_index_ci95")
         S_ci = cis[prim[0]][prim[1]] if cis else None
     S_iv = None if S is None else bounds(S, S_ci)
-    result = all_of(inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0),
-                    at_least(magnitude(S_iv), SPECIALISED))
+    rh = rh or {}
+    restore_rule = rh.get("axis_index_null_threshold") is not None
+    matched, threshold = rh.get("primary_axis_index_matched"), rh.get("axis_index_null_threshold")
+    matched_iv = None if matched is None else bounds(matched, rh.get("primary_axis_index_matched_ci95"))
+    head_share = rh.get("primary_recovery_share")
+    head_share_iv = None if head_share is None else bounds(head_share, rh.get("primary_recovery_share_ci95"))
+    if shares is not None:
+        recovered = (inside(share_iv["row"], 0.0, 1.0), inside(share_iv["col"], 0.0, 1.0))
+    else:  # results before the count-matched reference: Rec itself
+        recovered = (inside(rec_iv["row"], 0.0, 1.0), inside(rec_iv["col"], 0.0, 1.0))
+    if threshold is not None:
+        head = (at_least(matched_iv, float(threshold)), at_least(head_share_iv, MIN_HEAD_SHARE))
+    else:  # results before the restore-condition S: |S| of clean attention against the round number
+        head = (at_least(magnitude(S_iv), SPECIALISED),)
+    result = all_of(*recovered, *head)
+    text = (f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
+            f"{_f(rec['col'])}{_iv(rec_iv['col'])}")
+    if shares is not None:
+        text += (f"; count-matched rebuilt share row {_f(share['row'].get('median_share'))}{_iv(share_iv['row'])}, "
+                 f"col {_f(share['col'].get('median_share'))}{_iv(share_iv['col'])} (needs inside (0, 1))")
+    else:
+        text += " (needs inside (0, 1))"
+    if restore_rule:
+        freq = rh.get("primary_selection_frequency")
+        text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(freq)} of image resamples) carries "
+                 f"{rh.get('primary_axis')}: its axis index where it rebuilds, signed to that axis, "
+                 f"{_f(matched)}{_iv(matched_iv)} (needs >= the null's {_f(threshold, 3)}), and it explains "
+                 f"{_pc(head_share)}{_pc_iv(head_share_iv)} of the recovery (needs >= {_pc(MIN_HEAD_SHARE)}); "
+                 f"clean-attention axis index {_f(S)}{_iv(S_iv)}")
+    else:
+        text += f"; primary rebuilding head {_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"
     return {"result": result,
             "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
                         "primary_axis_index": S,
@@ -326,10 +518,19 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
                         "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
                         "top_heads_agreement": rh.get("top_heads_agreement") if rh else None,
                         "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
-                        "primary_axis_index_ci95": S_ci},
-            "text": f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
-                    f"{_f(rec['col'])}{_iv(rec_iv['col'])} (needs inside (0, 1)); primary rebuilding head "
-                    f"{_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"}
+                        "primary_axis_index_ci95": S_ci,
+                        # issue 29: what the rule reads now
+                        "median_rebuilt_share_row": share["row"].get("median_share"),
+                        "median_rebuilt_share_col": share["col"].get("median_share"),
+                        "median_rebuilt_share_row_ci95": share["row"].get("median_share_ci95"),
+                        "median_rebuilt_share_col_ci95": share["col"].get("median_share_ci95"),
+                        "primary_axis": rh.get("primary_axis"), "primary_axis_index_matched": matched,
+                        "primary_axis_index_matched_ci95": rh.get("primary_axis_index_matched_ci95"),
+                        "axis_index_null_threshold": threshold,
+                        "primary_selection_frequency": rh.get("primary_selection_frequency"),
+                        "primary_recovery_share": head_share,
+                        "primary_recovery_share_ci95": rh.get("primary_recovery_share_ci95")},
+            "text": text}
 
 
 def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:
@@ -439,6 +640,37 @@ def _seed_text(seeds: dict[str, SeedSummary]) -> str:
                      f"{'' if s.ci95 is None else f' [{s.ci95[0]:.2f}, {s.ci95[1]:.2f}]'}" for fam, s in seeds.items())
 
 
+def none_top1(models: dict[str, dict], data: Any) -> float | None:
+    """Clean top-1 of a model without position (scheme `none`) on the same data, if one ran."""
+    for m in models.values():
+        if (m.get("describe") or {}).get("scheme") == "none" and m.get("data") == data:
+            top1 = (m.get("eval") or {}).get("top1")
+            if isinstance(top1, (int, float)):
+                return float(top1)
+    return None
+
+
+# claims whose per-model rule reads the rule set's thresholds: their sensitivity curves are computed
+RULE_READERS: dict[str, RuleReader] = {
+    "C1": lambda spec, m, t: _c1(spec, m["sae"], t) if m.get("sae") else None,
+    "C2": lambda spec, m, t: _c2(spec, m["ape_permute"], t) if m.get("ape_permute") else None,
+}
+
+
+def primary_over_seeds(found: list[tuple[str, dict]]) -> str:
+    """How often each head is the primary rebuilding head over the trained seeds of a model family
+    (issue 29: the selection's stability across seeds, beside its bootstrap over images)."""
+    families: dict[str, list[str]] = {}
+    for spec, r in found:
+        families.setdefault(model_family(spec), []).append(_head(r["numbers"].get("primary_head")))
+    parts = []
+    for fam, heads in families.items():
+        if len(heads) >= 2:
+            counts = {h: heads.count(h) for h in dict.fromkeys(heads)}
+            parts.append(f"{fam}: " + ", ".join(f"{h} on {n} of {len(heads)} seeds" for h, n in counts.items()))
+    return "primary rebuilding head over seeds: " + "; ".join(parts)
+
+
 def summarise(models: dict[str, dict]) -> Summary:
     """Verdicts per claim from the models' results (each entry as results.json holds it)."""
     claims: list[dict[str, Any]] = []
@@ -447,9 +679,9 @@ def summarise(models: dict[str, dict]) -> Summary:
         if m.get("sae"):
             per["C1"].append((spec, _c1(spec, m["sae"])))
         if m.get("ape_permute"):
-            per["C2"].append((spec, _c2(spec, m["ape_permute"])))
+            per["C2"].append((spec, _c2(spec, m["ape_permute"], none_top1=none_top1(models, m.get("data")))))
         if m.get("rope_axis"):
-            per["C3"].append((spec, _c3(spec, m["rope_axis"])))
+            per["C3"].append((spec, _c3(spec, m["rope_axis"], matched_none(spec, models))))
             per["C4"].append((spec, _c4(spec, m["rope_axis"], m.get("rope_heads"))))
         if m.get("rope_heads"):
             per["C5"].append((spec, _c5(spec, m["rope_heads"])))
@@ -458,6 +690,8 @@ def summarise(models: dict[str, dict]) -> Summary:
         found = per[cid]
         seeds = seed_summaries(cid, found)
         evidence = "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run"
+        if cid == "C4" and seeds:
+            evidence = f"{primary_over_seeds(found)}. " + evidence
         claims.append({
             "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
             "evidence": (f"over seeds: {_seed_text(seeds)}. " if seeds else "") + evidence, "seeds": seeds,
@@ -465,4 +699,7 @@ def summarise(models: dict[str, dict]) -> Summary:
                         for spec, r in found},
             "models": [spec for spec, _ in found],
         })
-    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules_text())
+        if cid in RULE_READERS and found:
+            claims[-1]["sensitivity"] = sensitivity(cid, models, RULE_READERS[cid], aggregate)
+    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules_text(),
+                   rules_version=RULES.version, rules_hash=RULES.digest(), rule_set=RULES)

@@ -57,6 +57,15 @@ class SAEStage(_Strict):
                              description="held-out test images: metrics, feature scores, causal check")
     epochs: int = Field(default=4, ge=1)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
+    data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
+                             "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
+    seeds: int = Field(default=1, ge=1, description="SAE seeds (run seed, +1, ...): > 1 adds the sweep and its seed "
+                       "stability to sae.json; C1 / C2 read the run seed's SAE")
+    expansions: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, min_length=1, description="dictionary sizes of the sweep (x width); None = [expansion]")
+    high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
+                                    description="leave patch tokens above this x the median patch-token norm out of "
+                                    "SAE training (high-norm artifact tokens); None = keep every patch token")
 
 
 class ApePermuteStage(_Strict):
@@ -67,6 +76,10 @@ class ApePermuteStage(_Strict):
 class RopeAxisStage(_Strict):
     images: int = Field(default=1000, ge=2)
     restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
+    readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
+                                "(issue 29); 0 = none")
+    readout_layers: list[int] | None = Field(default=None, description="layers of the read-outs; None = the middle and "
+                                             "last layer (the last only under --quick)")
 
 
 class RopeHeadsStage(_Strict):
@@ -78,6 +91,9 @@ class RopeHeadsStage(_Strict):
     top1_screen_images: int | None = Field(
         default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
         "only for the heads still in the race; None = every head on every image")
+    sweep_restore: list[int] | None = Field(
+        default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
+        "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
     c5_ablation_heads: int | None = Field(
         default=None, ge=1, description="C5 under the counterfactual ablations (swap, shift, jitter, rescale, "
         "mean output) on the primary and this many top heads by the identity drop; None = every head")
@@ -143,7 +159,7 @@ QUICK = {
     "probe": {"images": 200},
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
-    "rope_axis": {"images": 200},
+    "rope_axis": {"images": 200, "readout_images": 48},
     "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16, "c5_ablation_heads": 5},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},

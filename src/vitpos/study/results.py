@@ -19,6 +19,8 @@ from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import BY_NAME, NAMES
 from vitpos.study.config import RunConfig
 from vitpos.study.head_stage import HeadResult
+from vitpos.study.rules import RuleSet, Sensitivity
+from vitpos.validation.table import ValidationTable
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1
@@ -114,12 +116,17 @@ class ClaimVerdict(BaseModel):
     numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
     seeds: dict[str, SeedSummary] = Field(default_factory=dict)  # model family -> its seeds, where >= 2 ran
+    sensitivity: list[Sensitivity] | None = None  # the verdict as each threshold moves (claims whose rule reads RULES)
 
 
 class Summary(BaseModel):
     model_config = ConfigDict(extra="forbid")
     claims: list[ClaimVerdict]
     rules: str
+    rules_version: int | None = None  # study.rules.RULES (None: written before rules were versioned)
+    rules_hash: str | None = None
+    rule_set: RuleSet | None = None
+    validation: ValidationTable | None = None  # planted models: claim x planted truth -> verdict (vitpos.validation)
 
 
 class StudyResults(BaseModel):

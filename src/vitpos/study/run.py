@@ -38,6 +38,7 @@ from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_mo
 from vitpos.study.head_stage import HEAD_VERSION, HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
+from vitpos.validation.table import validation_table
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -138,6 +139,9 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
         return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
 
 
+VALIDATION_IMAGES = 240  # planted test images per validation case (each run re-checks its rules on them)
+
+
 def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: dict[str, float], t_start: float,
             quick: bool, reproduce: str | None, log: Callable[[str], None]) -> StudyResults:
 
@@ -146,6 +150,9 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise({k: e.to_json() for k, e in entries.items()}))
+    t_val = time.time()
+    results.summary.validation = validation_table(n_images=VALIDATION_IMAGES, seeds=(0,))
+    results.timings["validation"] = round(time.time() - t_val, 1)
     results.timings["total_this_run"] = round(time.time() - t_start, 1)
     results.figures = draw_figures(results, out, log)
     write_json(out / "results.json", results.to_json())

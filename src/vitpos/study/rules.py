@@ -1,0 +1,133 @@
+"""The verdict rules' thresholds as data: one versioned, hashed rule set, each threshold with the
+range its sensitivity curve is drawn over.
+
+The study gives only its abstract, so nearly every threshold is ours (`source="ours"`); the few the
+study's text fixes say so. `RULES.digest()` hashes the canonical JSON of every threshold (name,
+claim, value, range) with the version: results.json records both (`summary.rules_version`,
+`summary.rules_hash`), so a rule change is visible in the file; `CHANGES` says what each version
+changed and whether it was made after seeing results.
+
+Sensitivity (`sensitivity`): for a claim and one of its thresholds, the claim's verdict with that
+threshold moved over its `sweep` (the other thresholds at their values), from the same per-model
+rule the verdict uses. A claim opts in by registering its per-model rule in `study.claims`
+(`RULE_READERS`: claim id -> (spec, model entry, thresholds) -> result or None); a claim whose rule
+does not read the thresholds yet is left out of the curves rather than shown flat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Threshold(BaseModel):
+    """One threshold of a verdict rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str  # e.g. "C1.min_probe_drop"
+    claim: str
+    value: float
+    unit: str
+    meaning: str
+    source: Literal["ours", "study"] = "ours"
+    sweep: tuple[float, ...]  # the documented range of its sensitivity curve (includes `value`)
+
+
+class RuleSet(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: int
+    thresholds: tuple[Threshold, ...]
+
+    def values(self) -> dict[str, float]:
+        return {t.name: t.value for t in self.thresholds}
+
+    def of(self, claim: str) -> list[Threshold]:
+        return [t for t in self.thresholds if t.claim == claim]
+
+    def digest(self) -> str:
+        """sha256 (16 hex) of the canonical JSON of the version and every threshold."""
+        doc = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+CHANGES = {
+    1: "issue 18 rules (intervals, matched controls, paired margins); constants in study/claims.py",
+    2: "issue 28: rules as data with a version and hash; C1 adds floors on the own-axis probe drop and on the "
+       "top-1 drop, and a matched random-latent removal the probe drop must beat; C2 reads the same-position "
+       "cross-image swap (a null by construction) instead of the count/mass-matched random control, which is "
+       "reported beside it. Changed after seeing results: the planted models (validation/planted_ape.py) and the "
+       "issue's reading of the quick run showed the version-1 C1/C2 rules giving the wrong verdict there.",
+}
+
+_FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)
+_POINTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+
+RULES = RuleSet(version=2, thresholds=(
+    Threshold(name="C1.selective", claim="C1", value=0.6, unit="fraction",
+              meaning="selectivity of each set's removal (own-axis probe drop / both drops) at least this",
+              sweep=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
+    Threshold(name="C1.min_probe_drop", claim="C1", value=5.0, unit="points",
+              meaning="each set's removal lowers its own axis' downstream probe accuracy by at least this",
+              sweep=_POINTS),
+    Threshold(name="C1.control_factor", claim="C1", value=2.0, unit="x",
+              meaning="... and by more than this times its matched random-latent removal does", sweep=_FACTORS),
+    Threshold(name="C1.min_top1_drop", claim="C1", value=5.0, unit="points",
+              meaning="each set's removal lowers top-1 by at least this (the features are used by the model)",
+              sweep=_POINTS),
+    Threshold(name="C2.min_drop", claim="C2", value=10.0, unit="points",
+              meaning="permuting all positional features drops top-1 by at least this",
+              sweep=(0.0, 5.0, 10.0, 15.0, 20.0, 24.0, 31.0)),
+    Threshold(name="C2.null_factor", claim="C2", value=2.0, unit="x",
+              meaning="... and by more than this times the same-position cross-image swap of that set",
+              sweep=_FACTORS),
+    Threshold(name="C2.study_low", claim="C2", value=24.0, unit="points", source="study",
+              meaning="low end of the study's range (stated, not required)", sweep=(24.0,)),
+    Threshold(name="C2.study_high", claim="C2", value=31.0, unit="points", source="study",
+              meaning="high end of the study's range (stated, not required)", sweep=(31.0,)),
+))
+
+RuleReader = Callable[[str, Mapping[str, Any], Mapping[str, float]], "dict[str, Any] | None"]
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: float
+    verdict: str
+    results: dict[str, str]  # model -> holds / fails / inconclusive
+
+
+class Sensitivity(BaseModel):
+    """A claim's verdict as one threshold moves over its documented range."""
+
+    model_config = ConfigDict(extra="forbid")
+    threshold: str
+    value: float  # the rule's own value
+    unit: str
+    source: str
+    curve: list[CurvePoint]
+    stable: bool  # the verdict is the same at every value of the range
+
+
+def sensitivity(claim: str, models: Mapping[str, Mapping[str, Any]], reader: RuleReader,
+                aggregate: Callable[[list], str], rules: RuleSet = RULES) -> list[Sensitivity]:
+    """Per threshold of `claim` with a range of more than one value: the verdict over that range."""
+    base = rules.values()
+    out = []
+    for t in rules.of(claim):
+        if len(t.sweep) < 2:
+            continue
+        curve = []
+        for v in t.sweep:
+            vals = {**base, t.name: v}
+            per = {spec: r["result"] for spec, m in models.items() if (r := reader(spec, m, vals)) is not None}
+            curve.append(CurvePoint(value=v, verdict=aggregate(list(per.values())), results=per))
+        out.append(Sensitivity(threshold=t.name, value=t.value, unit=t.unit, source=t.source, curve=curve,
+                               stable=len({p.verdict for p in curve}) == 1))
+    return out
+
+
+__all__ = ["CHANGES", "RULES", "CurvePoint", "RuleReader", "RuleSet", "Sensitivity", "Threshold", "sensitivity"]

@@ -1,0 +1,91 @@
+"""The validation table: claim x planted truth -> the pipeline's verdict, for every planted case.
+
+A case (`PlantedCase`) is a small model where some claims are true or false by construction; its
+`measure` runs the experiments' own run functions and returns the model's entry as results.json
+holds it; `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
+when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
+verdict passes neither way). The RoPE cases (C3-C5) come from `planted_rope.rope_cases()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from vitpos.validation import planted_rope
+from vitpos.validation.planted_ape import APE_CASES, PlantedCase
+
+
+def _from_rope(case: planted_rope.PlantedCase) -> PlantedCase:
+    """A planted RoPE case (one claim each, sizes of its own) as a row source of the one table."""
+
+    def measure(n_images: int, seeds: tuple[int, ...]) -> dict[str, Any]:
+        return planted_rope.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
+
+    return PlantedCase(name=f"rope:{case.name}", description=case.why, truth={case.claim: case.truth},
+                       measure=measure)
+
+
+# C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in planted_rope.rope_cases()))
+
+
+class ValidationRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    claim: str
+    case: str
+    description: str
+    planted: bool  # the claim is true of this model by construction
+    verdict: str  # the pipeline's verdict
+    expected: str  # supported (planted true) or not supported (planted false)
+    passes: bool
+    evidence: str
+
+
+class ValidationTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rules_version: int
+    rules_hash: str
+    n_images: int
+    seeds: list[int]
+    rows: list[ValidationRow]
+
+    @property
+    def passes(self) -> bool:
+        return all(r.passes for r in self.rows)
+
+    def markdown(self) -> str:
+        lines = ["| claim | planted model | planted | verdict | as planted |", "|---|---|---|---|---|"]
+        lines += [f"| {r.claim} | {r.case}: {r.description} | {'true' if r.planted else 'false'} | {r.verdict} | "
+                  f"{'yes' if r.passes else '**no**'} |" for r in self.rows]
+        return "\n".join(lines)
+
+
+def expected_verdict(planted: bool) -> str:
+    return "supported" if planted else "not supported"
+
+
+def validation_table(cases: Iterable[PlantedCase] = CASES, n_images: int = 300,
+                     seeds: tuple[int, ...] = (0, 1)) -> ValidationTable:
+    """Measure every case and read each planted claim's verdict from `summarise`."""
+    from vitpos.study.claims import summarise
+    from vitpos.study.rules import RULES
+
+    rows = []
+    for case in cases:
+        entry: dict[str, Any] = case.measure(n_images, seeds)
+        verdicts = {c.id: c for c in summarise({case.name: entry}).claims}
+        for cid, planted in case.truth.items():
+            c = verdicts[cid]
+            want = expected_verdict(planted)
+            rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
+                                      verdict=c.verdict, expected=want, passes=c.verdict == want,
+                                      evidence=c.evidence))
+    rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
+    return ValidationTable(rules_version=RULES.version, rules_hash=RULES.digest(), n_images=n_images,
+                           seeds=list(seeds), rows=rows)
+
+
+__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "validation_table"]

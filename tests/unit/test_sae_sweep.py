@@ -1,0 +1,55 @@
+"""The SAE layer as a sweep: one SAE, C1 and C2 per layer, a bootstrapped choice of layer and a rule over it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import toy_set
+from vitpos.experiments.sae_sweep import _over, run_sae_sweep, selection_frequency, sweep_layers
+
+
+def test_sweep_layers_every_layer_but_the_last_or_an_even_subset():
+    assert sweep_layers(4) == [0, 1, 2]
+    assert sweep_layers(1) == []
+    sub = sweep_layers(24, max_layers=6)
+    assert sub[0] == 0 and sub[-1] == 22 and len(sub) == 6 and sub == sorted(sub)
+
+
+def test_selection_frequency_finds_a_clear_winner_and_splits_a_tie():
+    g = torch.Generator().manual_seed(0)
+    clear = torch.stack([torch.zeros(200), (torch.rand(200, generator=g) < 0.5).float(), torch.zeros(200)])
+    f = selection_frequency(clear)
+    assert f[1] == 1.0 and float(f.sum()) == pytest.approx(1.0)
+    same = (torch.rand(200, generator=g) < 0.3).float()
+    f = selection_frequency(torch.stack([same, same.clone(), torch.zeros(200)]))  # an exact tie: no float tie-break
+    assert f.tolist() == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_the_claim_over_the_curve_needs_every_plausible_layer():
+    assert _over({0: "holds", 1: "holds", 2: "fails"}, [0, 1]).result == "holds"
+    assert _over({0: "holds", 1: "fails"}, [0, 1]).result == "inconclusive"  # depends on the layer picked
+    assert _over({0: "fails", 1: "fails"}, [0, 1]).result == "fails"
+
+
+def test_run_sae_sweep_measures_every_layer(tmp_path):
+    from conftest import TINY
+    from vitpos.models.own import OwnViTConfig, build_own_vit
+    from vitpos.models.spec import OwnSurface
+
+    torch.manual_seed(0)
+    cfg = OwnViTConfig(pe="ape", **{**TINY, "depth": 3})
+    s = OwnSurface(build_own_vit(cfg).eval(), "tiny:ape3", cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():  # predictions that vary from image to image (timm's init gives one class)
+        for p in s.model.parameters():
+            p.normal_(0, 0.3)
+    kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=48, epochs=1, batch_tokens=256, buffer_tokens=512)
+    res = run_sae_sweep(s, toy_set(96), sae_kw=kw, permute_images=48, out=tmp_path)
+    assert res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]  # depth 3: the last has no downstream
+    assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
+    assert res.plausible_layers and set(res.c2.per_plausible_layer) == {str(v) for v in res.plausible_layers}
+    for p in res.points:  # each layer read with the claims' own rules
+        assert p.c1 in ("holds", "fails", "inconclusive") and p.c2_numbers["all_positional_drop"] == \
+            p.all_positional_drop
+    assert (tmp_path / "L0" / "sae.json").is_file() and (tmp_path / "L1" / "sae.json").is_file()
