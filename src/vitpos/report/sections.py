@@ -559,7 +559,40 @@ def _sec_heads(doc: dict) -> str:
             a, b = pair.split("~")
             pairs.append((f"heads in both top lists: {a} and {b}", f"{count} of {k}"))
     pairs += _heads_selection(doc)
-    return kv_table(pairs)
+    return kv_table(pairs) + _c5_ablations_table(doc)
+
+
+def _c5_ablations_table(doc: dict) -> str:
+    """C5 under each ablation of a head (rope_heads `c5_ablations`): the primary's drop and rank, the
+    largest-drop head, the closest rival's paired margin and C5's outcome; the row the verdict rests on marked."""
+    abl = doc.get("c5_ablations")
+    if not isinstance(abl, dict) or not abl:
+        return ""
+    prim, rests = doc.get("primary_rebuilding_head"), doc.get("c5_rests_on")
+    rows = []
+    for name, a in abl.items():
+        if not isinstance(a, dict):
+            continue
+        heads = [list(h) for h in a.get("heads") or []]
+        drops, ivs = a.get("drop_points") or [], a.get("drop_ci95") or []
+
+        def drop_of(lh: Any, heads=heads, drops=drops, ivs=ivs) -> str:
+            i = heads.index(list(lh)) if isinstance(lh, list) and list(lh) in heads else None
+            return "n/a" if i is None else f"{pts(drops[i])} {ci(ivs[i] if i < len(ivs) else None)}".rstrip()
+
+        rival = closest_rival([a.get("margin_ci95") or []])
+        big = a.get("largest_drop_head")
+        rows.append([f"{name}{' (verdict)' if name == rests else ''}", str(a.get("description", "")),
+                     str(len(heads)), drop_of(prim), f"{a.get('primary_drop_rank') or 'n/a'} of {len(heads)}",
+                     f"{head_name(big)}: {drop_of(big)}",
+                     "n/a" if rival is None else f"{head_name(heads[rival[0][1]])} {ci(rival[1])}",
+                     str(a.get("outcome", "n/a"))])
+    rule = doc.get("c5_ablation_heads_rule")
+    return (f"<p>C5 under each ablation of one head (both axes; top-1 images, paired bootstrap): the identity row "
+            f"is the sweep above; the others are measured on {e(rule or 'the heads listed')}. A constant shift is "
+            "invisible between patches to a relative encoding (only the unrotated prefix tokens see it).</p>"
+            + table(["ablation", "what", "heads", "primary's drop", "primary's rank", "largest drop",
+                     "closest rival: drop(primary) − drop(rival)", "C5"], rows))
 
 
 def _sweep_text(r: str, v: Any) -> str:

@@ -100,6 +100,9 @@ class RopeHeadsStage(_Strict):
     sweep_restore: list[int] | None = Field(
         default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
         "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
+    c5_ablation_heads: int | None = Field(
+        default=None, ge=1, description="C5 under the counterfactual ablations (swap, shift, jitter, rescale, "
+        "mean output) on the primary and this many top heads by the identity drop; None = every head")
 
 
 class RopePrefixStage(_Strict):
@@ -164,7 +167,7 @@ QUICK = {
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
     "rope_axis": {"images": 200, "readout_images": 48},
-    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
+    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16, "c5_ablation_heads": 5},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},
     "extrapolate": {"images": 100},
