@@ -13,6 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitpos.errors import VitposError
+from vitpos.study.config import SEED_MAX
+
+COUNT_MAX = 10**9  # the largest count (images, tokens, batch, layer) an option takes: huge values are refused
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Where do Vision Transformers keep spatial position? Probes, SAEs and causal tests for APE "
@@ -80,9 +83,9 @@ def train(
     pe: str = typer.Option(..., "--pe", help="ape | ape-sincos | rope-axial | rope-mixed | rope-ape | none"),
     out: Path = OutOpt,
     data: str = DataOpt,
-    epochs: int | None = typer.Option(None, "--epochs", min=1, help="default 3, or 2 with --quick (>= 1)"),
-    seed: int = typer.Option(0, "--seed"),
-    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, max=1000, help="default 3, or 2 with --quick (1..1000)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, max=COUNT_MAX, help=">= 1"),
     lr: float = typer.Option(1e-3, "--lr", callback=_positive_finite, help="AdamW peak learning rate (> 0, finite)"),
     quick: bool = typer.Option(False, "--quick", help="seconds-long smoke run (tiny model, tiny data)"),
     force: bool = typer.Option(False, "--force", help="discard an earlier run in --out"),
@@ -175,7 +178,8 @@ def eval_cmd(
     out: Path | None = typer.Option(None, "--out", "-o"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
-    limit: int | None = typer.Option(None, "--limit", min=1, help="evaluate on the first N images (>= 1)"),
+    limit: int | None = typer.Option(None, "--limit", min=1, max=COUNT_MAX,
+                                     help="evaluate on the first N images (>= 1)"),
     head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
@@ -202,9 +206,10 @@ def head_cmd(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(4000, "--images", min=2, help="train-split images to fit on (>= 2); val and test "
+    images: int = typer.Option(4000, "--images", min=2, max=COUNT_MAX,
+                               help="train-split images to fit on (>= 2); val and test "
                                "splits: images // 4 each"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
@@ -269,16 +274,18 @@ def capture(
     data: str = DataOpt,
     split: Literal["train", "val", "test"] = typer.Option("train", "--split"),
     out: Path = OutOpt,
-    limit: int | None = typer.Option(None, "--limit", min=1, help="first N images only (>= 1)"),
-    batch_size: int = typer.Option(128, "--batch-size", min=1, help=">= 1"),
+    limit: int | None = typer.Option(None, "--limit", min=1, max=COUNT_MAX, help="first N images only (>= 1)"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, max=COUNT_MAX, help=">= 1"),
     dtype: Literal["float32", "float16", "bfloat16"] = typer.Option("float32", "--dtype", help="storage dtype"),
-    shard_images: int = typer.Option(256, "--shard-images", min=1, help=">= 1"),
+    shard_images: int = typer.Option(256, "--shard-images", min=1, max=COUNT_MAX, help=">= 1"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
+    keep_prefix: bool = typer.Option(False, "--keep-prefix", help="also store the prefix tokens (CLS, registers), "
+                                     "e.g. for `vitpos sae --store ... --include-special`"),
 ):
     """Stream activations of a dataset to disk shards (resumable, memory bounded).
 
@@ -294,7 +301,8 @@ def capture(
         autocast_dtype(amp, dev)
         surface = _surface(model, pretrained, checkpoint)
         info = capture_to_store(surface, data, split, sites, out, limit=limit, batch_size=batch_size, dtype=dtype,
-                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp)
+                                shard_images=shard_images, force=force, progress=progress, device=dev, amp=amp,
+                                keep_prefix=keep_prefix)
     if env.is_main:
         ranks = f" on {env.world_size} ranks" if env.enabled else ""
         out_console.print(f"captured {info['num_images']} images x {len(info['sites'])} sites{ranks} -> {out}")
@@ -306,9 +314,9 @@ def probe(
     sites: str = typer.Option("resid_post", "--sites"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", min=2,
+    images: int = typer.Option(1000, "--images", min=2, max=COUNT_MAX,
                                help="number of test-split images, split by image into probe train/test (>= 2)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = typer.Option(None, "--head", help="accepted like the other commands' --head and checked "
@@ -337,25 +345,28 @@ def probe(
 @app.command()
 def sae(
     model: str = ModelOpt,
-    layer: int = typer.Option(..., "--layer", min=0, help="block index whose site is encoded (0..depth-1)"),
+    layer: int = typer.Option(..., "--layer", min=0, max=COUNT_MAX,
+                              help="block index whose site is encoded (0..depth-1)"),
     site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = typer.Option("resid_post", "--site"),
     data: str = DataOpt,
     out: Path = OutOpt,
     arch: Literal["topk", "batchtopk", "relu"] = typer.Option("topk", "--arch"),
-    k: int = typer.Option(32, "--k", min=1, help="active latents per token for topk / batchtopk (>= 1)"),
-    expansion: int = typer.Option(8, "--expansion", min=1, help="latents = expansion x width (>= 1)"),
-    images: int = typer.Option(4000, "--images", min=1,
+    k: int = typer.Option(32, "--k", min=1, max=COUNT_MAX, help="active latents per token for topk / batchtopk (>= 1)"),
+    expansion: int = typer.Option(8, "--expansion", min=1, max=256, help="latents = expansion x width (1..256)"),
+    images: int = typer.Option(4000, "--images", min=1, max=COUNT_MAX,
                                help="training images (their patch tokens); unused with --store (>= 1)"),
-    epochs: int = typer.Option(4, "--epochs", min=1, help=">= 1"),
-    eval_images: int = typer.Option(1000, "--eval-images", min=2, help="held-out test images for the metrics, feature "
+    epochs: int = typer.Option(4, "--epochs", min=1, max=1000, help="1..1000"),
+    eval_images: int = typer.Option(1000, "--eval-images", min=2, max=COUNT_MAX,
+                                    help="held-out test images for the metrics, feature "
                                     "scores, splice and causal check (>= 2)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     store: Path | None = typer.Option(None, "--store", help="train on this `vitpos capture` store (train split, same "
                                          "model and site) instead of capturing into OUT/acts/"),
     lr: float | None = typer.Option(None, "--lr", callback=_positive_finite,
                                      help="Adam learning rate (> 0; default: 2e-3, ∝ 1/√F above 768 latents)"),
-    batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, help="tokens per training step (>= 1)"),
-    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0,
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", min=1, max=COUNT_MAX,
+                                     help="tokens per training step (>= 1)"),
+    buffer_tokens: int = typer.Option(65536, "--buffer-tokens", min=0, max=COUNT_MAX,
                                        help="shuffle buffer (tokens held in memory while streaming; 0 = none)"),
     force: bool = typer.Option(False, "--force"),
     pretrained: bool = PretrainedOpt,
@@ -364,8 +375,15 @@ def sae(
     progress: bool = ProgressOpt,
     device: str = DeviceOpt,
     amp: str = AmpOpt,
-    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="save the training state to OUT/train-state/ "
+    checkpoint_every: int = typer.Option(500, "--checkpoint-every", min=0, max=COUNT_MAX,
+                                         help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
+    stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
+                                              "same tokens and report the share of decoder directions it reproduces "
+                                              "(cos >= 0.9, one-to-one matching); doubles the training time"),
+    include_special: bool = typer.Option(False, "--include-special", help="train on the special tokens too: CLS / "
+                                         "register tokens and high-norm outlier patch tokens (norm > 5x the median); "
+                                         "default: left out, see sae.json special_tokens"),
 ):
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
     features.png."""
@@ -383,6 +401,8 @@ def sae(
 
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    if stability_seed is not None and stability_seed == seed:
+        raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
     with distributed(device) as (env, dev):
         autocast_dtype(amp, dev)
         state_dir = out / "train-state"
@@ -399,7 +419,8 @@ def sae(
         doc, _ = run_sae(surface, layer, site=site, data=data, arch=arch, k=k, expansion=expansion,
                          n_train_images=images, n_eval_images=eval_images, epochs=epochs, seed=seed, out=out,
                          progress=progress and env.is_main, force=force, store=store,
-                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options)
+                         lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options,
+                         stability_seed=stability_seed, include_special=include_special)
     if not env.is_main:
         return
     splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
@@ -407,6 +428,37 @@ def sae(
     out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
                       f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
+    fid = doc.fidelity
+    if fid is not None:
+        stab = ("" if fid.stability is None else f"; seed {fid.stability.other_seed} reproduces "
+                f"{fid.stability.share_matched:.1%} of the decoder directions (cos >= {fid.stability.cos_threshold})")
+        out_console.print(f"dense latents (firing > {fid.dense_threshold:.0%}) {fid.dense_frac:.1%}; outlier tokens "
+                          f"{'included' if doc.include_special else 'left out'}: {doc.excluded_outlier_tokens or 0} of "
+                          f"the training tokens above {doc.outlier_threshold:.3g}{stab}")
+
+
+@app.command()
+def browse(
+    sae_dir: Path = typer.Argument(..., help="the --out folder of `vitpos sae` (sae.json + sae.safetensors)"),
+    out: Path = OutOpt,
+    images: int | None = typer.Option(None, "--images", min=2, help="held-out test images to browse with (>= 2; "
+                                      "default: as many as the SAE was scored on)"),
+    top_k: int = typer.Option(8, "--top-k", min=1, help="top activating images shown per latent (>= 1)"),
+    pretrained: bool = PretrainedOpt,
+    checkpoint: Path | None = CheckpointOpt,
+):
+    """A self-contained HTML page of every SAE latent (type, η² per axis, firing, row x column map, top images with
+    heatmaps, class groups); OUT/index.html, no network or server needed."""
+    from vitpos.browse import browse_sae, sae_doc
+    from vitpos.models import load_model
+
+    doc = sae_doc(sae_dir)
+    surface = load_model(str(doc.get("model")), pretrained=pretrained, checkpoint=checkpoint)
+    res = browse_sae(surface, sae_dir, out, images=images, top_k=top_k, doc=doc)
+    c = res["counts"]
+    out_console.print(f"{res['latents']} latents ({c['row']} row, {c['col']} col, {c['mixed']} mixed) over "
+                      f"{res['images']} images, {res['thumbnails']} thumbnails, {res['bytes'] / 1e6:.1f} MB -> "
+                      f"{res['page']}")
 
 
 @app.command()
@@ -414,10 +466,10 @@ def extrapolate(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(300, "--images", min=8, help="test images per size (>= 8)"),
+    images: int = typer.Option(300, "--images", min=8, max=COUNT_MAX, help="test images per size (>= 8)"),
     scales: str | None = typer.Option(None, "--scales", help="comma list of grid scales besides the training size "
                                       "(default: 1.25,1.5 for vitpos' models, 1.5,2 for timm models)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -457,23 +509,22 @@ def ape_permute(
     sae_dir: Path = typer.Option(..., "--sae", help="directory written by `vitpos sae`"),
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(2000, "--images", min=1, help=">= 1"),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="number of random seeds (>= 1)"),
+    images: int = typer.Option(2000, "--images", min=1, max=COUNT_MAX, help=">= 1"),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=100, help="number of random seeds (1..100)"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
-    from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.io import read_json
+    from vitpos.experiments.ape_permute import load_sae_doc, run_ape_permute
     from vitpos.sae import SAE
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:
         raise VitposError(f"{model} has no absolute position embedding (scheme {surface.scheme}); ape-permute needs "
                           "an APE model")
-    sae_doc = read_json(Path(sae_dir) / "sae.json")
+    sae_doc = load_sae_doc(sae_dir)
     doc = run_ape_permute(surface, SAE.load(sae_dir), sae_doc, data=data, n_images=images, seeds=tuple(range(seeds)),
                           out=out, progress=progress).to_json()
     t = Table("variant", "top-1", "drop (points)", "features")
@@ -493,11 +544,11 @@ def rope_axis(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(1000, "--images", min=2, help=">= 2"),
+    images: int = typer.Option(1000, "--images", min=2, max=COUNT_MAX, help=">= 2"),
     restore: str | None = typer.Option(None, "--restore",
                                        help="comma list of R in 1..depth-1, the first layer whose rotations come back "
                                        "(default: every one)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -524,14 +575,15 @@ def rope_heads(
     data: str = DataOpt,
     out: Path = OutOpt,
     axis: Literal["row", "col", "both"] = typer.Option("both", "--axis"),
-    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1, max=COUNT_MAX,
                                                  help="R of the restore setting, 1..depth-1 (default depth//2)"),
-    top1_images: int = typer.Option(2000, "--top1-images", min=1, help="test images for every head's top-1 drop"),
+    top1_images: int = typer.Option(2000, "--top1-images", min=1, max=COUNT_MAX,
+                                    help="test images for every head's top-1 drop"),
     top1_screen: int | None = typer.Option(
-        None, "--top1-screen", min=1,
+        None, "--top1-screen", min=1, max=COUNT_MAX,
         help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
              "(default: every head on every image)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -559,13 +611,14 @@ def rope_prefix(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(500, "--images", min=2, help=">= 2"),
-    restore_from: int | None = typer.Option(None, "--restore-from", min=1,
+    images: int = typer.Option(500, "--images", min=2, max=COUNT_MAX, help=">= 2"),
+    restore_from: int | None = typer.Option(None, "--restore-from", min=1, max=COUNT_MAX,
                                             help="R of the restore conditions, 1..depth-1 (default depth//2)"),
-    block_from: int = typer.Option(0, "--block-from", min=0,
+    block_from: int = typer.Option(0, "--block-from", min=0, max=COUNT_MAX,
                                    help="first layer with patch -> prefix attention blocked, 0..depth-1 (0: all)"),
-    attn_images: int = typer.Option(64, "--attn-images", min=1, help="images for the clean prefix attention (>= 1)"),
-    seed: int = typer.Option(0, "--seed"),
+    attn_images: int = typer.Option(64, "--attn-images", min=1, max=COUNT_MAX,
+                                    help="images for the clean prefix attention (>= 1)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -593,12 +646,12 @@ def rope_freq(
     model: str = ModelOpt,
     data: str = DataOpt,
     out: Path = OutOpt,
-    images: int = typer.Option(300, "--images", min=2, help=">= 2"),
+    images: int = typer.Option(300, "--images", min=2, max=COUNT_MAX, help=">= 2"),
     bands: int = typer.Option(3, "--bands", min=2, help="equal-rank bands of each axis' frequencies (3: low/mid/high)"),
     windows: str | None = typer.Option(None, "--windows", help="layer windows START:STOP[,...] (layers START..STOP-1); "
                                        "default: first half, second half, all layers"),
     layers: str | None = typer.Option(None, "--layers", help="probed layers, e.g. 2,5 (default: each window's last)"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
     head: Path | None = HeadOpt,
@@ -649,7 +702,7 @@ def run(
     from vitpos.study.config import load_config
     from vitpos.study.run import run_study
 
-    overrides = {"models": models.split(",") if models else None, "data": data.split(",") if data else None,
+    overrides = {"models": _spec_list(models, "--models", "builtin:ape"), "data": _spec_list(data, "--data", "shapes"),
                  "seed": seed, "pretrained": pretrained or None, "model_seeds": model_seeds}
     cfg = load_config(config, overrides, quick)
     if plan:
@@ -667,6 +720,20 @@ def run(
         t.add_row(c.id, c.verdict, escape(per), escape(c.evidence))
     out_console.print(t)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
+
+
+def _spec_list(text: str | None, flag: str, example: str) -> list[str] | None:
+    """A comma list option: None when not given; empty (or with an empty entry) is an error, not the default."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise VitposError(f"{flag} is empty; name at least one, e.g. {flag} {example} (or leave {flag} out for the "
+                          "defaults)")
+    if not all(items):
+        raise VitposError(f"{flag} {text!r} has an empty entry; separate names with single commas, e.g. "
+                          f"{flag} {example}")
+    return items
 
 
 def _print_plan(out: Path, cfg, quick: bool, force: bool) -> None:
@@ -697,19 +764,52 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; every expected failure ends as one `error: ...` line on stderr and exit code 2."""
+    """Run the CLI; every expected failure ends as one `error: ...` line on stderr and exit code 2,
+    and leaves --out as the command found it (what it created there is removed; an interrupt keeps
+    it, so that rerunning the command resumes)."""
+    from vitpos.errors import OutputBusyError
+    from vitpos.io import OutputGuard
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    guard = OutputGuard(None)
     try:
-        app(args=argv, standalone_mode=False)
+        guard = OutputGuard(_out_arg(args))
+        app(args=args, standalone_mode=False)
+    except OutputBusyError as e:  # another process writes there: leave everything alone
+        _fail(_one_line(str(e)))
     except VitposError as e:
+        guard.restore()
         _fail(_one_line(str(e)))
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume", highlight=False, markup=False)
         sys.exit(130)
     except OSError as e:  # full disk, permission, a path that is a file: the environment, not a bug
+        guard.restore()
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         _fail(f"{e.strerror or e}{where}; check that the output location is a writable directory with free space")
     except Exception as e:
+        if type(e).__name__ not in ("Exit", "NoArgsIsHelpError", "Abort"):
+            guard.restore()
         _usage_or_raise(e)
+
+
+def _out_arg(args: list[str]) -> Path | None:
+    """The --out / -o folder named on the command line (None: none); an empty one is refused."""
+    value = None
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a in ("--out", "-o") and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith("--out="):
+            value = a[len("--out="):]
+        elif a.startswith("-o") and len(a) > 2 and not a.startswith("--"):
+            value = a[2:]
+    if value is not None and not value.strip():
+        raise VitposError("--out is empty; name an output folder, e.g. --out results")
+    if value is None and args[:1] == ["run"]:
+        value = "vitpos-out"  # run's default
+    return Path(value) if value is not None else None
 
 
 def _usage_or_raise(e: Exception) -> None:

@@ -8,6 +8,8 @@ body raises; contexts nest and compose (edits apply in the order they were enter
         logits = surface(images)
     with edit(surface, {"blocks.2.attn_out": zero_ablate()}), remove_rope(surface, {"row": None}, layers=[0, 1]):
         logits = surface(images)
+    with rope_coordinates(surface, CoordEdit("swap", seed=0), layers=[3], heads=[1]):  # counterfactual coordinates
+        logits = surface(images)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from vitpos.models.surface import (
     Site,
     expand_sites,
 )
+from vitpos.rope import CoordEdit
 
 EditFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -305,3 +308,116 @@ def drop_prefix_keys(num_prefix: int) -> EditFn:
         out[:, :, num_prefix:, num_prefix:] = patch / patch.sum(-1, keepdim=True)
         return out
     return fn
+
+
+# --- counterfactual RoPE coordinates and head-output mean ablation -------------------------------------
+
+@contextmanager
+def rope_coordinates(surface: ModelSurface, coord_edit: CoordEdit, layers: Iterable[int] | None = None,
+                     heads: Iterable[int] | None = None, *, layout: str | None = None) -> Iterator[None]:
+    """Rotate q and k of `heads` (None = all) in `layers` (None = all) with edited patch coordinates.
+
+    The rotary tensor is recomputed by vitpos from the coordinates `coord_edit` makes of the model's
+    own (`surface.rope_coords()`, `rope_from_coords`: the family's own arithmetic, on the device timm
+    computes on), once on entry; heads not chosen keep the model's tensor bit for bit. CoordEdit()
+    (kind 'none') is the plain forward bit for bit (`vitpos.rope.self_test` checks it per family).
+    Works for every timm RoPE family vitpos supports (axial cat, mixed, DINOv3, EVA-02; own models).
+    layout: force the rotary layout of the recomputation (self-tests only)."""
+    if not surface.has_rope:
+        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); RoPE edits need a RoPE "
+                          "model")
+    layer_list = list(range(surface.depth)) if layers is None else sorted(set(layers))
+    for layer in layer_list:
+        if not 0 <= layer < surface.depth:
+            raise VitposError(f"layer {layer} is outside 0..{surface.depth - 1}")
+    head_list = None if heads is None else sorted(set(heads))
+    if head_list is not None and not all(0 <= h < surface.num_heads for h in head_list):
+        raise VitposError(f"heads {head_list}: the model has heads 0..{surface.num_heads - 1}")
+    table = surface.rope_from_coords(coord_edit.apply(surface.rope_coords()), layout=layout)
+    h_all = surface.num_heads
+    reg = _Registry()
+    try:
+        for layer in layer_list:
+            memo: dict[int, torch.Tensor] = {}
+            new = table[layer] if table.ndim == 4 else table  # mixed: per layer (h, N, 2d)
+
+            def edited(base: torch.Tensor, new: torch.Tensor = new,
+                       memo: dict[int, torch.Tensor] = memo) -> torch.Tensor:
+                key = id(base)
+                if key not in memo:
+                    memo.clear()
+                    out = new.to(base.device, base.dtype)
+                    if head_list is not None:
+                        full = (base if base.ndim == 3 else base.unsqueeze(0)).expand(h_all, *base.shape[-2:]).clone()
+                        full[head_list] = (out if out.ndim == 3 else out.unsqueeze(0)).expand(
+                            h_all, *out.shape[-2:])[head_list]
+                        out = full
+                    memo[key] = out
+                return memo[key]
+
+            _hook(reg, surface.rotary_input(layer), edited)
+        yield
+    finally:
+        reg.close()
+
+
+@contextmanager
+def observe_rotary(surface: ModelSurface, observers: Mapping[int, Callable[[torch.Tensor], None]]) -> Iterator[None]:
+    """Call fn(rotary tensor) with what block `layer` receives ({layer: fn}), keeping nothing."""
+    reg = _Registry()
+    try:
+        for layer, fn in observers.items():
+            _hook(reg, surface.rotary_input(layer), lambda t, fn=fn: (fn(t), None)[1])
+        yield
+    finally:
+        reg.close()
+
+
+@torch.no_grad()
+def head_means(surface: ModelSurface, batches: Iterable[torch.Tensor], layers: Iterable[int],
+               tokens: slice | None = None) -> dict[int, torch.Tensor]:
+    """Mean of each head's output (`blocks.L.z`) over the images of `batches` and the tokens
+    `tokens` (None: the patch tokens): {layer: (h, d)}, accumulated in float64."""
+    layer_list = sorted(set(layers))
+    tok = slice(surface.num_prefix_tokens, None) if tokens is None else tokens
+    sums: dict[int, torch.Tensor] = {}
+    count = {li: 0 for li in layer_list}
+
+    def add(li: int):
+        def fn(z: torch.Tensor) -> None:
+            zt = z[:, :, tok].double()
+            sums[li] = sums[li] + zt.sum((0, 2)) if li in sums else zt.sum((0, 2))
+            count[li] += zt.shape[0] * zt.shape[2]
+        return fn
+
+    dev = next(surface.model.parameters()).device
+    with observe(surface, {Site(li, "z"): add(li) for li in layer_list}):
+        for x in batches:
+            surface(x.to(dev))
+    if not sums:
+        raise VitposError("head_means: no images")
+    return {li: (sums[li] / count[li]).float() for li in layer_list}
+
+
+@contextmanager
+def mean_ablate_heads(surface: ModelSurface, heads: Mapping[int, Iterable[int]], means: Mapping[int, torch.Tensor],
+                      tokens: slice | None = None) -> Iterator[None]:
+    """Replace the output of these heads ({layer: heads}) at `tokens` (None: patch tokens) by their
+    mean (`head_means`: (h, d) per layer): whatever the head writes that depends on the image or the
+    position is gone, its average contribution stays."""
+    tok = slice(surface.num_prefix_tokens, None) if tokens is None else tokens
+
+    def replace(li: int, hs: list[int]) -> EditFn:
+        def fn(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()
+            z[:, hs, tok] = means[li][hs].to(z.device, z.dtype).unsqueeze(1)
+            return z
+        return fn
+
+    for li, hs in heads.items():
+        if li not in means:
+            raise VitposError(f"mean_ablate_heads: no mean for layer {li} (means has {sorted(means)})")
+        if not all(0 <= h < surface.num_heads for h in hs):
+            raise VitposError(f"heads {list(hs)}: the model has heads 0..{surface.num_heads - 1}")
+    with edit(surface, {Site(li, "z"): replace(li, sorted(set(hs))) for li, hs in heads.items()}):
+        yield

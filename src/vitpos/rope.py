@@ -9,7 +9,12 @@ c*f_col + r*f_row loses its row (or col) term and is recomputed with timm's own 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
+from pydantic import BaseModel
 
 from vitpos.errors import VitposError
 
@@ -83,3 +88,249 @@ def band_members(freqs: torch.Tensor, index: int, count: int) -> list[int]:
     n = int(freqs.numel())
     order = sorted(range(n), key=lambda i: (float(freqs[i]), i))
     return sorted(order[index * n // count:(index + 1) * n // count])
+
+
+# --- rotations recomputed from coordinates: counterfactual coordinate edits --------------------------
+# Every timm RoPE family turns a patch's coordinates (its own units: index, pixel [-1, 1], DINOv3's
+# centred [-1, 1], EVA's reference-rescaled grid) into angles that are LINEAR in the coordinates:
+# axial `cat` angle = coord * band, DINOv3 angle = 2 pi coord / period, mixed angle = t_x f_x + t_y f_y.
+# The families' adapters (`ModelSurface.rope_coords` / `rope_from_coords`) recompute the rotary
+# tensor from any coordinates with the family's own arithmetic; an edit is new coordinates.
+
+Layout = Literal["interleaved", "half"]
+CoordKind = Literal["none", "zero", "swap", "shift", "jitter", "rescale"]
+COORD_KINDS: tuple[str, ...] = ("none", "zero", "swap", "shift", "jitter", "rescale")
+
+
+def rope_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Per-pair values (..., d/2) spread over the d channels: interleaved [f0, f0, f1, f1, ...],
+    'half' [f0, f1, ..., f0, f1, ...] (what apply_rot_embed(half=...) expects; data movement only)."""
+    if layout == "half":
+        return torch.cat([x, x], dim=-1)
+    if layout == "interleaved":
+        return x.repeat_interleave(2, -1)
+    raise VitposError(f"unknown rotary layout {layout!r}; use interleaved or half")
+
+
+def rotary_from_angles(angles: torch.Tensor, layout: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """cat([sin, cos], -1) in `layout` from per-pair angles (..., N, d/2): timm's rotary tensor."""
+    sin, cos = angles.sin(), angles.cos()
+    if dtype is not None:
+        sin, cos = sin.to(dtype), cos.to(dtype)
+    return torch.cat([rope_layout(sin, layout), rope_layout(cos, layout)], dim=-1)
+
+
+@dataclass(frozen=True)
+class RopeCoords:
+    """A model's own rotary coordinates: `coords` (N, 2), patches in row-major order, columns in the
+    family's own order and units; `row_channel` is the column holding the row coordinate; `step` the
+    family's units per patch along (row, col) (what a shift or jitter of one patch adds)."""
+
+    coords: torch.Tensor
+    row_channel: int
+    step: tuple[float, float]
+
+    def channel(self, axis: str) -> int:
+        if axis not in ("row", "col"):
+            raise VitposError(f"unknown axis {axis!r}; use row or col")
+        return self.row_channel if axis == "row" else 1 - self.row_channel
+
+    @staticmethod
+    def read(coords: torch.Tensor, grid: tuple[int, int]) -> RopeCoords:
+        """Which column of a (H*W, 2) coordinate grid is the row, and the per-patch step of each axis."""
+        H, W = grid
+        if coords.shape != (H * W, 2):
+            raise VitposError(f"rotary coordinates of shape {tuple(coords.shape)} do not fit a {H}x{W} grid")
+        c = coords.double().reshape(H, W, 2)
+        # the row coordinate is constant along each row of the grid (any H, W >= 1)
+        const_in_rows = [bool((c[:, :, i] - c[:, :1, i]).abs().max() == 0) for i in range(2)]
+        const_in_cols = [bool((c[:, :, i] - c[:1, :, i]).abs().max() == 0) for i in range(2)]
+        rows = [i for i in range(2) if const_in_rows[i] and (H == 1 or not const_in_cols[i])]
+        if len(rows) != 1 or (W > 1 and not const_in_cols[1 - rows[0]]):
+            raise VitposError("cannot tell the row coordinate of this model's rotary grid")
+        r = rows[0]
+        step_r = float((c[-1, 0, r] - c[0, 0, r]) / (H - 1)) if H > 1 else 1.0
+        step_c = float((c[0, -1, 1 - r] - c[0, 0, 1 - r]) / (W - 1)) if W > 1 else 1.0
+        return RopeCoords(coords, r, (step_r, step_c))
+
+
+@dataclass(frozen=True)
+class CoordEdit:
+    """New rotary coordinates for the patches (prefix tokens are never rotated), applied to `axes`:
+
+    none     the model's own coordinates (a no-op: recomputed, bit-identical to the model's tensor)
+    zero     coordinate 0: the identity rotation on those axes (what `remove_rope` does)
+    swap     patch i takes the coordinates of patch perm[i] (`perm`; None: a random permutation
+             drawn with `seed`): every key sits at another patch's position
+    shift    every coordinate + `offset` patches (row, col): a relative encoding cannot see it
+             between patches (only against the unrotated prefix tokens)
+    jitter   every coordinate + `sigma` patches x N(0, 1), drawn per patch and axis with `seed`
+    rescale  every coordinate x `factor` about the family's origin (DINOv3's rescale augmentation;
+             offsets between patches scale by `factor`)
+    """
+
+    kind: CoordKind = "none"
+    axes: tuple[str, ...] = ("row", "col")
+    offset: tuple[float, float] = (0.0, 0.0)
+    sigma: float = 0.0
+    factor: float = 1.0
+    perm: tuple[int, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in COORD_KINDS:
+            raise VitposError(f"unknown coordinate edit {self.kind!r}; use one of {', '.join(COORD_KINDS)}")
+        bad = [a for a in self.axes if a not in ("row", "col")]
+        if bad or not self.axes:
+            raise VitposError(f"coordinate edit axes {self.axes!r}: use row and/or col")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0 and math.isfinite(self.factor)
+                and all(math.isfinite(o) for o in self.offset)):
+            raise VitposError("coordinate edit: offset, factor must be finite and sigma >= 0")
+
+    def describe(self) -> str:
+        on = "/".join(self.axes)
+        return {"none": "own coordinates", "zero": f"identity rotation ({on})",
+                "swap": f"coordinates of a permuted patch ({on}, seed {self.seed})" if self.perm is None
+                else f"coordinates of patch perm[i] ({on})",
+                "shift": f"shifted by {self.offset[0]:g}, {self.offset[1]:g} patches (row, col)",
+                "jitter": f"jittered by {self.sigma:g} patch (std, per patch, seed {self.seed})",
+                "rescale": f"rescaled x{self.factor:g} ({on})"}[self.kind]
+
+    def apply(self, own: RopeCoords) -> torch.Tensor:
+        """The edited (N, 2) coordinates (the model's own tensor itself for 'none')."""
+        c = own.coords
+        if self.kind == "none":
+            return c
+        n = c.shape[0]
+        out = c.clone()
+        g = torch.Generator().manual_seed(self.seed)
+        for i, axis in enumerate(("row", "col")):
+            if axis not in self.axes:
+                continue
+            ch = own.channel(axis)
+            step = own.step[i]
+            if self.kind == "zero":
+                out[:, ch] = 0
+            elif self.kind == "swap":
+                perm = (torch.randperm(n, generator=g) if self.perm is None
+                        else torch.as_tensor(self.perm, dtype=torch.long))
+                if sorted(perm.tolist()) != list(range(n)):
+                    raise VitposError(f"swap: perm must be a permutation of the {n} patches")
+                out[:, ch] = c[perm.to(c.device), ch]
+                g = torch.Generator().manual_seed(self.seed)  # the same permutation for both axes
+            elif self.kind == "shift":
+                out[:, ch] = c[:, ch] + self.offset[i] * step
+            elif self.kind == "jitter":
+                noise = torch.randn(n, generator=g, dtype=torch.float64) * (self.sigma * step)
+                out[:, ch] = (c[:, ch].double() + noise.to(c.device)).to(c.dtype)
+            else:  # rescale
+                out[:, ch] = c[:, ch] * self.factor
+        return out
+
+
+# --- self-tests of the recomputation, per model ------------------------------------------------------
+
+class RopeSelfTest(BaseModel):
+    """Two checks of vitpos' rotary recomputation on one model (`self_test`).
+
+    (a) table: `rope_from_coords()` against the tensor each block receives in a plain forward
+        (max |difference| over layers; exact = bit for bit), and the forward under the no-op edit
+        CoordEdit() against the plain forward, bit for bit.
+    (b) shift: every patch coordinate moved by `shift` patches; per layer, the patch-to-patch
+        attention scores q_rot . k_rot (the layer run from the clean stream) move by at most
+        `shift_deviation` x their largest magnitude (a relative encoding: 0 up to rounding; prefix
+        tokens are not rotated and are left out). `jitter_deviation`: the same under per-patch jitter
+        of `jitter_sigma` patch, which must move them (the check can fail).
+    """
+
+    spec: str
+    family: str
+    layout: str
+    table_max_abs: float
+    table_exact: bool
+    noop_exact: bool
+    shift: tuple[float, float]
+    shift_deviation: float
+    jitter_sigma: float
+    jitter_deviation: float
+    tolerance: float
+
+    @property
+    def recompute_ok(self) -> bool:
+        return self.table_exact and self.noop_exact
+
+    @property
+    def shift_ok(self) -> bool:
+        return self.shift_deviation <= self.tolerance < self.jitter_deviation
+
+    @property
+    def passed(self) -> bool:
+        return self.recompute_ok and self.shift_ok
+
+    def summary(self) -> str:
+        return (f"{self.spec} ({self.family}, {self.layout}): recomputation "
+                f"{'bit-identical' if self.recompute_ok else f'DIFFERS (max {self.table_max_abs:.3g})'}, no-op forward "
+                f"{'bit-identical' if self.noop_exact else 'DIFFERS'}; shift {self.shift} patches moves patch scores "
+                f"by {self.shift_deviation:.2g} (tolerance {self.tolerance:g}), jitter by {self.jitter_deviation:.2g}: "
+                f"{'pass' if self.passed else 'FAIL'}")
+
+
+@torch.no_grad()
+def self_test(surface, images: torch.Tensor | None = None, layout: str | None = None,
+              shift: tuple[float, float] = (1.5, -2.5), jitter_sigma: float = 1.0,
+              tolerance: float = 1e-4) -> RopeSelfTest:
+    """Run both self-tests (RopeSelfTest) on a RoPE surface. images: None = 2 seeded random images.
+    layout: force the recomputation's rotary layout (a wrong one must fail (a))."""
+    from vitpos.hooks import capture, observe_rotary, rope_coordinates  # hooks imports this module
+    from vitpos.models.surface import Site
+
+    if not surface.has_rope:
+        raise VitposError(f"{surface.spec} has no rotary embedding (scheme {surface.scheme}); the RoPE self-test "
+                          "needs a RoPE model")
+    dev = next(surface.model.parameters()).device
+    if images is None:
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(2, *surface.input_size, generator=g)
+    images = images.to(dev)
+    L, npt = surface.depth, surface.num_prefix_tokens
+    seen: dict[int, torch.Tensor] = {}  # what each block receives (the family's rotary hook point)
+
+    def record(li: int):
+        def fn(t: torch.Tensor) -> None:
+            seen[li] = t
+        return fn
+
+    with observe_rotary(surface, {li: record(li) for li in range(L)}):
+        plain = surface(images)
+    table = surface.rope_from_coords(layout=layout)
+    worst, exact = 0.0, True
+    for li in range(L):
+        mine = (table[li] if table.ndim == 4 else table).to(seen[li].device)
+        same_shape = mine.shape == seen[li].shape
+        exact &= same_shape and torch.equal(mine, seen[li])
+        worst = max(worst, float((mine.float() - seen[li].float()).abs().max()))
+    with rope_coordinates(surface, CoordEdit(), layout=layout):
+        noop = surface(images)
+
+    def deviation(coord_edit: CoordEdit) -> float:
+        t = surface.embed_tokens(images)
+        dev_max = 0.0
+        for li in range(L):
+            sites = [Site(li, "q_rot"), Site(li, "k_rot")]
+            scores = []
+            for e in (CoordEdit(), coord_edit):
+                with rope_coordinates(surface, e, layers=[li], layout=layout), capture(surface, sites) as c:
+                    surface.run_blocks(t, li, li + 1)
+                q, k = c[str(sites[0])][:, :, npt:].double(), c[str(sites[1])][:, :, npt:].double()
+                scores.append(q @ k.transpose(-1, -2))
+            scale = float(scores[0].abs().max()) or 1.0
+            dev_max = max(dev_max, float((scores[1] - scores[0]).abs().max()) / scale)
+            t = surface.run_blocks(t, li, li + 1)
+        return dev_max
+
+    own_layout = surface.rope_axis_map().layout
+    return RopeSelfTest(
+        spec=surface.spec, family=type(getattr(surface, "_rope", None)).__name__, layout=layout or own_layout,
+        table_max_abs=worst, table_exact=bool(exact), noop_exact=bool(torch.equal(noop, plain)), shift=shift,
+        shift_deviation=deviation(CoordEdit("shift", offset=shift)), jitter_sigma=jitter_sigma,
+        jitter_deviation=deviation(CoordEdit("jitter", sigma=jitter_sigma, seed=1)), tolerance=tolerance)

@@ -11,13 +11,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from vitpos.data import load_split
 from vitpos.errors import VitposError
-from vitpos.io import fault_point, read_json, read_safetensors, write_json, write_safetensors
+from vitpos.io import (
+    check_finite,
+    fault_point,
+    read_json,
+    read_safetensors,
+    read_safetensors_metadata,
+    validate_doc,
+    write_json,
+    write_safetensors,
+)
 from vitpos.models.checkpoint import save_own_model
 from vitpos.models.own import OwnViT, OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
@@ -90,16 +101,47 @@ def _save_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
 
 
 def _load_optimizer(path: Path, opt: torch.optim.Optimizer) -> None:
-    from safetensors import safe_open
+    fix = "pass --force to start the training over"
+    tensors = read_safetensors(path, fix)
+    try:
+        groups = json.loads(read_safetensors_metadata(path, fix)["param_groups"])
+        state: dict[int, dict] = {}
+        for key, v in tensors.items():
+            i, name = key.split(".", 1)
+            state.setdefault(int(i), {})[name] = v
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for i, st in state.items():  # Adam's moments must match their parameter exactly
+            for name, v in st.items():
+                if name != "step" and (v.shape != params[i].shape or v.dtype != params[i].dtype):
+                    raise ValueError(f"state {i}.{name} is {v.dtype}{tuple(v.shape)}, the parameter "
+                                     f"{params[i].dtype}{tuple(params[i].shape)}")
+        check_finite(tensors, path, fix)
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    except VitposError:
+        raise
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError) as e:
+        raise VitposError(f"{path} is not the optimiser state of this run ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:160] if str(e) else ''}); {fix}") from None
 
-    tensors = read_safetensors(path)
-    with safe_open(str(path), "pt") as f:
-        groups = json.loads(f.metadata()["param_groups"])
-    state: dict[int, dict] = {}
-    for key, v in tensors.items():
-        i, name = key.split(".", 1)
-        state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({"state": state, "param_groups": groups})
+
+class _TrainState(BaseModel):
+    """OUT/checkpoint/state.json: where an interrupted training resumes."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+    run: dict[str, Any]
+    epochs_done: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    history: list[dict[str, Any]]
+
+
+def _load_model_state(path: Path, model: torch.nn.Module) -> None:
+    fix = "pass --force to start the training over"
+    state = read_safetensors(path, fix)
+    check_finite(state, path, fix)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise VitposError(f"{path} does not fit this run's model ({str(e).splitlines()[0][:160]}); {fix}") from None
 
 
 def _save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
@@ -175,8 +217,12 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
         (out / "metrics.json").unlink(missing_ok=True)
         shutil.rmtree(out / CHECKPOINT, ignore_errors=True)
     if (out / "metrics.json").exists() and (out / "config.json").exists():
-        if read_json(out / "config.json") == run_doc:
-            return read_json(out / "metrics.json")
+        done = read_json(out / "config.json", "pass --force to train it again")
+        if isinstance(done, dict) and {k: v for k, v in done.items() if k != "classes"} == run_doc:
+            metrics = read_json(out / "metrics.json", "pass --force to train it again")
+            if isinstance(metrics, dict) and all(k in metrics for k in ("test_top1", "val_top1", "epochs", "seconds")):
+                return metrics
+            raise VitposError(f"{out}/metrics.json is not a vitpos training summary; pass --force to train it again")
         raise VitposError(f"{out} already holds a different trained model; pass another --out or --force")
     return None
 
@@ -195,17 +241,24 @@ def _optimizer(model: OwnViT, lr: float, weight_decay: float) -> tuple[torch.opt
 
 
 def _resume(out: Path, run_doc: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float, list]:
-    """(epochs done, seconds, history) of the checkpoint in `out` (loaded into model and opt), else a fresh start."""
+    """(epochs done, seconds, history) of the checkpoint in `out` (loaded into model and opt), else a fresh start.
+    A checkpoint that does not decode, parse or fit this run (state.json, weight or optimiser shapes) is one
+    error line."""
     ckpt_dir = out / CHECKPOINT
     state_path = ckpt_dir / "state.json"
     if not state_path.exists():
         return 0, 0.0, []
-    state = read_json(state_path)
-    if state.get("run") != run_doc:
+    fix = "pass --force to start the training over"
+    state = validate_doc(_TrainState, read_json(state_path, fix), state_path, fix)
+    if state.run != run_doc:
         raise VitposError(f"{out} holds an interrupted run with other settings; pass another --out or --force")
-    model.load_state_dict(read_safetensors(ckpt_dir / "model.safetensors"))
+    epochs = run_doc["train"]["epochs"]
+    if state.epochs_done > epochs or len(state.history) != state.epochs_done:
+        raise VitposError(f"{state_path} says {state.epochs_done} epochs done with {len(state.history)} in its "
+                          f"history, of {epochs}; {fix}")
+    _load_model_state(ckpt_dir / "model.safetensors", model)
     _load_optimizer(ckpt_dir / "optim.safetensors", opt)
-    return state["epochs_done"], state["seconds"], state["history"]
+    return state.epochs_done, state.seconds, state.history
 
 
 @dataclass(frozen=True)
@@ -227,6 +280,9 @@ def _train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, params: lis
         for g in opt.param_groups:
             g["lr"] = lr_at(epoch * sched.steps_per_epoch + i, sched.total_steps, sched.warmup, sched.lr)
         loss = F.cross_entropy(model(x), y)
+        if not bool(torch.isfinite(loss)):  # diverged: no checkpoint, no model, one line
+            raise VitposError(f"training diverged: the loss is {float(loss.detach())} at epoch {epoch + 1}, "
+                              f"step {i + 1} (--lr {sched.lr:g}); lower --lr and rerun with --force")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -234,6 +290,8 @@ def _train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, params: lis
         loss_sum += float(loss.detach()) * len(y)
         n_seen += len(y)
         step_done(loss_sum / n_seen)
+    check_finite(dict(model.state_dict()), f"the model after epoch {epoch + 1}",
+                 f"training diverged (--lr {sched.lr:g}); lower --lr and rerun with --force")
     return loss_sum / n_seen
 
 
@@ -304,7 +362,8 @@ def train(
         "n_train": len(train_set), "n_test": len(test_set),
         "history": history,
     }
-    save_own_model(out, model, cfg, extra={"train": hp})
+    # the class names: a model trained on an image folder is refused on data with other classes
+    save_own_model(out, model, cfg, extra={"train": hp, "classes": list(train_set.info.class_names)})
     fault_point("final-model")
     write_json(out / "metrics.json", metrics)  # written last: its presence marks a finished run
     return metrics

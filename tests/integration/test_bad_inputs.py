@@ -25,6 +25,13 @@ def files(tmp_path_factory):
     (root / "lr.toml").write_text("[sae]\nlr = -1.0\n")
     (root / "scales.yaml").write_text("extrapolate:\n  scales: [0]\n")
     (root / "empty_folder").mkdir()
+    (root / "k_big.yaml").write_text("sae:\n  k: 100000\n")
+    (root / "half.yaml").write_text("extrapolate:\n  scales: [0.5]\n")
+    (root / "axis_null.yaml").write_text("rope_axis:\n")
+    (root / "axis_list.yaml").write_text("rope_axis: [1, 2]\n")
+    (root / "no_models.yaml").write_text("models: []\n")
+    (root / "empty.yaml").write_text("")
+    (root / "latin1.yaml").write_bytes("seed: 1 # caf\xe9\n".encode("latin-1"))
     sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
     SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
     write_json(sae_dir / "sae.json", {"model": "builtin:ape", "layer": 1, "site": "resid_post", "row_features": [0],
@@ -154,6 +161,25 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "run --out {out} --config {root}/scales.yaml",
     "run --out {root}/a_file --quick",
     "run --out {out} --seed -1",
+    # refused before the first stage, and by --plan (exit 2) alike
+    "run --plan --out {out} --models builtin:ape --config {root}/k_big.yaml",
+    "run --out {out} --models builtin:ape --config {root}/k_big.yaml",
+    "run --plan --out {out} --models builtin:ape --config {root}/half.yaml",
+    "run --plan --out {out} --quick --config {root}/axis_null.yaml",
+    "run --plan --out {out} --quick --config {root}/axis_list.yaml",
+    "run --plan --out {out} --config {root}/no_models.yaml",
+    "run --plan --out {out} --config {root}/empty.yaml",
+    "run --plan --out {out} --config {root}/latin1.yaml",
+    "run --plan --out {out} --seed 18446744073709551616",
+    "run --plan --out {out} --models builtin:ape,,builtin:none",
+    "train --pe ape --out {out} --seed 18446744073709551616",
+    "extrapolate -m builtin:ape --out {out} --scales 0.5",
+    "extrapolate -m builtin:ape --out {out} --scales 1e300",
+    "sae -m builtin:ape --layer 1 --out {out} --k 100000 --expansion 1",
+    "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=0",
+    "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&num_classes=nan",
+    "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&checkpoint_path={root}/evil.pt",
+    "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8 --seeds 100000",
 ]
 
 

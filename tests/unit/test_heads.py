@@ -4,6 +4,7 @@ stage, and built-in data at any model input size."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,7 +160,9 @@ def test_study_fits_a_head_for_a_headless_model(tmp_path):
     entry = doc["models"][HEADLESS]
     assert entry["head"]["source"] == "fitted" and "num_classes=0" in entry["head"]["reason"]
     assert {"val_top1", "test_top1", "l2"} <= set(entry["head"])
-    head = Head.load(entry["head"]["head_dir"])
+    # artifact paths are relative to the output folder (a copied folder reads its own files)
+    assert not Path(entry["head"]["head_dir"]).is_absolute() and not Path(entry["sae"]["sae_dir"]).is_absolute()
+    head = Head.load(tmp_path / entry["head"]["head_dir"])
     surface = load_model(HEADLESS)  # same spec, other random weights: the head is refused for them
     with pytest.raises(VitposError, match="weights digest"):
         surface.with_head(head)

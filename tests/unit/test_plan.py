@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,10 +220,14 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
             # each set without features skips its ablation pass, each set without a control its control pass
             missing = 0 if causal is None else sum(
                 x is None for k in ("row", "col") for x in (causal.effect(k), causal.control(k)))
-            assert counts["forwards"] == plan.forwards - missing * 30
-            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth
+            # the browser's heatmap pass runs only the images that won a top-k slot (each has a thumbnail)
+            page = (Path(result.sae_dir) / "browse" / "index.html").read_text()
+            data_json = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+            unused = 30 - len(data_json["img"])
+            assert counts["forwards"] == plan.forwards - missing * 30 - unused
+            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth - unused * (settings["layer"] + 1)
             assert counts["fits"] == plan.fits
-            assert plan.sae_tokens == 300 * ape.num_patches
+            assert plan.sae_tokens == 300 * ape.num_patches * 2  # and the seed-stability SAE's
         else:
             assert_counts(plan, counts, exact_work=True)
     rope = tiny_own("rope-axial")
@@ -278,8 +283,9 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
         return [s.stage for s in plan_study(tmp_path / "out", cfg, measure=None).stages if s.status == "run"]
 
     assert to_run() == []
-    assert stage_versions(BY_NAME["ape_permute"]) == {"ape_permute": 1, "probe": 1, "sae": 1}
-    monkeypatch.setattr(type(BY_NAME["eval"]), "version", 2)
+    declared = {n: BY_NAME[n].version for n in ("ape_permute", "probe", "sae", "eval")}
+    assert stage_versions(BY_NAME["ape_permute"]) == {n: declared[n] for n in ("ape_permute", "probe", "sae")}
+    monkeypatch.setattr(type(BY_NAME["eval"]), "version", declared["eval"] + 1)
     assert to_run() == ["eval"]
     main(["run", "--plan", "--config", str(config), "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
@@ -287,6 +293,6 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
     assert set(stages) <= set(rows) and all("n/a" in rows[s] for s in set(rows) - set(stages))
     assert [s for s in stages if rows[s].rstrip().endswith("cached")] == ["probe", "sae", "ape_permute", "extrapolate"]
     assert "plan: 1 model(s), 1 stage(s) to run, 4 cached" in text
-    monkeypatch.setattr(type(BY_NAME["eval"]), "version", 1)
-    monkeypatch.setattr(type(BY_NAME["sae"]), "version", 2)  # ape_permute reads the SAE: it follows
+    monkeypatch.setattr(type(BY_NAME["eval"]), "version", declared["eval"])
+    monkeypatch.setattr(type(BY_NAME["sae"]), "version", declared["sae"] + 1)  # ape_permute reads the SAE: it follows
     assert to_run() == ["sae", "ape_permute"]

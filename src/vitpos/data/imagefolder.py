@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache, partial
 from pathlib import Path
@@ -142,12 +143,24 @@ def _split_samples(root: str, seed: int) -> dict[str, tuple[tuple[str, int], ...
     return out
 
 
+MAX_PIXELS = 64_000_000  # 8000 x 8000: larger images are refused before decoding (decompression bombs)
+
+
 def _load_path(path: str) -> Image.Image:
+    fix = "remove or replace the file"
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
-    except OSError as e:
-        raise VitposError(f"cannot read image {path} ({e}); remove or replace the file") from e
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+                if w * h > MAX_PIXELS:
+                    raise VitposError(f"image {path} is {w}x{h} pixels, more than vitpos reads ({MAX_PIXELS:,}: a "
+                                      f"decompression bomb?); downscale or {fix}")
+                return im.convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise VitposError(f"image {path} is too large to decode safely ({e}); downscale or {fix}") from None
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as e:  # PIL's ways to say "broken file"
+        raise VitposError(f"cannot read image {path} ({type(e).__name__}: {e}); {fix}") from None
 
 
 def _tensor_to_pil(images: torch.Tensor, i: int) -> Image.Image:
@@ -237,8 +250,7 @@ def native_size(name: str, seed: int = 0) -> int:
     items = _split_samples(str(_root(name)), seed).get("train") or []
     if not items:
         raise VitposError(f"no training images under {_root(name)}; add images to the class folders")
-    with Image.open(items[0][0]) as im:
-        return min(im.size)
+    return min(_load_path(items[0][0]).size)  # a broken or oversized image: one error line
 
 
 def with_transform(ds: TensorImageDataset, transform: Transform) -> LazyImageDataset:

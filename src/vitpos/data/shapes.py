@@ -39,6 +39,10 @@ _BLUE = np.array([40, 70, 230])
 _DISTRACTOR_COLOURS = np.array([[40, 200, 60], [225, 215, 40], [160, 160, 160], [200, 80, 220]])
 
 
+MIN_SIZE = 20  # two key shapes of radius <= 3, 6 px apart, 3 px from the border: 3 + 3+3+6 + 4 < 20
+MAX_TRIES = 10_000
+
+
 def info_at(size: int) -> DatasetInfo:
     """INFO for scenes rendered at `size` px (same classes; shapes keep their pixel size, the canvas grows)."""
     if size == SIZE:
@@ -73,7 +77,7 @@ def _key_positions(rng: np.random.Generator, label: int, r1: int, r2: int,
                    size: int = SIZE) -> tuple[int, int, int, int]:
     """Centres (y_red, x_red, y_blue, x_blue) realising the relation `label`."""
     lo, hi = 3, size - 4
-    while True:
+    for _try in range(MAX_TRIES):  # bounded: a canvas too small for two separated shapes fails, never hangs
         along_a, along_b = rng.integers(lo, hi + 1, size=2)
         if abs(int(along_a) - int(along_b)) < r1 + r2 + 6:  # clearly separated along the relation axis
             continue
@@ -88,6 +92,8 @@ def _key_positions(rng: np.random.Generator, label: int, r1: int, r2: int,
         if label == 2:  # red left of blue: same row band, red has the smaller column
             return shared, first, other, second
         return shared, second, other, first
+    raise VitposError(f"shapes could not place two separated key shapes on a {size} px canvas in {MAX_TRIES} tries; "
+                      f"render at least {MIN_SIZE} px (e.g. a larger extrapolation scale)")
 
 
 def render(rng: np.random.Generator, label: int, size: int = SIZE) -> np.ndarray:
@@ -115,8 +121,9 @@ def generate(n: int, seed: int, size: int = SIZE) -> tuple[torch.Tensor, torch.T
     """n scenes with uniformly drawn labels. Scene i depends only on (seed, i), so the first m
     scenes of generate(n, seed) are exactly generate(m, seed): small subsets are cheap and stable.
     `size` renders on a larger (or smaller) canvas: key shapes at least 3 px from the border, as at 32."""
-    if size < 16:
-        raise VitposError(f"shapes needs at least 16 px to place two separated key shapes, got size {size}")
+    if size < MIN_SIZE:
+        raise VitposError(f"shapes needs at least {MIN_SIZE} px to place two separated key shapes, got size {size}; "
+                          "use a larger size (for extrapolate: a larger --scales value)")
     images = np.zeros((n, 3, size, size), np.uint8)
     labels = np.zeros(n, np.int64)
     for i in range(n):

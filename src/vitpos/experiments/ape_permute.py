@@ -45,10 +45,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers
@@ -68,6 +68,7 @@ from vitpos.experiments.base import (
 )
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
+from vitpos.io import artifact_path, read_json, validate_doc
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.sae import SAE
@@ -306,6 +307,46 @@ def check_sae_matches(surface: ModelSurface, sae_doc: Mapping) -> None:
                           f"{surface.weights_digest()}); retrain it with `vitpos sae --model {surface.spec} ...`")
 
 
+class SAEDescription(BaseModel):
+    """The keys of sae.json that ape-permute reads (the rest of the file is kept as it is)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    layer: int = Field(ge=0)
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
+    row_features: list[Annotated[int, Field(ge=0)]]
+    col_features: list[Annotated[int, Field(ge=0)]]
+    mixed_features: list[Annotated[int, Field(ge=0)]] = []
+    run: dict[str, Any] = {}
+
+
+def load_sae_doc(sae_dir: str | Path) -> dict[str, Any]:
+    """SAE_DIR/sae.json, checked for the keys ape-permute reads (one VitposError otherwise)."""
+    path = Path(sae_dir) / "sae.json"
+    doc = read_json(path, "it is not an SAE description; retrain the SAE with `vitpos sae`")
+    validate_doc(SAEDescription, doc, path, "it is not an SAE description; retrain the SAE with `vitpos sae`")
+    return doc
+
+
+def check_sae_weights(surface: ModelSurface, sae: SAE, sae_doc: Mapping) -> None:
+    """The SAE's weights file must belong to this model (the digest it carries), fit its width, and
+    hold every feature sae.json names."""
+    fix = f"retrain it with `vitpos sae --model {surface.spec} ...`"
+    if sae.model_weights is not None and sae.model_weights != surface.weights_digest():
+        raise VitposError(f"the SAE weights were trained on model weights {sae.model_weights}, not on {surface.spec} "
+                          f"(weights digest {surface.weights_digest()}); {fix}")
+    if sae.cfg.d_in != surface.width:
+        raise VitposError(f"the SAE reads {sae.cfg.d_in}-wide activations but {surface.spec} is {surface.width} wide; "
+                          f"{fix}")
+    if not 0 <= int(sae_doc["layer"]) < surface.depth:
+        raise VitposError(f"sae.json's layer {sae_doc['layer']} is outside 0..{surface.depth - 1} of {surface.spec}; "
+                          f"{fix}")
+    named = [*sae_doc["row_features"], *sae_doc["col_features"], *sae_doc.get("mixed_features", [])]
+    if any(not 0 <= int(f) < sae.cfg.d_sae for f in named):
+        raise VitposError(f"sae.json names features beyond the SAE's {sae.cfg.d_sae} latents: the description and "
+                          f"the weights belong to different SAEs; {fix}")
+
+
 PatchEdit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (patch tokens x, SAE codes z) -> new x
 
 
@@ -332,6 +373,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     paired bootstrap across layers (`sae_sweep`)."""
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
+    check_sae_weights(surface, sae, sae_doc)
     layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
     site = Site(layer, site_name)
     row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
@@ -571,7 +613,8 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
         s = stage.settings
-        return run_ape_permute(surface, SAE.load(sae_doc["sae_dir"]), sae_doc, data=stage.data, n_images=s["images"],
+        sae = SAE.load(artifact_path(stage.root, sae_doc["sae_dir"]))
+        return run_ape_permute(surface, sae, sae_doc, data=stage.data, n_images=s["images"],
                                seeds=tuple(range(s["seeds"])))
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:

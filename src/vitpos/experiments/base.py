@@ -81,6 +81,7 @@ class StageInput:
     out: Path
     progress: bool
     quick: bool
+    root: Path | None = None  # the study's output folder: artifact paths in results are relative to it
 
 
 def probe_train_tokens(n_images: int, num_patches: int, cap: int | None, test_frac: float = 0.25) -> int:
@@ -192,8 +193,9 @@ class Experiment(ABC, Generic[R]):
         counted from the settings and the model's shape; `sizes` caps the image counts)."""
         return StagePlan(note="not counted")
 
-    def artifacts_ready(self, result: R) -> bool:
-        """False when files a cached result points to (e.g. SAE weights) are gone: the stage reruns."""
+    def artifacts_ready(self, result: R, root: Path | None = None) -> bool:
+        """False when files a cached result points to (e.g. SAE weights) are gone: the stage reruns.
+        root: the output folder the result's relative artifact paths are in."""
         return True
 
     def figures(self, result: R) -> list[Figure]:

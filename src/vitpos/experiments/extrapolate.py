@@ -22,6 +22,7 @@ between sizes, so sizes are compared by the skill above chance, (acc - chance) /
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -82,11 +83,27 @@ def grid_at(surface: ModelSurface, scale: float) -> tuple[int, int]:
     return round(surface.grid[0] * scale), round(surface.grid[1] * scale)
 
 
-def check_scales(surface: ModelSurface, scales: Sequence[float], flag: str = "--scales") -> list[float]:
-    """Sorted scales, each giving a distinct grid of at least 2 x 2 other than the training grid."""
+MAX_SCALE = 8.0  # grids beyond 8x the training grid (64x the tokens) are refused, not attempted
+
+
+def check_scales(surface: ModelSurface, scales: Sequence[float], flag: str = "--scales",
+                 data: object = None) -> list[float]:
+    """Sorted scales, each giving a distinct grid of at least 2 x 2 other than the training grid (and,
+    for generated data, a canvas the generator can draw on)."""
     grids = {surface.grid: 1.0}
+    native = generated_size(data) if isinstance(data, str) else None
     for s in sorted(scales):
+        if not math.isfinite(s) or s > MAX_SCALE:
+            raise VitposError(f"{flag} {s:g}: scales above {MAX_SCALE:g} are refused (the token count grows as the "
+                              "square); pass scales like 1.5,2")
         g = grid_at(surface, s)
+        if native is not None and s != 1.0:
+            from vitpos.data.shapes import MIN_SIZE
+
+            px = round(native[0] * g[0] / surface.grid[0])
+            if px < MIN_SIZE:
+                raise VitposError(f"{flag} {s:g}: shapes at {s:g}x would be drawn at {px} px, below the {MIN_SIZE} px "
+                                  "two separated shapes need; pass larger scales, e.g. 1.5,2")
         if s <= 0 or min(g) < 2:
             raise VitposError(f"{flag} {s:g}: the grid {surface.grid} times {s:g} must keep at least 2 rows and "
                               "columns (pass scales > 0, e.g. 1.5,2)")
@@ -144,7 +161,7 @@ def run_extrapolate(surface: ModelSurface, data: str = "shapes", n_images: int =
                     out: str | Path | None = None, progress: bool = False) -> ExtrapolateResult:
     """Probes and top-1 at the training size and at each scale of the grid (None: the surface's
     `extrapolation_scales`), n_images images per size; writes extrapolate.json/.png into `out`."""
-    scales = check_scales(surface, surface.extrapolation_scales if scales is None else scales)
+    scales = check_scales(surface, surface.extrapolation_scales if scales is None else scales, data=data)
     native = generated_size(data)
     base_set = dataset_at_size(surface, data, split, None, limit=n_images, seed=seed)
     refused = surface.classifier_problem(base_set.info, data_name(data))

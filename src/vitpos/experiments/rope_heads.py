@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from vitpos import plots
 from vitpos.analysis.forward import predict
@@ -52,14 +52,33 @@ from vitpos.experiments.common import (
     sample_interval,
     sweep_batch,
 )
-from vitpos.hooks import capture, edit, observe, remove_rope
+from vitpos.hooks import capture, edit, head_means, mean_ablate_heads, observe, remove_rope, rope_coordinates
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
-from vitpos.rope import remove_axial_channels
+from vitpos.rope import CoordEdit, remove_axial_channels
 
 EPS = 1e-12
 SPECIALISED = 0.5  # |S| at or above which a head is axis-specialised
 AXES = ("row", "col", "both")
+
+
+class C5Ablation(BaseModel):
+    """C5 under one ablation of a head (`c5_ablations`): per measured head ([layer, head] in `heads`)
+    the top-1 drop with a paired bootstrap interval, and the margin drop(primary) - drop(head) with
+    its paired interval (None at the primary). outcome: C5's rule on these margins (holds: every
+    interval above 0; fails: one below 0; else inconclusive; fails without a primary rebuilding head,
+    when the drops are still measured but there are no margins)."""
+
+    model_config = ConfigDict(extra="forbid")
+    description: str
+    heads: list[list[int]]
+    n_images: int
+    drop_points: list[float]
+    drop_ci95: list[list[float]]
+    margin_ci95: list[list[float] | None]
+    primary_drop_rank: int | None  # among the measured heads (1 = largest); None without a primary
+    largest_drop_head: list[int]
+    outcome: Literal["holds", "fails", "inconclusive"]
 
 
 class RopeHeadsResult(Result):
@@ -129,6 +148,13 @@ class RopeHeadsResult(Result):
     primary_recovery_share_ci95: list[float] | None = None
     top_heads_recovery_fraction_ci95: dict[str, list[float] | None] | None = None
     restore_sweep: dict[str, SweepPoint] | None = None  # str(R) -> the primary chosen at R (R's own included)
+    # C5 under each ablation of a head (None in results written before them or without a primary):
+    # 'identity' (rotations removed: the drops above, every head), 'swap', 'shift', 'jitter', 'rescale'
+    # (the head's rotations recomputed from edited coordinates) and 'mean_output' (its output mean-ablated),
+    # on the heads `c5_ablation_heads_rule` names; c5_rests_on: the ablation C5's verdict reads
+    c5_ablations: dict[str, C5Ablation] | None = None
+    c5_ablation_heads_rule: str | None = None
+    c5_rests_on: str | None = None
 
 
 def _kl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -655,7 +681,8 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
                    progress: bool = False, shared_prefix: bool = True,
-                   top1_screen: int | None = None, sweep_restore: list[int] | None = None) -> RopeHeadsResult:
+                   top1_screen: int | None = None, sweep_restore: list[int] | None = None,
+                   c5_ablation_heads: int | None = None) -> RopeHeadsResult:
     """shared_prefix (default): every per-head intervention in layer l runs only blocks >= l from
     the stream it shares with a reference condition, and the rebuild probes of layers R..l-1 (fits
     on activations identical to the plain restore condition's) are copied from it: the same
@@ -667,7 +694,10 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     and intervals of the others rest on the screen's images (`top1_images_per_head`).
 
     sweep_restore: further restore points at which the primary rebuilding head is chosen again
-    (`rebuild_sweep`, `restore_sweep` in the result, beside R's own point); None or []: none."""
+    (`rebuild_sweep`, `restore_sweep` in the result, beside R's own point); None or []: none.
+
+    c5_ablation_heads: C5 under the counterfactual ablations (`c5_under_ablations`) on every head
+    (None) or on the primary and the top `c5_ablation_heads` heads by the identity drop."""
     require_rope(surface)
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
@@ -681,7 +711,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
     later = list(range(R, L))
-    steps = 3 + L * Hh + len(later) * Hh + 1
+    steps = 3 + L * Hh + len(later) * Hh + 1 + 1
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-heads", total=steps)
         S, kl = axis_index(surface, attn_images, shared_prefix)
@@ -805,6 +835,10 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
             task, advance=1, description=f"rope-heads: ablate L{li}H{h}"), screen=top1_screen,
             keep=[primary] if primary else [])
+        c5 = c5_under_ablations(
+            surface, top1_set, measured, primary, c5_heads(measured, primary, c5_ablation_heads), seed=seed,
+            shared_prefix=shared_prefix)
+        bar.update(task, advance=1, description="rope-heads: C5 under counterfactual ablations")
     base_top1, drops = measured.base_top1, measured.drops()
     order = sorted(((drops[li][h], li, h) for li in range(L) for h in range(Hh)), reverse=True)
     largest = order[0][1:]
@@ -844,6 +878,7 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
         "primary_axis_index_matched_ci95": matched_ci, "primary_recovery_share": share,
         "primary_recovery_share_ci95": share_ci, "top_heads_recovery_fraction_ci95": explained_ci,
         "restore_sweep": {k: sweep[k] for k in sorted(sweep, key=int)},
+        "c5_ablations": c5, "c5_rests_on": C5_RESTS_ON, "c5_ablation_heads_rule": c5_heads_rule(c5_ablation_heads),
     })
     if out is not None:
         RopeHeadsExperiment().write(result, out)
@@ -872,7 +907,8 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
                 + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
                 + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R)
-                + sweep_plan(n_p, L, Hh, N, sorted(set(settings.get("sweep_restore") or []) - {R})))
+                + sweep_plan(n_p, L, Hh, N, sorted(set(settings.get("sweep_restore") or []) - {R}))
+                + plan_c5_ablations(settings, surface, sizes, False))
     # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
     attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
     # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
@@ -889,7 +925,8 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
                            note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
                                 "race (data-dependent)")
     Rs = sorted(set(settings.get("sweep_restore") or []) - {R})
-    return attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, Rs)
+    return (attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, Rs)
+            + plan_c5_ablations(settings, surface, sizes, shared_prefix))
 
 
 def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NULL_SPLITS) -> StagePlan:
@@ -902,7 +939,7 @@ def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NUL
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     name = "rope_heads"
-    version = 1
+    version = 2  # 2: issue 29 (c5_ablations: C5 under counterfactual ablations)
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult
@@ -921,8 +958,156 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
                               n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"))
+                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"),
+                              c5_ablation_heads=s.get("c5_ablation_heads"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:
         return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",
                        lambda r, p: plots.plot_rope_heads(r.to_json(), p))]
+
+
+# --- C5 under counterfactual ablations (issue 29, item 4) -------------------------------------------------
+# Removing a head's rotations (the identity rotation) puts every key at offset 0: off-distribution. The same
+# ranking under other ablations of the head says whether C5's outcome is about the head's role or about that
+# shock: its rotations recomputed from another patch's coordinates (swap), from coordinates shifted by half
+# the grid (shift: a relative encoding cannot see it between patches, only against the unrotated prefix
+# tokens; a near-null control), jittered per patch (jitter), rescaled as DINOv3's augmentation does
+# (rescale), and its output replaced by its mean (mean_output). C5's verdict rests on 'identity'.
+
+C5_RESTS_ON = "identity"
+C5_ABLATIONS = ("identity", "swap", "shift", "jitter", "rescale", "mean_output")
+C5_JITTER = 0.5  # patches (std, per patch and axis)
+C5_RESCALE = 2.0  # DINOv3's rescale_coords default: coordinates x [1/2, 2]; here the far end, x 2
+
+
+def c5_coord_edits(grid: tuple[int, int], seed: int = 0) -> dict[str, CoordEdit]:
+    """The coordinate ablations of C5, on both axes of the head's rotations."""
+    H, W = grid
+    return {"swap": CoordEdit("swap", seed=seed), "shift": CoordEdit("shift", offset=(H / 2, W / 2)),
+            "jitter": CoordEdit("jitter", sigma=C5_JITTER, seed=seed),
+            "rescale": CoordEdit("rescale", factor=C5_RESCALE)}
+
+
+def c5_heads(measured: HeadDrops, primary: tuple[int, int] | None, k: int | None) -> list[tuple[int, int]]:
+    """The heads C5 is measured on under the other ablations: every head (k None), else the top k
+    by the identity drop and the primary, in (layer, head) order."""
+    L, H, _ = measured.ablated.shape
+    if k is None:
+        return [(li, h) for li in range(L) for h in range(H)]
+    drops = measured.drops()
+    top = sorted(((drops[li][h], li, h) for li in range(L) for h in range(H)), reverse=True)[:max(0, k)]
+    return sorted({(li, h) for _, li, h in top} | ({primary} if primary else set()))
+
+
+def c5_heads_rule(k: int | None) -> str:
+    return ("every head" if k is None else
+            f"the primary and the top {k} heads by the identity drop (the others not measured under the other "
+            "ablations)")
+
+
+def _c5_entry(description: str, heads: list[tuple[int, int]], clean: torch.Tensor, ablated: torch.Tensor,
+              primary: tuple[int, int] | None, level: float = LEVEL) -> C5Ablation:
+    """Drops, paired intervals and C5's margins over `heads` from per-image correctness: clean (n,),
+    ablated (k, n) in the order of `heads`."""
+    c, a = clean.double(), ablated.double()
+    drop_iv = _column_intervals(bootstrap_means((c.unsqueeze(0) - a).T), level)
+    drops = [100.0 * (float(c.mean()) - float(row.mean())) for row in a]
+    # ties broken as run_rope_heads ranks (largest (drop, layer, head) first), so the identity entry's rank
+    # is `primary_head_drop_rank`
+    order = sorted(range(len(heads)), key=lambda i: (drops[i], heads[i]), reverse=True)
+    p = None if primary is None else heads.index(primary)
+    margins: list[list[float] | None] = [None] * len(heads)
+    if p is not None:
+        margins = [None if i == p else iv for i, iv in enumerate(
+            _column_intervals(bootstrap_means((a - a[p]).T), level))]
+    others = [iv for iv in margins if iv is not None]
+    outcome: Literal["holds", "fails", "inconclusive"] = (
+        "fails" if p is None or any(iv[1] < 0 for iv in others)
+        else "holds" if all(iv[0] > 0 for iv in others) else "inconclusive")
+    return C5Ablation(description=description, heads=[list(h) for h in heads], n_images=int(c.numel()),
+                      drop_points=drops, drop_ci95=drop_iv, margin_ci95=margins,
+                      primary_drop_rank=None if p is None else 1 + order.index(p),
+                      largest_drop_head=list(heads[order[0]]), outcome=outcome)
+
+
+@torch.no_grad()
+def c5_under_ablations(surface: ModelSurface, dataset, measured: HeadDrops, primary: tuple[int, int] | None,
+                       heads: list[tuple[int, int]], seed: int = 0, shared_prefix: bool = True,
+                       batch_size: int | None = None) -> dict[str, C5Ablation]:
+    """C5 under each ablation (C5_ABLATIONS): 'identity' from the identity sweep (`measured`, every
+    head, today's numbers), the others measured on `heads` over all of `dataset`'s images (the
+    same images as the sweep, paired). mean_output: the head's output at patch tokens replaced by
+    its mean over these images (`hooks.head_means`, one clean pass).
+
+    shared_prefix: per batch the clean stream is computed once, block by block (up to the last
+    layer of `heads`), and each ablated head of layer l runs blocks >= l from it; False: a full
+    forward per head and ablation."""
+    L, Hh, n = measured.ablated.shape
+    counts = measured.counts()
+    # adaptive top-1: only the heads measured on every image (the race, with the primary) are paired here
+    ident_heads = [(li, h) for li in range(L) for h in range(Hh) if counts[li][h] == n or (li, h) == primary]
+    out: dict[str, C5Ablation] = {"identity": _c5_entry(
+        "rotations removed (identity rotation: every key at offset 0)", ident_heads, measured.clean,
+        torch.stack([measured.ablated[li, h] for li, h in ident_heads]), primary)}
+    batch_size = sweep_batch(surface, batch_size)
+    dev = next(surface.model.parameters()).device
+    means = head_means(surface, (x for x, _ in dataset.batches(batch_size)), sorted({li for li, _ in heads}))
+    edits = c5_coord_edits(surface.grid, seed)
+
+    def context(kind: str, li: int, h: int):
+        if kind == "mean_output":
+            return mean_ablate_heads(surface, {li: [h]}, means)
+        return rope_coordinates(surface, edits[kind], layers=[li], heads=[h])
+
+    kinds = [*edits, "mean_output"]
+    rows: dict[tuple[str, int, int], list[torch.Tensor]] = {(k, li, h): [] for k in kinds for li, h in heads}
+    labels = []
+    if shared_prefix:
+        last = max(li for li, _ in heads)
+        for x, y in dataset.batches(batch_size):
+            t = surface.embed_tokens(x.to(dev, non_blocking=True))
+            for li in range(last + 1):
+                for kind in kinds:
+                    for lh in heads:
+                        if lh[0] == li:
+                            with context(kind, lh[0], lh[1]):
+                                rows[kind, lh[0], lh[1]].append(surface.forward_from(li, t).argmax(-1).cpu())
+                if li < last:
+                    t = surface.run_blocks(t, li, li + 1)
+            labels.append(y)
+        y_all = torch.cat(labels)
+        correct = {key: torch.cat(v) == y_all for key, v in rows.items()}
+    else:
+        correct = {}
+        for kind in kinds:
+            for li, h in heads:
+                p, y_all = predict(surface, dataset, batch_size, context=lambda k=kind, li=li, h=h: context(k, li, h))
+                correct[kind, li, h] = p == y_all
+    clean = measured.clean
+    descriptions = {k: f"rotations recomputed: {e.describe()}" for k, e in edits.items()}
+    descriptions["mean_output"] = "output (patch tokens) replaced by its mean over the images"
+    for kind in kinds:
+        out[kind] = _c5_entry(descriptions[kind], heads, clean,
+                              torch.stack([correct[kind, li, h] for li, h in heads]), primary)
+    return out
+
+
+def plan_c5_ablations(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+                      shared_prefix: bool = True) -> StagePlan:
+    """What c5_under_ablations computes: a clean pass for the head means, then per ablated head and
+    ablation blocks >= its layer (shared prefix; the clean stream advanced to the last layer) or a
+    full forward. Top-k heads are data-dependent: counted as in layer 0 (an upper bound) with a note."""
+    L, Hh = surface.depth, surface.num_heads
+    n_t = sizes.n("test", settings["top1_images"])
+    kinds = len(C5_ABLATIONS) - 1
+    k = settings.get("c5_ablation_heads")
+    means = StagePlan.full(n_t, L)
+    if k is None:
+        if not shared_prefix:
+            return means + StagePlan.full(n_t, L, kinds * L * Hh)
+        return means + StagePlan(forwards=n_t, blocks=n_t * ((L - 1) + kinds * Hh * L * (L + 1) // 2))
+    count = min(L * Hh, k + 1)
+    note = f"C5 ablations: {count} heads counted as in layer 0 (the top {k} and the primary; data-dependent)"
+    if not shared_prefix:
+        return means + StagePlan(forwards=n_t * kinds * count, blocks=n_t * L * kinds * count, note=note)
+    return means + StagePlan(forwards=n_t, blocks=n_t * ((L - 1) + kinds * count * L), note=note)

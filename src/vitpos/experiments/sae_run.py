@@ -17,10 +17,11 @@ over the later layers) for 95 % intervals of both drops and the selectivity (`se
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +49,26 @@ from vitpos.experiments.base import (
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.experiments.sae_seeds import SAESweep, run_sweep
 from vitpos.hooks import edit
-from vitpos.io import read_json, write_json
+from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
-from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, median_token_norm, store_batches
+from vitpos.sae.special import (
+    OUTLIER_K,
+    SpecialTokens,
+    drop_outliers,
+    mix_prefix,
+    norm_threshold,
+    special_token_report,
+    store_norms,
+)
+from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, store_batches
 from vitpos.sae.train import default_lr
 
 EDITABLE_SAE_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+DENSE_THRESHOLD = 0.1  # fires on > 10 % of held-out tokens: "dense" (sensitivity at 5 % and 20 % alongside)
+DENSE_SENSITIVITY = (0.05, 0.1, 0.2)
+STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched decoder direction has cos >= 0.9
 # The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
 # 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
@@ -139,6 +152,27 @@ class SAETraining(BaseModel):
     excluded_high_norm_tokens: int | None = None  # in the last epoch's pass
 
 
+class SeedStability(BaseModel):
+    """A second SAE, same data and settings but another seed: decoder directions matched one-to-one
+    (Hungarian assignment on cosine, scipy's linear_sum_assignment) and the share with cos >= 0.9."""
+
+    seed: int
+    other_seed: int
+    cos_threshold: float
+    share_matched: float  # matched pairs with cos >= cos_threshold / latents
+    median_cos: float
+    other_fvu: float  # held-out FVU of the second SAE (is it as good a fit?)
+
+
+class SAEFidelity(BaseModel):
+    """What vision-SAE users ask besides FVU / L0 / dead / splice (those stay top-level in sae.json)."""
+
+    dense_threshold: float  # a latent is dense when it fires on more than this share of held-out tokens
+    dense_frac: float
+    dense_frac_by_threshold: dict[str, float]  # the threshold's sensitivity
+    stability: SeedStability | None = None  # None: no second seed was trained
+
+
 class SAEResult(Result):
     """sae.json: the run key, held-out metrics, the positional features and their causal check."""
 
@@ -177,6 +211,14 @@ class SAEResult(Result):
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
     sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
+    fidelity: SAEFidelity | None = None  # None: written before it existed
+    # special tokens (vitpos.sae.special): per-layer prefix / outlier stats on the held-out images,
+    # the outlier norm threshold on the training tokens, and whether outliers were trained on
+    special_tokens: SpecialTokens | None = None
+    outlier_threshold: float | None = None
+    include_special: bool = False
+    excluded_outlier_tokens: int | None = None  # training tokens left out as outliers (per epoch)
+    browser: str | None = None  # set by the study: the latent browser page, relative to the study's folder
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -228,7 +270,7 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
 
 
 def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images: int, acts_dir: Path, progress: bool,
-                         force: bool, options: RunOptions | None = None):
+                         force: bool, options: RunOptions | None = None, keep_prefix: bool = False):
     """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
     a store there from other settings is replaced: it is run_sae's own scratch)."""
     from vitpos.store.capture import CAPTURE_VERSION, capture_to_store
@@ -237,16 +279,26 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
 
     if not force and (acts_dir / MANIFEST).is_file():
         try:
-            meta = read_json(acts_dir / MANIFEST).get("meta", {})
+            manifest = read_json(acts_dir / MANIFEST)
+            meta = manifest.get("meta", {})
             force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"),
                       meta.get("capture_version"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION))
+                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION)
+                     or bool(manifest.get("keep_prefix", False)) != keep_prefix)
         except Exception:  # unreadable: start over
             force = True
     opts = options if options is not None else RunOptions()
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
-                     force=force, progress=progress, device=opts.device, amp=opts.amp)
+                     force=force, progress=progress, device=opts.device, amp=opts.amp, keep_prefix=keep_prefix)
     return ActivationStore(acts_dir)
+
+
+def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
+    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
+    if arch != "relu" and k > expansion * surface.width:
+        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
+                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
+    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
 
 
 def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
@@ -254,24 +306,38 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
             lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
-            high_norm: float | None = None) -> tuple[SAEResult, SAE]:
+            high_norm: float | None = None, stability_seed: int | None = None,
+            include_special: bool = False) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
     without one, from the first `n_train_images` train images captured into `out/acts/` (kept for
     reuse unless `keep_acts=False`). Each epoch is a fresh buffered shuffle (`buffer_tokens`).
-    `options` (device, amp, checkpointing) reach the capture and `train_sae`. `high_norm` (None: off):
-    patch tokens whose norm exceeds high_norm x the median patch-token norm of the training store are
-    left out of training (high-norm "artifact" tokens); held-out metrics still read every patch token."""
+    `options` (device, amp, checkpointing) reach the capture and `train_sae`.
+
+    Special tokens (`vitpos.sae.special`): patch tokens with norm > OUTLIER_K x the median training-token
+    norm are left out of training and passed through the splice unchanged, and prefix tokens (CLS,
+    registers) are never trained on, unless `include_special`: then outliers are trained on and the
+    prefix tokens are mixed into the training batches (their share of a batch is P / N; the store
+    must keep them: `vitpos capture --keep-prefix`, or run_sae's own capture). Feature scores,
+    held-out metrics and the splice stay on patch tokens. `high_norm` (None: OUTLIER_K) sets the
+    outlier rule's factor (e.g. 4 for DINOv2's high-norm artifact tokens). Per-layer prefix / outlier statistics of
+    the held-out images go to sae.json. `stability_seed`: a
+    second SAE is trained with that seed on the same tokens and its decoder matched to this one's
+    (`seed_stability`); it is not saved."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
     # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
-    cfg = SAEConfig.model_validate({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
+    cfg = sae_config(surface, arch, k, expansion, seed)
     lr = default_lr(cfg.d_sae) if lr is None else float(lr)
     s = Site(layer, site)
     given = open_train_store(store, surface, s, data) if store is not None else None
+    with_prefix = include_special and surface.num_prefix_tokens > 0
+    if with_prefix and given is not None and not given.has_prefix:
+        raise VitposError(f"--include-special trains on the prefix tokens too, but --store {given.dir} has none; "
+                          "recapture it with `vitpos capture ... --keep-prefix` or drop --include-special")
     n_images = given.num_images if given is not None else n_train_images
     if n_images * surface.num_patches < batch_tokens:
         need = -(-batch_tokens // surface.num_patches)
@@ -285,34 +351,72 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
                "train_store": str(given.dir.resolve()) if given is not None else "own capture",
                **({"high_norm": high_norm} if high_norm is not None else {}),
-               **({"head": surface.head.digest()} if surface.head is not None else {})}
+               **({"head": surface.head.digest()} if surface.head is not None else {}),
+               "special_tokens": "included" if include_special else
+               f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
+               **({"stability_seed": stability_seed} if stability_seed is not None else {})}
     out = Path(out) if out is not None else None
     if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
-        doc = read_json(out / "sae.json")
-        if doc.get("run") == run_key:
-            return SAEResult.model_validate(doc), SAE.load(out)
+        try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
+            doc = read_json(out / "sae.json")
+            if isinstance(doc, dict) and doc.get("run") == run_key:
+                sae_prev = SAE.load(out)
+                if sae_prev.model_weights in (None, surface.weights_digest()):
+                    return SAEResult.model_validate(doc), sae_prev
+        except (VitposError, ValueError):
+            pass
     eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
     with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
         if given is not None:
             train_store = given
         else:
             acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
-            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options)
-        max_norm = None if high_norm is None else high_norm * median_token_norm(train_store, str(s))
-        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens,
-                                max_norm=max_norm)
+            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options,
+                                               keep_prefix=with_prefix)
+        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
+        norms = store_norms(train_store, str(s))
+        thr = norm_threshold(norms, k=high_norm or OUTLIER_K)
+        cut = None if include_special else thr
+        excluded = 0 if include_special else int((norms > thr).sum())
+        del norms
+        passes = itertools.count()
+
+        def train_batches(b=batches):
+            out = drop_outliers(b(), cut, [0])
+            return mix_prefix(out, train_store, str(s), seed + next(passes)) if with_prefix else out
+
         t0 = time.time()
-        sae, log = train_sae(batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress, options=options)
+        sae, log = train_sae(train_batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress,
+                             options=options)
         seconds = time.time() - t0
+        other = None
+        if stability_seed is not None:
+            b2 = store_batches(train_store, str(s), batch_tokens, seed=stability_seed, buffer_tokens=buffer_tokens)
+            opts = options if options is not None else RunOptions()
+            # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
+            with torch.random.fork_rng(devices=[]):
+                other, _ = train_sae(lambda: train_batches(b2), cfg.model_copy(update={"seed": stability_seed}),
+                                     TrainSettings(epochs=epochs, lr=lr), progress=progress,
+                                     options=RunOptions(device=opts.device, amp=opts.amp))
     streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
                 "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
                 "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
                 "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens,
-                **({"high_norm_factor": high_norm, "high_norm_threshold": max_norm,
-                    "excluded_high_norm_tokens": batches.excluded_tokens} if high_norm is not None else {})}
+                **({"high_norm_factor": high_norm, "high_norm_threshold": thr,
+                    "excluded_high_norm_tokens": excluded} if high_norm is not None else {})}
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
-    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None)
+    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None, outlier_threshold=cut,
+                        others=[other] if other is not None else [])
+    stability = None
+    if other is not None:
+        stability = {**seed_stability(sae, other), "seed": seed, "other_seed": stability_seed,
+                     "other_fvu": held.other_metrics[0]["fvu"]}
+    fire = held.scores.fire_rate
+    fidelity = {"dense_threshold": DENSE_THRESHOLD, "dense_frac": float((fire > DENSE_THRESHOLD).float().mean()),
+                "dense_frac_by_threshold": {f"{t:g}": float((fire > t).float().mean()) for t in DENSE_SENSITIVITY},
+                "stability": stability}
+    special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
     metrics, scores, causal = held.metrics, held.scores, held.causal
     kl, top1, top1_spliced, change = held.logit_kl, held.top1, held.top1_spliced, held.top1_change_points
     result = SAEResult.model_validate({
@@ -326,10 +430,11 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
-        "causal": causal, "eta2_null": held.eta2_null,
+        "causal": causal, "eta2_null": held.eta2_null, "fidelity": fidelity, "special_tokens": special,
+        "outlier_threshold": thr, "include_special": include_special, "excluded_outlier_tokens": excluded,
     })
     if out is not None:
-        sae.save(out)
+        sae.save(out, model_weights=surface.weights_digest())
         write_json(out / "feature_scores.json", scores.to_json())
         write_json(out / "sae.json", result.to_json())
         plots.plot_feature_maps(scores, out / "features.png")
@@ -362,14 +467,18 @@ class HeldOut:
     top1_change_points: float | None
     causal: dict | None
     eta2_null: dict[str, Any] | None = None
+    other_metrics: list[dict[str, float]] = field(default_factory=list)  # sae_metrics of each of `others`
 
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
-                 batch_size: int | None = None) -> HeldOut:
+                 batch_size: int | None = None, outlier_threshold: float | None = None,
+                 others: list[SAE] | tuple[SAE, ...] = ()) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
     (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
-    the transient memory of a batch, the numbers move in the last bits).
+    the transient memory of a batch, the numbers move in the last bits). `outlier_threshold`: the splice
+    leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
+    further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
@@ -383,6 +492,9 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     with kept:
         metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
                                             for a in kept.iter_images(str(s), batch_size)))
+        per: int = batch_size
+        other_metrics = [sae_metrics(o, lambda: (a.reshape(-1, a.shape[-1])
+                                                 for a in kept.iter_images(str(s), per))) for o in others]
         scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
         null = eta2_null(sae, kept.iter_images(str(s), batch_size), surface.grid, scores, seed=seed)
         rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
@@ -391,7 +503,8 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
         if logits:
             # splice the reconstruction in (patch tokens only): how much does the model notice?
             base_logp = clean_logits.log_softmax(-1)
-            with edit(surface, {s: sae_edit(surface, sae, lambda x, z: sae.decode(z))}):
+            splice = sae_edit(surface, sae, lambda x, z: keep_outliers(x, sae.decode(z), outlier_threshold))
+            with edit(surface, {s: splice}):
                 spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
             preds = spliced_logits.argmax(-1)
             kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
@@ -401,7 +514,33 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
             change = 100 * (top1_spliced - top1)
         causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
                               readout=Readout(labels, clean_correct, rms, sizes)) if later else None
-    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null)
+    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null, other_metrics)
+
+
+def keep_outliers(x: torch.Tensor, recon: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """The reconstruction, except at tokens of norm > threshold, which keep x (None: none kept).
+    Without such tokens it is `recon` itself, so a model without outliers splices bit-identically."""
+    if threshold is None:
+        return recon
+    out = x.float().norm(dim=-1) > threshold
+    if not bool(out.any()):
+        return recon
+    return torch.where(out.unsqueeze(-1), x.to(recon.dtype), recon)
+
+
+def seed_stability(a: SAE, b: SAE, cos_threshold: float = STABLE_COS) -> dict[str, float]:
+    """Decoder directions of `a` and `b` matched one-to-one (maximum total cosine, scipy's
+    linear_sum_assignment; F x F, fine to F ~ 16k): share of a's latents whose match has
+    cos >= cos_threshold, and the median matched cosine."""
+    from scipy.optimize import linear_sum_assignment
+
+    da = torch.nn.functional.normalize(a.W_dec.detach().double().cpu(), dim=1)
+    db = torch.nn.functional.normalize(b.W_dec.detach().double().cpu(), dim=1)
+    cos = (da @ db.T).numpy()
+    rows, cols = linear_sum_assignment(cos, maximize=True)
+    matched = torch.from_numpy(cos[rows, cols])
+    return {"cos_threshold": cos_threshold, "share_matched": float((matched >= cos_threshold).double().mean()),
+            "median_cos": float(matched.median())}
 
 
 ETA2_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # thresholds whose admitted feature counts are reported
@@ -660,10 +799,13 @@ class SAEExperiment(Experiment[SAEResult]):
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
         # train capture (it stops after the SAE's layer: vitpos.store.capture), held-out capture, spliced
-        # forward, the causal check's two ablations and their two matched random removals
-        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 2 + (4 if later else 0))
+        # forward, the special-token report's forward, the causal check's two ablations and their two
+        # matched random removals
+        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 3 + (4 if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
-        tokens = n_train * N * settings["epochs"]
+        if settings.get("browse", True):  # the browser's two passes stop at the SAE's layer (the second: winners only)
+            out += StagePlan(forwards=2 * n_eval, blocks=2 * n_eval * (layer + 1))
+        tokens = n_train * N * settings["epochs"] * (2 if settings.get("stability", True) else 1)
         latents = settings["expansion"] * surface.width
         seeds, sizes_ = settings.get("seeds", 1), settings.get("expansions") or [settings["expansion"]]
         extra = [e for e in sizes_ for _ in range(seeds)]
@@ -684,8 +826,12 @@ class SAEExperiment(Experiment[SAEResult]):
         result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
                               expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
                               epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
-                              keep_acts=sweep, high_norm=s.get("high_norm"))
-        update: dict[str, Any] = {"sae_dir": str(stage.out), "layer_choice": s["layer_choice"]}
+                              keep_acts=sweep, high_norm=s.get("high_norm"),
+                              stability_seed=stage.seed + 1 if s.get("stability", True) else None,
+                              include_special=s.get("include_special", False))
+        # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
+        update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
+                                  "layer_choice": s["layer_choice"]}
         if sweep:
             site = Site(s["layer"], s["site"])
             acts = Path(stage.out) / "acts"
@@ -698,7 +844,16 @@ class SAEExperiment(Experiment[SAEResult]):
             import shutil
 
             shutil.rmtree(acts, ignore_errors=True)  # the training store is scratch once every SAE is trained
+        if s.get("browse", True):
+            from vitpos.browse import PAGE, browse_sae
+
+            browse_sae(surface, stage.out, stage.out / "browse", images=s["eval_images"], data=data)
+            # relative to the study's folder, where report.html is: the study writes each stage to
+            # OUT/artifacts/<model slug>/<experiment>
+            update["browser"] = str(Path("artifacts", stage.out.parent.name, stage.out.name, "browse", PAGE))
         return result.model_copy(update=update)
 
-    def artifacts_ready(self, result: SAEResult) -> bool:
-        return result.sae_dir is not None and (Path(result.sae_dir) / "sae.safetensors").is_file()
+    def artifacts_ready(self, result: SAEResult, root: Path | None = None) -> bool:
+        if result.sae_dir is None or not (artifact_path(root, result.sae_dir) / "sae.safetensors").is_file():
+            return False
+        return result.browser is None or (artifact_path(root, result.sae_dir) / "browse" / "index.html").is_file()

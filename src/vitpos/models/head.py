@@ -22,10 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vitpos.errors import VitposError
-from vitpos.io import read_json, read_safetensors, write_json, write_safetensors
+from vitpos.io import (
+    check_finite,
+    load_typed,
+    read_safetensors,
+    read_safetensors_metadata,
+    write_json,
+    write_safetensors,
+)
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
@@ -40,25 +47,31 @@ FEATURE_SITE = "pre_logits"
 class HeadInfo(BaseModel):
     """head.json: which model and data the head belongs to, and how well it does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     format: Literal["vitpos-head"] = HEAD_FORMAT
     version: int = 1
     model: str  # the model spec it was fitted on
     weights: str  # ModelSurface.weights_digest() of that model
     data: str
-    classes: list[str]
-    num_classes: int
-    width: int  # pooled feature size D
+    classes: list[str] = Field(min_length=1)
+    num_classes: int = Field(ge=1)
+    width: int = Field(ge=1)  # pooled feature size D
     feature_site: Literal["pre_logits"] = FEATURE_SITE
-    l2: float
+    l2: float = Field(ge=0)
     l2_grid: list[float]
     val_top1_by_l2: list[float]
-    val_top1: float
-    test_top1: float
-    n_train_images: int
-    n_val_images: int
-    n_test_images: int
-    seed: int
+    val_top1: float = Field(ge=0, le=1)
+    test_top1: float = Field(ge=0, le=1)
+    n_train_images: int = Field(ge=0, le=10**12)
+    n_val_images: int = Field(ge=0, le=10**12)
+    n_test_images: int = Field(ge=0, le=10**12)
+    seed: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _classes_match(self) -> HeadInfo:
+        if len(self.classes) != self.num_classes:
+            raise ValueError(f"num_classes is {self.num_classes} but classes names {len(self.classes)}")
+        return self
 
 
 class Head:
@@ -95,7 +108,7 @@ class Head:
     def save(self, out: str | Path) -> None:
         out = Path(out)
         write_safetensors(out / HEAD_WEIGHTS, {"weight": self.weight, "bias": self.bias},
-                          metadata={"format": HEAD_FORMAT})
+                          metadata={"format": HEAD_FORMAT, "weights": self.info.weights})
         write_json(out / HEAD_JSON, self.info.model_dump(mode="json"))
 
     @classmethod
@@ -104,17 +117,22 @@ class Head:
         if not (path / HEAD_JSON).is_file() or not (path / HEAD_WEIGHTS).is_file():
             raise VitposError(f"{path} holds no head ({HEAD_JSON} + {HEAD_WEIGHTS}); fit one with "
                               f"`vitpos head --model SPEC --data DATA --out {path}`")
-        doc = read_json(path / HEAD_JSON)
-        try:
-            info = HeadInfo.model_validate(doc)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise VitposError(f"{path / HEAD_JSON} is not a vitpos head ({'.'.join(map(str, err['loc']))}: "
-                              f"{err['msg']}); refit it with `vitpos head`") from None
-        state = read_safetensors(path / HEAD_WEIGHTS)
+        refit = "refit it with `vitpos head`"
+        info = load_typed(HeadInfo, path / HEAD_JSON, f"it is not a vitpos head; {refit}")
+        file = path / HEAD_WEIGHTS
+        state = read_safetensors(file, refit)
         if set(state) != {"weight", "bias"}:
-            raise VitposError(f"{path / HEAD_WEIGHTS} holds {sorted(state)}, not weight and bias; refit it with "
-                              "`vitpos head`")
+            raise VitposError(f"{file} holds {sorted(state)}, not weight and bias; {refit}")
+        for name, t in state.items():
+            if not t.is_floating_point():
+                raise VitposError(f"{file}: tensor {name!r} is {t.dtype}, not floating point; {refit}")
+        # the weights file names the model it belongs to: a head.safetensors copied beside another
+        # model's head.json is refused (files written before the digest was recorded carry none)
+        owner = read_safetensors_metadata(file, refit).get("weights")
+        if owner is not None and owner != info.weights:
+            raise VitposError(f"{file} was fitted on weights digest {owner}, but {HEAD_JSON} beside it says "
+                              f"{info.weights}: the two files belong to different heads; {refit}")
+        check_finite(state, file, f"the head is broken; {refit}")
         return cls(state["weight"], state["bias"], info)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.eva import Eva
 
@@ -28,23 +28,32 @@ APE_PES = ("ape", "ape-sincos", "rope-ape", "rope-mixed-ape")
 class OwnViTConfig(BaseModel):
     """Everything needed to rebuild one of vitpos' own ViTs (written to config.json)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    # bounded: a config.json is user input, and a zero or huge size must be refused, not built
     family: Literal["vitpos-own"] = "vitpos-own"
     pe: PE
-    img_size: int = 32
-    patch_size: int = 4
-    in_chans: int = 3
-    num_classes: int = 4
-    embed_dim: int = 96
-    depth: int = 6
-    num_heads: int = 4
-    mlp_ratio: float = 2.0
+    img_size: int = Field(default=32, ge=1, le=4096)
+    patch_size: int = Field(default=4, ge=1, le=4096)
+    in_chans: int = Field(default=3, ge=1, le=16)
+    num_classes: int = Field(default=4, ge=0, le=100_000)
+    embed_dim: int = Field(default=96, ge=1, le=16384)
+    depth: int = Field(default=6, ge=1, le=256)
+    num_heads: int = Field(default=4, ge=1, le=1024)
+    mlp_ratio: float = Field(default=2.0, gt=0, le=64)
     # naver's RoPE ViTs use 100 for axial and 10 for mixed; small grids need no other value.
-    rope_temperature: float | None = Field(default=None, description="None = 100 axial / 10 mixed")
+    rope_temperature: float | None = Field(default=None, gt=0, description="None = 100 axial / 10 mixed")
     # Learned APE starts from the 2D sin-cos table: from timm's default tiny random init
     # (std 0.02) the CPU-budget runs never found the positional signal (test top-1 = chance).
     ape_init: Literal["sincos", "trunc_normal"] = "sincos"
+
+    @model_validator(mode="after")
+    def _fits(self) -> OwnViTConfig:
+        if self.img_size % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not a multiple of num_heads {self.num_heads}")
+        return self
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -8,6 +8,7 @@ go through the timm module's checkpoint_filter_fn).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import timm
 import torch
 
 from vitpos.errors import VitposError
-from vitpos.io import read_safetensors
+from vitpos.io import check_finite, read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
 from vitpos.models.surface import ModelSurface
@@ -31,15 +32,23 @@ class OwnSurface(TimmEvaSurface):
 
     extrapolation_scales = (1.25, 1.5)  # 32 px -> 40 and 48 px (grid 8 -> 10, 12)
 
-    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None):
+    def __init__(self, model: torch.nn.Module, spec: str, config: OwnViTConfig, trained_data: str | None = None,
+                 trained_classes: list[str] | None = None):
         super().__init__(model, spec)
         self.config = config
         self.trained_data = trained_data
-        if trained_data is not None:
+        if trained_classes is not None:  # recorded by `vitpos train` in config.json
+            self.trained_classes = tuple(trained_classes)
+        elif trained_data is not None:
             from vitpos.data import BUILTIN, dataset_info
 
             if trained_data in BUILTIN:
                 self.trained_classes = tuple(dataset_info(trained_data).class_names)
+            else:  # an image folder, classes not recorded (older runs): read them there, or accept no data
+                try:
+                    self.trained_classes = tuple(dataset_info(trained_data).class_names)
+                except VitposError:
+                    self.trained_classes = ()
 
     def _resized(self) -> None:
         super()._resized()
@@ -56,15 +65,22 @@ class OwnSurface(TimmEvaSurface):
         return {**super().describe(), "pe": self.config.pe, "config": self.config.model_dump()}
 
 
-def _trained_data(model_dir: Path) -> str | None:
-    """The data set an own model was trained on, from its config.json (None when not recorded)."""
+def _trained_data(model_dir: Path) -> tuple[str | None, list[str] | None]:
+    """The data set an own model was trained on and its class names, from its config.json (None
+    when not recorded; load_own_model has already read the file)."""
     from vitpos.io import read_json
 
     try:
-        data = (read_json(model_dir / "config.json").get("train") or {}).get("data")
-    except (VitposError, AttributeError):
-        return None
-    return data if isinstance(data, str) else None
+        doc = read_json(model_dir / "config.json")
+    except VitposError:
+        return None, None
+    train = doc.get("train") if isinstance(doc, dict) else None
+    data = train.get("data") if isinstance(train, dict) else None
+    classes = doc.get("classes") if isinstance(doc, dict) else None
+    if classes is not None and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise VitposError(f"{model_dir / 'config.json'}: 'classes' is not a list of class names; retrain with "
+                          "`vitpos train`")
+    return (data if isinstance(data, str) else None), classes
 
 
 def library_versions() -> dict[str, str]:
@@ -113,12 +129,39 @@ def _parse_value(text: str):
     return text
 
 
+# query keys that would make timm read a file or fetch weights by a route vitpos does not control
+# (timm's checkpoint_path goes through torch.load: vitpos never unpickles user files)
+REFUSED_KEYS = {
+    "checkpoint_path": "pass --checkpoint FILE.safetensors (or `checkpoints:` in a run config) instead",
+    "pretrained": "pass --pretrained instead",
+    "pretrained_cfg": "vitpos loads hub weights only through --pretrained",
+    "pretrained_cfg_overlay": "vitpos loads hub weights only through --pretrained",
+    "cache_dir": "vitpos loads hub weights only through --pretrained",
+}
+# bounds of the sizes a query may set: a zero patch or a huge image must be refused, not built
+SIZE_BOUNDS = {"img_size": (1, 4096), "patch_size": (1, 4096), "embed_dim": (1, 16384), "depth": (1, 256),
+               "num_heads": (1, 1024), "num_classes": (0, 100_000), "in_chans": (1, 16), "reg_tokens": (0, 1024)}
+INT_BOUND = 1 << 20
+
+
 def parse_timm_spec(spec: str) -> tuple[str, dict]:
     body = spec[len("timm:"):]
     name, _, query = body.partition("?")
     kwargs = {k: _parse_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
     if not name:
         raise VitposError("timm spec needs a model name, e.g. timm:vit_small_patch16_224")
+    for key, value in kwargs.items():
+        if key in REFUSED_KEYS:
+            raise VitposError(f"timm spec {spec!r}: ?{key}= is refused; {REFUSED_KEYS[key]}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise VitposError(f"timm spec {spec!r}: {key}={value} is not a finite number; pass a number")
+        if isinstance(value, int) and not isinstance(value, bool):
+            lo, hi = SIZE_BOUNDS.get(key, (-INT_BOUND, INT_BOUND))
+            if not lo <= value <= hi:
+                raise VitposError(f"timm spec {spec!r}: {key}={value} is outside {lo}..{hi}; pass a value in range")
+        elif key in SIZE_BOUNDS:
+            raise VitposError(f"timm spec {spec!r}: {key}={value!r} must be a whole number; pass e.g. {key}="
+                              f"{max(SIZE_BOUNDS[key][0], 4)}")
     return name, kwargs
 
 
@@ -126,6 +169,7 @@ def _load_checkpoint(model: torch.nn.Module, checkpoint: Path, name: str) -> tor
     """Strict load of local safetensors weights; official-format checkpoints go through the timm
     model module's own checkpoint_filter_fn (e.g. naver / EVA key layouts)."""
     state = read_safetensors(checkpoint)
+    check_finite(state, checkpoint, "the weights are broken; re-create or re-download them")
     try:
         model.load_state_dict(state, strict=True)
         return model
@@ -187,13 +231,14 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
             raise VitposError(f"no shipped model {spec!r}; available: "
                               f"{', '.join('builtin:' + n for n in available_builtins()) or 'none'}")
         model, cfg = load_own_model(BUILTIN_DIR / name)
-        return OwnSurface(model, spec, cfg, _trained_data(BUILTIN_DIR / name))
+        return OwnSurface(model, spec, cfg, *_trained_data(BUILTIN_DIR / name))
     if spec.startswith("timm:"):
         name, kwargs = parse_timm_spec(spec)
         kwargs.update(timm_kwargs or {})
         try:
             model = load_timm(name, kwargs, pretrained, checkpoint)
-        except (ValueError, TypeError, AssertionError, RuntimeError) as e:  # timm's own argument checks
+        except (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError, OverflowError, IndexError,
+                KeyError, AttributeError) as e:  # timm's own argument checks, and what bad sizes break
             if isinstance(e, VitposError):
                 raise
             msg = " ".join(str(e).split())[:200] or type(e).__name__
@@ -203,7 +248,7 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
         model, cfg = load_own_model(path)
-        return OwnSurface(model, spec, cfg, _trained_data(path))
+        return OwnSurface(model, spec, cfg, *_trained_data(path))
     raise VitposError(
         f"model spec {spec!r} is neither builtin:NAME, timm:NAME nor an existing directory written by `vitpos train`"
     )

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.rope import band_members, fold_frequency, pair_of_channel
+from vitpos.rope import RopeCoords, band_members, fold_frequency, pair_of_channel
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
@@ -389,6 +389,22 @@ class ModelSurface:
         pairs `rope_axis_map().band_pairs` names); every other channel stays exactly as in `base`.
         Returns (h, N, 2d)."""
         raise VitposError(f"{self.spec} has no rotary embedding (scheme {self.scheme})")
+
+    def rope_coords(self) -> RopeCoords:
+        """The model's own rotary coordinates for its grid (the family's units and column order)."""
+        raise VitposError(self._no_coordinates())
+
+    def rope_from_coords(self, coords: torch.Tensor | None = None, layout: str | None = None) -> torch.Tensor:
+        """The rotary tensor the blocks get, recomputed by vitpos from (N, 2) coordinates (None: the
+        model's own) with the family's arithmetic: (N, 2d), or (depth, h, N, 2d) for mixed RoPE.
+        layout: force 'interleaved' or 'half' (None: the family's own; a wrong one is for self-tests)."""
+        raise VitposError(self._no_coordinates())
+
+    def _no_coordinates(self) -> str:
+        if not self.has_rope:
+            return f"{self.spec} has no rotary embedding (scheme {self.scheme})"
+        return (f"{self.spec}: counterfactual RoPE coordinates are implemented for timm's RoPE families (and vitpos' "
+                f"own models), not for {type(self).__name__}; use remove_rope, or load the model through timm")
 
     # --- what the hook engine uses (vitpos.models.adapter.FamilyAdapter) --------------------------
     def block(self, layer: int) -> nn.Module:

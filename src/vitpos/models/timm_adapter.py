@@ -9,6 +9,7 @@ softmax pattern when attention is unfused), which is what the hook sites attach 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,6 +21,7 @@ from timm.layers.pos_embed_sincos import (
     RotaryEmbeddingCat,
     RotaryEmbeddingDinoV3,
     RotaryEmbeddingMixed,
+    _build_grid,
     apply_rot_embed_cat,
     get_mixed_freqs,
     get_mixed_grid,
@@ -31,7 +33,13 @@ from torch import nn
 from vitpos.errors import VitposError
 from vitpos.models.adapter import HookPoint, Undo
 from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
-from vitpos.rope import axial_channel_axis, axial_channel_freqs, remove_axial_channels
+from vitpos.rope import (
+    RopeCoords,
+    axial_channel_axis,
+    axial_channel_freqs,
+    remove_axial_channels,
+    rotary_from_angles,
+)
 
 TIMM_VERSION: str = timm.__version__
 
@@ -400,6 +408,79 @@ class TimmEvaSurface(TimmViTSurface):
         drop_row, drop_col = "row" in axes, "col" in axes
         drop_x, drop_y = (drop_row, drop_col) if row_idx == 0 else (drop_col, drop_row)
         return mixed_embed(rope.freqs.detach()[:, layer, head : head + 1], t_x, t_y, drop_x, drop_y)[0]
+
+    # --- rotations recomputed from coordinates (vitpos.rope.CoordEdit, hooks.rope_coordinates) -----------
+    # Each family's own arithmetic on the device timm computes on (tables cached at construction were
+    # computed on the CPU), so the model's own coordinates give the model's own tensor bit for bit.
+
+    def _rope_cached(self) -> bool:
+        """True when the blocks get a table timm computed once (at construction, on the CPU) rather than
+        one it computes in every forward (on the device of the rotary module's buffers)."""
+        rope = self._rope
+        if isinstance(rope, RotaryEmbeddingCat):
+            return bool(getattr(rope, "_use_cached_embed", False)) and getattr(rope, "pos_embed", None) is not None
+        if isinstance(rope, RotaryEmbeddingDinoV3):
+            return not getattr(self.model, "dynamic_img_size", False) and rope.pos_embed_cached is not None
+        return False  # mixed: get_mixed_freqs in every forward
+
+    def _rope_shape(self) -> list[int]:
+        """The grid the blocks' rotary tensor is for (a cached table's own, else the surface's)."""
+        fs = getattr(self._rope, "feat_shape", None)
+        per_forward_grid = getattr(self.model, "dynamic_img_size", False) and not self._rope_cached()
+        return list(self.grid) if fs is None or per_forward_grid else [int(v) for v in fs]
+
+    def rope_coords(self) -> RopeCoords:
+        if not self.has_rope:
+            return super().rope_coords()
+        rope = self._rope
+        shape = self._rope_shape()
+        if isinstance(rope, RotaryEmbeddingMixed):
+            t_x, t_y = rope.t_x, rope.t_y
+            if t_x is None or t_y is None or getattr(self.model, "dynamic_img_size", False):
+                t_x, t_y = get_mixed_grid(shape, grid_indexing=rope.grid_indexing, device=rope.freqs.device)
+            coords = torch.stack([t_x, t_y], dim=-1)
+        elif isinstance(rope, RotaryEmbeddingDinoV3):
+            coords = _build_grid(shape, grid_type="centered", grid_offset=rope.grid_offset,
+                                 grid_indexing=rope.grid_indexing, normalize_coords=rope.normalize_coords,
+                                 ndim=2).flatten(0, -2)
+        else:
+            assert isinstance(rope, RotaryEmbeddingCat), "checked at construction"
+            dev = torch.device("cpu") if self._rope_cached() else torch.as_tensor(rope.bands).device
+            coords = _build_grid(shape, grid_type=rope.grid_type, ref_feat_shape=rope.ref_feat_shape,
+                                 grid_offset=rope.grid_offset, grid_indexing=rope.grid_indexing,
+                                 normalize_coords=rope.normalize_coords, device=dev).flatten(0, -2)
+        return RopeCoords.read(coords, (shape[0], shape[1]))
+
+    def rope_from_coords(self, coords: torch.Tensor | None = None, layout: str | None = None) -> torch.Tensor:
+        if not self.has_rope:
+            return super().rope_from_coords(coords, layout)
+        rope = self._rope
+        c = self.rope_coords().coords if coords is None else coords
+        n = self._rope_shape()[0] * self._rope_shape()[1]
+        if tuple(c.shape) != (n, 2):
+            raise VitposError(f"rotary coordinates of shape {tuple(c.shape)}: {self.spec} needs ({n}, 2)")
+        if isinstance(rope, RotaryEmbeddingMixed):  # timm's get_mixed_freqs, per layer and head
+            f = rope.freqs.detach()
+            ff, t = f.float(), c.to(f.device).float()
+            angles = t[:, 0].unsqueeze(-1) * ff[0].unsqueeze(-2) + t[:, 1].unsqueeze(-1) * ff[1].unsqueeze(-2)
+            return rotary_from_angles(angles, layout or "interleaved").to(f.dtype)
+        if isinstance(rope, RotaryEmbeddingDinoV3):  # _get_pos_embed_from_coords
+            periods = torch.as_tensor(rope.periods)
+            dev = torch.device("cpu") if self._rope_cached() else periods.device
+            p = periods.to(dev)
+            cc = c[:, :, None].to(device=dev, dtype=p.dtype)
+            angles = (2 * math.pi * cc / p[None, None, :]).flatten(1)
+            out = rotary_from_angles(angles, layout or ("half" if rope.rotate_half else "interleaved"))
+            cached = getattr(rope, "pos_embed_cached", None)
+            return out.to(cached.dtype) if isinstance(cached, torch.Tensor) and self._rope_cached() else out
+        assert isinstance(rope, RotaryEmbeddingCat), "checked at construction"
+        bands = torch.as_tensor(rope.bands)  # a buffer (nn.Module attributes are typed Tensor | Module)
+        dev = torch.device("cpu") if self._rope_cached() else bands.device
+        bands = bands.to(dev)
+        angles = (c.to(dev).unsqueeze(-1) * bands).flatten(-2)  # build_fourier_pos_embed: grid * bands
+        out = rotary_from_angles(angles, layout or ("half" if rope.rotate_half else "interleaved"), torch.float32)
+        cached = getattr(rope, "pos_embed", None)
+        return out.to(cached.dtype) if isinstance(cached, torch.Tensor) and self._rope_cached() else out
 
     def apply_rope(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         """Rotate per-head q or k (B, h, T, d) exactly as the model does (prefix untouched)."""

@@ -294,7 +294,49 @@ def _sec_sae(doc: dict) -> str:
                   ("features admitted at the null-derived thresholds",
                    f"{nt.get('row')} row / {nt.get('col')} col / {nt.get('mixed')} mixed"),
                   ("features admitted per η² threshold", adm)]
-    return kv_table(pairs)
+    return kv_table(pairs + _sae_fidelity_pairs(doc)) + _sae_browser_link(doc)
+
+
+def _sae_fidelity_pairs(doc: dict) -> list[tuple[str, str]]:
+    """Fidelity beyond FVU / L0 / dead / splice (sae.json `fidelity`, `special_tokens`), when recorded."""
+    pairs = []
+    if doc.get("logit_kl") is not None:
+        pairs.append(("logit KL(clean ‖ spliced), mean over images", fnum(doc.get("logit_kl"), 5)))
+    fid = doc.get("fidelity")
+    if isinstance(fid, dict):
+        by = fid.get("dense_frac_by_threshold") or {}
+        sens = ", ".join(f"{pct(v)} at {pct(num(t))}" for t, v in by.items()) if isinstance(by, dict) else ""
+        pairs.append((f"dense latents (fire on > {pct(fid.get('dense_threshold'))} of held-out tokens)",
+                      pct(fid.get("dense_frac")) + (f" ({sens})" if sens else "")))
+        st = fid.get("stability")
+        if isinstance(st, dict):
+            pairs.append((f"seed stability: decoder directions of seed {st.get('seed')} matched one-to-one by seed "
+                          f"{st.get('other_seed')} with cos ≥ {st.get('cos_threshold')}",
+                          f"{pct(st.get('share_matched'))} (median matched cos {fnum(st.get('median_cos'), 2)}; the "
+                          f"other seed's FVU {fnum(st.get('other_fvu'))})"))
+    sp = doc.get("special_tokens")
+    if isinstance(sp, dict):
+        row = next((r for r in sp.get("layers") or [] if isinstance(r, dict) and r.get("layer") == doc.get("layer")),
+                   None)
+        if row is not None:
+            prefix = ", ".join(f"{n} {fnum(r, 2)}×" for n, r in zip(sp.get("prefix") or [],
+                                                                    row.get("prefix_norm_ratio") or [], strict=False))
+            pairs.append(("prefix tokens (norm / median patch norm; never encoded)", prefix or "none"))
+            pairs.append((f"high-norm outlier patch tokens (norm > {sp.get('k')}× median) at this layer",
+                          f"{pct(row.get('outlier_share'))}, "
+                          f"{'included in' if doc.get('include_special') else 'left out of'} training "
+                          f"({doc.get('excluded_outlier_tokens', '?')} training tokens left out)"))
+    return pairs
+
+
+def _sae_browser_link(doc: dict) -> str:
+    page = doc.get("browser")
+    if not page:
+        return ""
+    from urllib.parse import quote
+
+    return (f'<p>Latent browser (every latent: type, η² per axis, row × column map, top images with heatmaps): '
+            f'<a href="{e(quote(str(page)))}">{e(page)}</a></p>')
 
 
 def _sec_ape(doc: dict) -> str:
@@ -517,7 +559,40 @@ def _sec_heads(doc: dict) -> str:
             a, b = pair.split("~")
             pairs.append((f"heads in both top lists: {a} and {b}", f"{count} of {k}"))
     pairs += _heads_selection(doc)
-    return kv_table(pairs)
+    return kv_table(pairs) + _c5_ablations_table(doc)
+
+
+def _c5_ablations_table(doc: dict) -> str:
+    """C5 under each ablation of a head (rope_heads `c5_ablations`): the primary's drop and rank, the
+    largest-drop head, the closest rival's paired margin and C5's outcome; the row the verdict rests on marked."""
+    abl = doc.get("c5_ablations")
+    if not isinstance(abl, dict) or not abl:
+        return ""
+    prim, rests = doc.get("primary_rebuilding_head"), doc.get("c5_rests_on")
+    rows = []
+    for name, a in abl.items():
+        if not isinstance(a, dict):
+            continue
+        heads = [list(h) for h in a.get("heads") or []]
+        drops, ivs = a.get("drop_points") or [], a.get("drop_ci95") or []
+
+        def drop_of(lh: Any, heads=heads, drops=drops, ivs=ivs) -> str:
+            i = heads.index(list(lh)) if isinstance(lh, list) and list(lh) in heads else None
+            return "n/a" if i is None else f"{pts(drops[i])} {ci(ivs[i] if i < len(ivs) else None)}".rstrip()
+
+        rival = closest_rival([a.get("margin_ci95") or []])
+        big = a.get("largest_drop_head")
+        rows.append([f"{name}{' (verdict)' if name == rests else ''}", str(a.get("description", "")),
+                     str(len(heads)), drop_of(prim), f"{a.get('primary_drop_rank') or 'n/a'} of {len(heads)}",
+                     f"{head_name(big)}: {drop_of(big)}",
+                     "n/a" if rival is None else f"{head_name(heads[rival[0][1]])} {ci(rival[1])}",
+                     str(a.get("outcome", "n/a"))])
+    rule = doc.get("c5_ablation_heads_rule")
+    return (f"<p>C5 under each ablation of one head (both axes; top-1 images, paired bootstrap): the identity row "
+            f"is the sweep above; the others are measured on {e(rule or 'the heads listed')}. A constant shift is "
+            "invisible between patches to a relative encoding (only the unrotated prefix tokens see it).</p>"
+            + table(["ablation", "what", "heads", "primary's drop", "primary's rank", "largest drop",
+                     "closest rival: drop(primary) − drop(rival)", "C5"], rows))
 
 
 def _sweep_text(r: str, v: Any) -> str:

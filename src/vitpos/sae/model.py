@@ -456,13 +456,20 @@ class SAE(nn.Module):
     def to_config_dict(self) -> dict[str, Any]:
         return self.cfg.model_dump()
 
-    def save(self, path: str | Path) -> Path:
+    model_weights: str | None = None  # weights digest of the model whose activations it encodes (if known)
+
+    def save(self, path: str | Path, model_weights: str | None = None) -> Path:
         """Write the weights (config in the metadata) to ``path/sae.safetensors`` (or ``path`` if it
-        ends in .safetensors), atomically. Returns the file written."""
+        ends in .safetensors), atomically. Returns the file written. model_weights: the weights
+        digest of the model it was trained on (ModelSurface.weights_digest()), kept in the file's
+        metadata so that weights paired with another model are refused on load."""
         path = Path(path)
         file = path if path.suffix == ".safetensors" else path / WEIGHTS_FILE
         tensors = {name: getattr(self, name) for name in _TENSORS}
         meta = {"format": FORMAT, "config": json.dumps(self.to_config_dict())}
+        owner = model_weights or self.model_weights
+        if owner is not None:
+            meta["weights"] = owner
         write_safetensors(file, tensors, metadata=meta)
         return file
 
@@ -486,7 +493,10 @@ class SAE(nn.Module):
             cfg_dict = json.loads(meta["config"])
         except json.JSONDecodeError as e:
             raise VitposError(f"{file} has a corrupt config in its metadata; re-train or re-copy it") from e
+        if not isinstance(cfg_dict, dict):
+            raise VitposError(f"{file} has a corrupt config in its metadata; re-train or re-copy it")
         sae = cls(SAEConfig.parse(cfg_dict))
+        sae.model_weights = meta.get("weights")
         expected = {name: getattr(sae, name).shape for name in _TENSORS}
         for name, shape in expected.items():
             t = tensors.get(name)
@@ -494,6 +504,9 @@ class SAE(nn.Module):
                 got = None if t is None else tuple(t.shape)
                 raise VitposError(f"{file}: tensor {name} is {got}, expected {tuple(shape)}; the file is corrupt, "
                                   "re-train it")
+            if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+                raise VitposError(f"{file}: tensor {name} is {t.dtype} or holds NaN / infinite values; the file is "
+                                  "corrupt, re-train it")
         with torch.no_grad():
             for name in _TENSORS:
                 getattr(sae, name).copy_(tensors[name])

@@ -70,7 +70,7 @@ def store_meta(surface: ModelSurface, data, split: str, limit: int | None, n_ima
 def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, out, *, limit: int | None = None,
                      batch_size: int = 128, dtype: str = "float32", shard_images: int = 256, force: bool = False,
                      progress: bool = True, device: str | torch.device | None = None, amp: str | None = None,
-                     distributed: bool | None = None) -> dict:
+                     distributed: bool | None = None, keep_prefix: bool = False) -> dict:
     """Stream the chosen sites of every image of a split into an activation store (resumable).
 
     ``device`` (auto|cpu|cuda; None = where the model is) moves the model there for the capture (and
@@ -78,7 +78,8 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
     memory is retried in halves (and later batches keep the smaller size). Under a torchrun job with
     several ranks (``distributed`` None = detect) the split is cut into one contiguous block per
     rank, each rank writes its own store under ``out/rank-NNNNN/`` and rank 0 merges their
-    manifests into ``out/manifest.json`` (docs/distributed.md). Call it on every rank.
+    manifests into ``out/manifest.json`` (docs/distributed.md). Call it on every rank. ``keep_prefix``:
+    also store the prefix tokens (CLS, registers) under ``<site>::prefix``.
     """
     if dtype not in DTYPES:
         raise VitposError(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
@@ -97,7 +98,8 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
 
     def block(start: int, end: int, folder, block_meta: dict, show: bool) -> None:
         capture_block(surface, dataset, start, end, site_list, folder, meta=block_meta, batch_size=batch_size,
-                      dtype=DTYPES[dtype], shard_images=shard_images, force=force, progress=show, device=dev, amp=amp)
+                      dtype=DTYPES[dtype], shard_images=shard_images, force=force, progress=show, device=dev, amp=amp,
+                      keep_prefix=keep_prefix)
 
     if not sharded:
         block(0, n, out, meta, progress)
@@ -124,7 +126,7 @@ def capture_to_store(surface: ModelSurface, data: str, split: str, sites: str, o
 def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: list[Site], out, *, meta: dict,
                   batch_size: int = 128, dtype: torch.dtype = torch.float32, shard_images: int = 256,
                   force: bool = False, progress: bool = True, device: torch.device | None = None,
-                  amp: str | None = None) -> None:
+                  amp: str | None = None, keep_prefix: bool = False) -> None:
     """Images ``[start, end)`` of ``dataset`` into the store ``out``, stored with their global ids
     ``start ..``; an interrupted store there of the same block and ``meta`` is resumed.
 
@@ -138,7 +140,8 @@ def capture_block(surface: ModelSurface, dataset, start: int, end: int, sites: l
         surface.to(dev)  # moved back below: callers keep the surface where it was
     try:
         with ActivationWriter(out, sites=keys, grid=surface.grid, num_prefix_tokens=surface.num_prefix_tokens,
-                              meta=meta, shard_images=shard_images, dtype=dtype, force=force) as writer:
+                              meta=meta, shard_images=shard_images, dtype=dtype, force=force,
+                              keep_prefix=keep_prefix and surface.num_prefix_tokens > 0) as writer:
             done = writer.num_done
             total = (len(part) + batch_size - 1) // batch_size
             with progress_bar(enabled=progress) as bar, capture(surface, sites) as cache, _stop_after(surface, sites):

@@ -171,6 +171,13 @@ class Manifest:
         for k, typ in need.items():
             if not isinstance(m.get(k), typ):
                 raise VitposError(f"{path}: field {k!r} missing or not a {typ.__name__}; {DAMAGED}")
+        for k in ("num_patches", "num_prefix_tokens", "num_images"):
+            if m[k] < 0:
+                raise VitposError(f"{path}: field {k!r} is negative ({m[k]}); {DAMAGED}")
+        if m.get("shard_images") is not None and (not isinstance(m["shard_images"], int) or m["shard_images"] < 1):
+            raise VitposError(f"{path}: shard_images {m['shard_images']!r} is not a positive int; {DAMAGED}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in m["d"].values()):
+            raise VitposError(f"{path}: d (the width per site) holds a value that is not a positive int; {DAMAGED}")
         if m["dtype"] not in DTYPES:
             raise VitposError(f"{path}: unknown dtype {m['dtype']!r}; {DAMAGED}")
         if len(m["grid"]) != 2 or not all(isinstance(v, int) and v > 0 for v in m["grid"]):

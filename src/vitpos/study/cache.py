@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from vitpos.errors import VitposError
-from vitpos.io import read_json, write_json
+from vitpos.io import finite_number, read_json, write_json
 from vitpos.study.config import RunConfig
 
 
@@ -31,8 +32,10 @@ def model_fingerprint(spec: str, cfg: RunConfig) -> str:
 
 
 class StageCache:
-    def __init__(self, root: Path, force: bool):
-        self.root, self.force = root, force
+    """log: where a damaged entry is reported (it is then recomputed); None: silently."""
+
+    def __init__(self, root: Path, force: bool, log: Callable[[str], None] | None = None):
+        self.root, self.force, self.log = root, force, log
 
     def path(self, model_slug: str, stage: str, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -42,9 +45,20 @@ class StageCache:
         if self.force or not path.is_file():
             return None
         try:
-            return read_json(path)["result"]
-        except (VitposError, KeyError):
-            return None  # a damaged cache entry is recomputed
+            doc = read_json(path)
+            if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
+                raise VitposError(f"{path} is not a stage-cache entry (no result object)")
+            if not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
+                raise VitposError(f"{path} is not a stage-cache entry (its key or seconds are missing or wrong)")
+            return doc["result"]
+        except VitposError as e:
+            self.damaged(path, str(e))
+            return None
+
+    def damaged(self, path: Path, why: str) -> None:
+        """A damaged cache entry is recomputed, and said so."""
+        if self.log is not None:
+            self.log(f"warning: damaged stage-cache entry {path} ({' '.join(why.split())[:200]}); recomputing it")
 
     def put(self, path: Path, key: dict, result: dict, seconds: float) -> None:
         write_json(path, {"key": key, "seconds": seconds, "result": result})

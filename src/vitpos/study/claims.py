@@ -98,7 +98,11 @@ CLAIM_RULES: dict[str, str] = {
             mean-ablating head outputs ranks the same heads.""",
     "C5": """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
-            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.""",
+            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
+            The verdict rests on the identity ablation (the head's rotations removed; numbers
+            `ablation`); the same rule under the counterfactual ablations (rope_heads
+            `c5_ablations`: swap, shift, jitter, rescale, mean output) is reported as
+            `outcome_under_ablation`, not read by the verdict.""",
 }
 AGGREGATION = """Aggregation over the models of the claim's scheme: `supported` when it holds for every model,
 `partly supported` when it holds for some but not all, `not supported` when it holds for none and
@@ -558,7 +562,8 @@ def _c5(spec: str, rh: dict) -> dict:
                         "largest_drop_points": rh["drop_points"][big[0]][big[1]],
                         "largest_drop_ci95": cis[big[0]][big[1]] if cis else None,
                         "closest_rival_head": None if closest is None else closest[0],
-                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads},
+                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads,
+                        **_c5_ablation_numbers(rh)},
             "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
                     f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
                     f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts){rival}; "
@@ -576,6 +581,16 @@ def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
         return FAILS
     margins = rh["primary_margin_ci95"]
     return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
+
+
+def _c5_ablation_numbers(rh: dict) -> dict:
+    """Which ablation C5's verdict rests on ('identity': the head's rotations removed) and C5's
+    outcome under each ablation rope_heads measured (`c5_ablations`; absent in older results)."""
+    abl = rh.get("c5_ablations")
+    out: dict = {"ablation": rh.get("c5_rests_on") or "identity"}
+    if isinstance(abl, dict):
+        out["outcome_under_ablation"] = {k: v.get("outcome") for k, v in abl.items() if isinstance(v, dict)}
+    return out
 
 
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")

@@ -38,6 +38,9 @@ FASHION_MODELS = ["builtin:fashion-ape", "builtin:fashion-rope-axial", "builtin:
                   "builtin:fashion-none"]
 
 
+SEED_MAX = 2**32 - 1  # every seed vitpos takes: 0..SEED_MAX (derived seeds stay inside torch's 64-bit range)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -51,11 +54,11 @@ class SAEStage(_Strict):
     site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
     arch: Literal["topk", "batchtopk", "relu"] = "topk"
     k: int = Field(default=32, ge=1)
-    expansion: int = Field(default=8, ge=1)
+    expansion: int = Field(default=8, ge=1, le=256)
     images: int = Field(default=4000, ge=1)
     eval_images: int = Field(default=1000, ge=2,
                              description="held-out test images: metrics, feature scores, causal check")
-    epochs: int = Field(default=4, ge=1)
+    epochs: int = Field(default=4, ge=1, le=1000)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
     data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
                              "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
@@ -66,11 +69,14 @@ class SAEStage(_Strict):
     high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
                                     description="leave patch tokens above this x the median patch-token norm out of "
                                     "SAE training (high-norm artifact tokens); None = keep every patch token")
+    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
+    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
+    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
 
 
 class ApePermuteStage(_Strict):
     images: int = Field(default=2000, ge=1)
-    seeds: int = Field(default=3, ge=1)
+    seeds: int = Field(default=3, ge=1, le=100)
 
 
 class RopeAxisStage(_Strict):
@@ -94,6 +100,9 @@ class RopeHeadsStage(_Strict):
     sweep_restore: list[int] | None = Field(
         default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
         "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
+    c5_ablation_heads: int | None = Field(
+        default=None, ge=1, description="C5 under the counterfactual ablations (swap, shift, jitter, rescale, "
+        "mean output) on the primary and this many top heads by the identity drop; None = every head")
 
 
 class RopePrefixStage(_Strict):
@@ -129,9 +138,10 @@ class HeadStage(_Strict):
 
 
 class RunConfig(_Strict):
-    models: list[str] | None = Field(default=None, description="None = the shipped models of each dataset")
-    data: list[str] = Field(default_factory=lambda: ["shapes"], min_length=1)
-    seed: int = Field(default=0, ge=0)
+    models: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, description="None = the shipped models of each dataset")
+    data: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=lambda: ["shapes"], min_length=1)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
     model_seeds: int = Field(default=SHAPES_SEEDS, ge=1, le=SHAPES_SEEDS,
                              description="shipped shapes models per encoding (seeds 0..n-1) when models is None")
     eval_images: int | None = Field(default=None, ge=1, description="None = the whole test split")
@@ -157,7 +167,7 @@ QUICK = {
     "sae": {"images": 400, "epochs": 2, "expansion": 4},
     "ape_permute": {"images": 300, "seeds": 1},
     "rope_axis": {"images": 200, "readout_images": 48},
-    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16},
+    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16, "c5_ablation_heads": 5},
     "rope_prefix": {"images": 150, "attn_images": 16},
     "rope_freq": {"images": 120},
     "extrapolate": {"images": 100},
@@ -178,22 +188,30 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
         path = Path(path)
         if not path.is_file():
             raise VitposError(f"config file {path} does not exist")
-        text = path.read_text()
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VitposError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         try:
             if path.suffix == ".toml":
                 import tomllib
 
                 doc = tomllib.loads(text)
             else:
-                doc = yaml.safe_load(text) or {}
+                doc = yaml.safe_load(text)
         except Exception as e:
-            raise VitposError(f"config file {path} does not parse ({str(e).splitlines()[0]})") from e
+            raise VitposError(f"config file {path} does not parse ({(str(e).splitlines() or [type(e).__name__])[0]}); "
+                              "fix its syntax") from None
+        if doc is None or doc == {}:  # empty means error, not the defaults
+            raise VitposError(f"config file {path} holds no settings; write some (see README), or leave --config out "
+                              "for the defaults")
         if not isinstance(doc, dict):
             raise VitposError(f"config file {path} must hold a mapping of settings")
     if quick:
         doc = _merge(QUICK, doc)
-        if "rope_axis" not in doc or "restore" not in doc.get("rope_axis", {}):
-            doc.setdefault("rope_axis", {})["restore"] = None  # filled per model (middle layer)
+        section = doc.setdefault("rope_axis", {})
+        if isinstance(section, dict) and "restore" not in section:  # not a mapping: refused below
+            doc["rope_axis"] = {**section, "restore": None}  # filled per model (middle layer)
     doc = _merge(doc, {k: v for k, v in overrides.items() if v is not None})
     try:
         return RunConfig.model_validate(doc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import BY_NAME, NAMES
-from vitpos.study.config import RunConfig
+from vitpos.study.config import SEED_MAX, RunConfig
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.rules import RuleSet, Sensitivity
 from vitpos.validation.table import ValidationTable
@@ -139,7 +140,7 @@ class StudyResults(BaseModel):
     torch_version: str
     timm_version: str
     created: str
-    seed: int
+    seed: int = Field(ge=0, le=SEED_MAX)
     quick: bool
     config: RunConfig
     models: dict[str, ModelEntry]
@@ -176,3 +177,20 @@ class StudyResults(BaseModel):
         except (KeyError, TypeError, AttributeError) as e:
             raise VitposError(f"{where} is malformed ({type(e).__name__}: {e}); rerun `vitpos run` to rewrite "
                               "it") from None
+
+
+def load_results(path: str | Path) -> StudyResults:
+    """OUT/results.json (or the file itself) as typed results: a file that does not decode, parse or
+    fit the schema is one VitposError naming it and the fix."""
+    from vitpos.io import read_json_object
+
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    fix = "rerun `vitpos run` with the same --out to rewrite it"
+    doc = read_json_object(file, fix)
+    try:
+        return StudyResults.from_json(doc)
+    except VitposError as e:
+        raise VitposError(f"{file}: {e}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise VitposError(f"{file} is not a vitpos results file ({type(e).__name__}: {str(e)[:160]}); {fix}") from None

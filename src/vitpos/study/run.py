@@ -28,7 +28,7 @@ from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
-from vitpos.io import exclusive_lock, write_json
+from vitpos.io import artifact_path, exclusive_lock, relative_artifact, write_json
 from vitpos.models.head import Head, check_head
 from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
@@ -38,6 +38,7 @@ from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_mo
 from vitpos.study.head_stage import HEAD_VERSION, HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
+from vitpos.study.validate import check_stage
 from vitpos.validation.table import validation_table
 
 
@@ -117,8 +118,8 @@ def _plan(runners: list[_ModelStages], measure: Measure | None) -> StudyPlan:
                 if s.status == "run" and s.plan is not None:
                     s.seconds = tp.seconds(s.plan)
         problem = runner.data_problem()
-        if problem:
-            plan.data_problems[runner.key_spec] = problem
+        if problem:  # every stage would stop on it: refused before the first
+            raise VitposError(f"{runner.spec} on {runner.data}: {' '.join(problem.split())}")
         plan.stages.extend(stages)
     return plan
 
@@ -129,11 +130,12 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
     """measure: times each model for the plan line logged first (None: counts only, no estimate)."""
     out = Path(out)
     timings: dict[str, float] = {}
-    runners = _runners(out, cfg, StageCache(out, force), quick, progress, timings, log)
+    runners = _runners(out, cfg, StageCache(out, force, log), quick, progress, timings, log)
+    summary = _plan(runners, measure).summary()  # validates every stage's settings before anything is written
     with exclusive_lock(out):
         t_start = time.time()
         entries: dict[str, ModelEntry] = {}
-        log(_plan(runners, measure).summary())
+        log(summary)
         for runner in runners:
             entries[runner.key_spec] = runner.run_all()
         return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
@@ -185,7 +187,8 @@ class _ModelStages:
             reason = f"the model's classifier has {n} classes, {self.data} has {k}"
         else:
             trained = getattr(self.surface, "trained_data", None)
-            reason = f"the model's classifier was trained on {trained}, not {self.data}"
+            reason = (f"the model's classifier was trained on {trained}, not {self.data}" if trained != self.data else
+                      f"the model's classifier was trained on other classes than {self.data}'s (its folders changed?)")
         if self.given_head is not None:
             self.surface = self.surface.with_head(self.given_head, info, self.data)
             return HeadResult.of(self.given_head, self.cfg.heads[self.spec], "given",
@@ -211,7 +214,7 @@ class _ModelStages:
         head_dir = self.out / "artifacts" / self.slug / "head"
         head = fit_head(self.surface, self.data, n_images=settings["images"], seed=self.cfg.seed, out=head_dir,
                         progress=self.progress)
-        result = HeadResult.of(head, head_dir, "fitted", reason)
+        result = HeadResult.of(head, relative_artifact(self.out, head_dir), "fitted", reason)
         secs = time.time() - t0
         self.timings[f"{self.key_spec}/head"] = round(secs, 1)
         self.cache.put(path, key, result.to_json(), secs)
@@ -230,7 +233,7 @@ class _ModelStages:
             return None
         try:
             cached = HeadResult.from_json(hit)
-            head = Head.load(cached.head_dir)
+            head = Head.load(artifact_path(self.out, cached.head_dir))
             if head.digest() == cached.digest:
                 check_head(head, self.surface, dataset_info(self.data), self.data)
                 return cached, head
@@ -251,7 +254,7 @@ class _ModelStages:
                 continue
             settings = exp.stage_settings(self.cfg, self.surface, done, self.quick)
             result = self._stage(exp, settings, done)
-            if not exp.artifacts_ready(result):  # artifacts removed since: recompute
+            if not exp.artifacts_ready(result, self.out):  # artifacts removed since: recompute
                 result = self._stage(exp, settings, done, recompute=True)
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
@@ -269,8 +272,9 @@ class _ModelStages:
             return None
         try:
             result = exp.load(hit)
-        except ValueError:
-            return None  # a cache entry from an older result type: recomputed
+        except (ValueError, TypeError, KeyError, AttributeError) as e:  # an older result type, or damaged
+            self.cache.damaged(self.cache.path(self.slug, exp.name, key), f"not a {exp.name} result: {e}")
+            return None
         return result if isinstance(result, Result) else None
 
     def _plan_head(self, sizes) -> tuple[PlannedStage | None, str | None, bool]:
@@ -315,10 +319,11 @@ class _ModelStages:
             else:
                 settings = exp.plan_settings(self.cfg, self.surface, planned, self.quick)
             planned[exp.name] = settings
+            check_stage(exp.name, settings, self.surface, self.data, sizes)  # what the stage would refuse
             # a head still to be fitted has no digest yet: nothing measured through it is cached
             result = None if needs_head and head_digest is None else self._cached(
                 exp, self._key(exp, settings, head_digest))
-            if result is not None and exp.artifacts_ready(result):
+            if result is not None and exp.artifacts_ready(result, self.out):
                 done[exp.name] = Done(result, settings)
                 rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "cached"))
                 continue
@@ -349,7 +354,7 @@ class _ModelStages:
         t0 = time.time()
         stage = StageInput(data=self.data, seed=self.cfg.seed, settings=settings, prior=done,
                            out=self.out / "artifacts" / self.slug / exp.name, progress=self.progress,
-                           quick=self.quick)
+                           quick=self.quick, root=self.out)
         result = exp.run_stage(self.surface, stage)
         secs = time.time() - t0
         self.timings[f"{self.key_spec}/{exp.name}"] = round(secs, 1)

@@ -1,0 +1,106 @@
+"""`vitpos browse`: a self-contained HTML page to look at every latent of an SAE.
+
+`browse_sae(surface, sae_dir, out)` runs the trained SAE of ``sae_dir`` (``vitpos sae``'s folder)
+over the held-out images of its data (the test split, as many images as the SAE was scored on),
+collects what each latent does in one bounded-memory pass (`collect`), recomputes the heatmaps of
+the top images only, and writes ``out/index.html`` (`page`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitpos.errors import VitposError
+
+PAGE = "index.html"
+
+
+def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
+    from vitpos.io import read_json
+
+    d = Path(sae_dir)
+    if not (d / "sae.json").is_file() or not (d / "sae.safetensors").is_file():
+        raise VitposError(f"{d} is not an SAE folder (no sae.json and sae.safetensors); pass the --out folder of "
+                          "`vitpos sae`")
+    return read_json(d / "sae.json")
+
+
+def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | None = None, top_k: int = 8,
+               doc: dict | None = None, data=None) -> dict[str, Any]:
+    """Write `out/index.html` for the SAE in `sae_dir` on `surface` (the model it was trained on);
+    `data`: the dataset (a name or a dataset object) whose test split it browses (default: the SAE's).
+    Returns a summary: page path and bytes, latents, images, seconds, the pass's state bytes."""
+    from vitpos.browse.collect import collect, heatmaps, thumbnail_pixels
+    from vitpos.browse.page import page_data, png_b64, render_page
+    from vitpos.data.resolve import dataset_for
+    from vitpos.models.surface import Site
+    from vitpos.sae import SAE
+
+    t0 = time.time()
+    doc = sae_doc(sae_dir) if doc is None else doc
+    run = doc.get("run") or {}
+    if doc.get("model") != surface.spec:
+        raise VitposError(f"{sae_dir} holds an SAE of {doc.get('model')!r}, not {surface.spec!r}")
+    if run.get("weights") not in (None, surface.weights_digest()):
+        raise VitposError(f"{sae_dir} was trained on other weights of {surface.spec} (digest {run.get('weights')}, "
+                          f"now {surface.weights_digest()}); pass the same --checkpoint / --pretrained as `vitpos sae`")
+    sae = SAE.load(sae_dir)
+    if sae.d_in != surface.width:
+        raise VitposError(f"the SAE in {sae_dir} takes width {sae.d_in}, {surface.spec} has {surface.width}")
+    site = Site(int(doc["layer"]), str(doc["site"]))
+    n_eval = images if images is not None else max(2, int(doc.get("tokens", 0)) // surface.num_patches or 1000)
+    dataset = dataset_for(surface, str(doc["data"]) if data is None else data, "test", limit=n_eval)
+    if len(dataset) == 0:
+        raise VitposError(f"the test split of {doc['data']} has no images to browse with")
+    col = collect(surface, sae, site, dataset, top_k=top_k)
+    F, k = col.top_score.shape
+    flat_img = col.top_image.reshape(-1)
+    filled = flat_img >= 0
+    heat = torch.zeros(F * k, surface.num_patches)
+    if bool(filled.any()):
+        latents = torch.arange(F).repeat_interleave(k)
+        heat[filled] = heatmaps(surface, sae, site, dataset, flat_img[filled], latents[filled])
+    winners = sorted(set(flat_img[filled].tolist()))
+    thumbs = {i: png_b64(px) for i, px in zip(winners, thumbnail_pixels(dataset, winners), strict=True)}
+    special = doc.get("special_tokens") or None
+    thr = doc.get("outlier_threshold")
+    s = col.scores
+    counts = {t: len(getattr(s, f"{t}_features")) for t in ("row", "col", "mixed")}
+    fid = doc.get("fidelity") or {}
+    meta = {
+        "model": surface.spec, "layer": site.layer, "site": site.name, "data": str(doc["data"]),
+        "arch": doc.get("arch"), "k": doc.get("k"), "grid": list(surface.grid), "n_images": col.n_images,
+        "top_k": k, "fvu": doc.get("fvu"), "l0": doc.get("l0"), "dead_frac": doc.get("dead_frac"),
+        "dense_frac": fid.get("dense_frac"), "dense_threshold": fid.get("dense_threshold"),
+        "top1": doc.get("top1"), "top1_spliced": doc.get("top1_spliced"), "logit_kl": doc.get("logit_kl"),
+        "stability": (fid.get("stability") or {}).get("share_matched"),
+        "stability_median_cos": (fid.get("stability") or {}).get("median_cos"),
+        "counts": counts, "outlier_threshold": thr, "thresholds": vars(s.thresholds),
+        "special": _special_line(special, int(doc["layer"]), doc.get("include_special")),
+    }
+    class_names: list[str] = [str(c) for c in getattr(dataset.info, "class_names", ()) or ()]
+    data = page_data(col, heat, thumbs, meta, class_names, thr)
+    path = render_page(data, Path(out) / PAGE)
+    return {"page": str(path), "bytes": path.stat().st_size, "latents": F, "images": col.n_images,
+            "thumbnails": len(thumbs), "filled_slots": int(filled.sum()), "seconds": round(time.time() - t0, 1),
+            "state_bytes": col.peak_state_bytes,
+            "counts": counts}
+
+
+def _special_line(special: dict | None, layer: int, included: bool | None) -> str | None:
+    if not isinstance(special, dict):
+        return None
+    row = next((r for r in special.get("layers", []) if r.get("layer") == layer), None)
+    if row is None:
+        return None
+    prefix = ", ".join(f"{n} {r:.2g}x" for n, r in zip(special.get("prefix", []), row.get("prefix_norm_ratio", []),
+                                                       strict=False))
+    outl = row.get("outlier_share", 0.0)
+    how = "included in" if included else "excluded from"
+    return (f"prefix tokens ({prefix or 'none'} the median patch norm) are not encoded; high-norm outlier patch tokens "
+            f"(norm > {special.get('k', '?')}x median): {100 * outl:.2f} % at this layer, {how} SAE training, "
+            "red-dashed in the images")

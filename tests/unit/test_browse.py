@@ -1,0 +1,164 @@
+"""`vitpos browse`: the one-pass collection equals brute force over every code, whatever the batch
+size; the page is self-contained and escaped; it runs on a timm model with CLS + registers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_own, tiny_timm
+from vitpos.browse import browse_sae
+from vitpos.browse.collect import _merge_topk, collect, heatmaps
+from vitpos.browse.page import LEVELS, page_data, quantise, render_page
+from vitpos.data import DatasetInfo, TensorImageDataset
+from vitpos.hooks import capture
+from vitpos.models.surface import Site
+from vitpos.sae import SAE, SAEConfig, score_codes
+
+GROUPS = {"ab": (0, 1), "cd": (2, 3)}
+
+
+def grouped_set(n: int = 37, seed: int = 0) -> TensorImageDataset:
+    g = torch.Generator().manual_seed(seed)
+    info = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3,
+                       class_groups=GROUPS)
+    return TensorImageDataset(torch.randint(0, 256, (n, 3, 16, 16), dtype=torch.uint8, generator=g),
+                              torch.randint(0, 4, (n,), generator=g), info, "test")
+
+
+def all_acts(surface, site, data) -> torch.Tensor:
+    with torch.no_grad(), capture(surface, [site], tokens=slice(surface.num_prefix_tokens, None)) as c:
+        for x, _ in data.batches(64):
+            surface(x)
+    return c[str(site)]  # (n, N, D)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    surface = tiny_own("ape")
+    torch.manual_seed(0)
+    sae = SAE(SAEConfig(d_in=surface.width, expansion=3, k=5, seed=1)).eval()
+    data = grouped_set()
+    site = Site(0, "resid_post")
+    acts = all_acts(surface, site, data)
+    with torch.no_grad():
+        return surface, sae, site, data, sae.encode(acts), acts
+
+
+def test_topk_merge_keeps_the_best_and_the_earlier_image_on_ties():
+    score, image, patch = torch.zeros(2, 2), torch.full((2, 2), -1), torch.full((2, 2), -1)
+    z = torch.tensor([[[1.0, 0.0], [3.0, 0.0]], [[3.0, 0.0], [0.5, 0.0]]])  # (B=2 images, N=2, F=2)
+    s, i, p = _merge_topk(score, image, patch, z, first=10)
+    assert s[0].tolist() == [3.0, 3.0] and i[0].tolist() == [10, 11] and p[0].tolist() == [1, 0]
+    assert s[1].tolist() == [0.0, 0.0] and i[1].tolist() == [-1, -1]  # latent 1 never fires: empty slots
+
+
+@pytest.mark.parametrize("batch", [5, 64])
+def test_collect_equals_brute_force(setup, batch):
+    surface, sae, site, data, z, acts = setup
+    col = collect(surface, sae, site, data, top_k=4, batch_size=batch)
+    n, N, F = z.shape
+    per_image, arg = z.max(1)  # (n, F)
+    for f in range(F):
+        want = sorted((-float(per_image[i, f]), i) for i in range(n) if per_image[i, f] > 0)[:4]
+        got = [(-float(s), int(i)) for s, i in zip(col.top_score[f], col.top_image[f], strict=True) if i >= 0]
+        assert got == want
+        for i, p in zip(col.top_image[f], col.top_patch[f], strict=True):
+            if i >= 0:
+                assert z[i, p, f] == per_image[i, f]
+    fires = (z > 0).sum((0, 1)).double()
+    mean_fire = z.double().sum((0, 1)) / fires.clamp_min(1)
+    torch.testing.assert_close(col.mean_act, mean_fire.float())
+    ref = score_codes([z], surface.grid)
+    torch.testing.assert_close(col.scores.eta2_row, ref.eta2_row)
+    torch.testing.assert_close(col.scores.cell_means, ref.cell_means)
+    assert col.scores.row_features == ref.row_features and col.scores.mixed_features == ref.mixed_features
+    labels = data.labels
+    assert col.group_mean is not None and col.group_names == list(GROUPS)
+    for j, ids in enumerate(GROUPS.values()):
+        sel = torch.isin(labels, torch.tensor(ids))
+        torch.testing.assert_close(col.group_mean[:, j], z[sel].double().mean((0, 1)).float())
+    torch.testing.assert_close(col.patch_norms, acts.norm(dim=-1))
+    assert col.n_images == n
+
+
+def test_heatmaps_are_the_winners_codes(setup):
+    surface, sae, site, data, z, acts = setup
+    images, latents = torch.tensor([3, 0, 3, 36]), torch.tensor([2, 5, 7, 0])
+    got = heatmaps(surface, sae, site, data, images, latents, batch_size=2)
+    torch.testing.assert_close(got, z[images, :, latents])
+
+
+def test_quantise_maps_zero_and_top_to_the_ends():
+    assert quantise(torch.tensor([0.0, 1.0, 2.0, -1.0]), 2.0) == LEVELS[0] + LEVELS[32] + LEVELS[63] + LEVELS[0]
+    assert quantise(torch.zeros(3), 0.0) == LEVELS[0] * 3
+
+
+def test_page_escapes_every_string_and_loads_nothing(setup, tmp_path):
+    surface, sae, site, data, _, _ = setup
+    col = collect(surface, sae, site, data, top_k=2)
+    evil = "</script><script>alert(1)</script>&<b>"
+    F, k = col.top_score.shape
+    doc = page_data(col, torch.zeros(F * k, surface.num_patches), {0: "iVBORw0KGgo="},
+                    {"model": evil, "layer": 0, "site": "resid_post", "grid": list(surface.grid), "counts": {}},
+                    [evil, "b", "c", "d"], None)
+    path = render_page(doc, tmp_path / "p" / "index.html")
+    page = path.read_text()
+    assert evil not in page and "<script>alert" not in page
+    assert "http://" not in page and "https://" not in page and "src=\"/" not in page
+    block = page.split('id="data">', 1)[1].split("</script>", 1)[0]
+    back = json.loads(block)
+    assert back["classes"][0] == evil and back["meta"]["model"] == evil
+    assert "&lt;/script&gt;" in page.split("<body>", 1)[0]  # the <title>, through html.escape
+    assert len(back["lat"]["map"]) == F and all(len(m) == surface.num_patches for m in back["lat"]["map"])
+
+
+@pytest.mark.slow
+def test_browse_a_timm_model_with_cls_and_registers(tmp_path):
+    """The SAE sees patch tokens only; sae.json names the prefix tokens, the page marks them."""
+    from vitpos.experiments.sae_run import run_sae
+
+    surface = tiny_timm("vit_reg")
+    assert surface.num_prefix_tokens == 3
+    result, _ = run_sae(surface, 0, data="shapes", k=4, expansion=2, n_train_images=64, n_eval_images=24, epochs=1,
+                        batch_tokens=256, out=tmp_path / "sae")
+    assert result.special_tokens is not None and result.special_tokens.prefix == ["cls", "reg0", "reg1"]
+    assert len(result.special_tokens.layers) == surface.depth
+    assert result.fidelity is not None and 0 <= result.fidelity.dense_frac <= 1
+    info = browse_sae(surface, tmp_path / "sae", tmp_path / "page", top_k=3)
+    page = (tmp_path / "page" / "index.html").read_text()
+    data = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+    assert data["meta"]["grid"] == list(surface.grid) and info["latents"] == 2 * surface.width
+    assert "cls" in data["meta"]["special"] and "reg1" in data["meta"]["special"]
+    for ex in data["lat"]["ex"]:
+        assert all(len(e[2]) == surface.num_patches and 0 <= e[3] < surface.num_patches for e in ex)
+    assert set(data["img"]) == {str(e[0]) for ex in data["lat"]["ex"] for e in ex}
+
+
+def test_browse_refuses_a_folder_without_an_sae(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "browse", str(tmp_path), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "vitpos sae" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_shows_fidelity_special_tokens_and_links_the_browser():
+    from vitpos.report.sections import SECTIONS
+
+    doc = {"layer": 1, "fvu": 0.01, "logit_kl": 0.00012, "include_special": False, "excluded_outlier_tokens": 0,
+           "browser": "artifacts/x y/sae/browse/index.html",
+           "fidelity": {"dense_threshold": 0.1, "dense_frac": 0.115, "dense_frac_by_threshold": {"0.05": 0.2},
+                        "stability": {"seed": 0, "other_seed": 1, "cos_threshold": 0.9, "share_matched": 0.25,
+                                      "median_cos": 0.5, "other_fvu": 0.02}},
+           "special_tokens": {"k": 5.0, "prefix": ["cls", "reg0"], "layers": [
+               {"layer": 1, "prefix_norm_ratio": [0.5, 7.0], "outlier_share": 0.001}]}}
+    out = SECTIONS["sae"](doc)
+    assert '<a href="artifacts/x%20y/sae/browse/index.html">' in out
+    assert "11.5%" in out and "25.0%" in out and "0.00012" in out  # dense, stability, KL
+    assert "reg0 7.00×" in out and "0.1%, left out of training" in out
+    assert SECTIONS["sae"]({"layer": 1}).count("<a ") == 0  # an old sae.json: no link, no new rows
