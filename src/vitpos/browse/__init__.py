@@ -20,13 +20,13 @@ PAGE = "index.html"
 
 
 def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
-    from vitpos.io import read_json
-
     d = Path(sae_dir)
     if not (d / "sae.json").is_file() or not (d / "sae.safetensors").is_file():
         raise VitposError(f"{d} is not an SAE folder (no sae.json and sae.safetensors); pass the --out folder of "
                           "`vitpos sae`")
-    return read_json(d / "sae.json")
+    from vitpos.experiments.ape_permute import load_sae_doc
+
+    return load_sae_doc(d)  # the typed check: one line naming sae.json, not a confusing model-spec error
 
 
 def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | None = None, top_k: int = 8,
