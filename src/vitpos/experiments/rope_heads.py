@@ -1052,7 +1052,7 @@ def c5_under_ablations(surface: ModelSurface, dataset, measured: HeadDrops, prim
     batch_size = sweep_batch(surface, batch_size)
     dev = next(surface.model.parameters()).device
     means = head_means(surface, (x for x, _ in dataset.batches(batch_size)), sorted({li for li, _ in heads}))
-    edits = c5_coord_edits(surface.grid, seed)
+    edits = c5_coord_edits(surface.grid, seed) if coordinate_edits(surface) else {}
 
     def context(kind: str, li: int, h: int):
         if kind == "mean_output":
@@ -1092,6 +1092,16 @@ def c5_under_ablations(surface: ModelSurface, dataset, measured: HeadDrops, prim
     return out
 
 
+def coordinate_edits(surface: ModelSurface) -> bool:
+    """Whether the family recomputes its rotations from edited coordinates (timm RoPE families and
+    vitpos' own); the others (Hugging Face DINOv3) get the mean-output ablation only."""
+    try:
+        surface.rope_coords()
+    except VitposError:
+        return False
+    return True
+
+
 def plan_c5_ablations(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                       shared_prefix: bool = True) -> StagePlan:
     """What c5_under_ablations computes: a clean pass for the head means, then per ablated head and
@@ -1099,7 +1109,7 @@ def plan_c5_ablations(settings: Mapping[str, Any], surface: ModelSurface, sizes:
     full forward. Top-k heads are data-dependent: counted as in layer 0 (an upper bound) with a note."""
     L, Hh = surface.depth, surface.num_heads
     n_t = sizes.n("test", settings["top1_images"])
-    kinds = len(C5_ABLATIONS) - 1
+    kinds = len(C5_ABLATIONS) - 1 if coordinate_edits(surface) else 1  # mean_output only without coordinates
     k = settings.get("c5_ablation_heads")
     means = StagePlan.full(n_t, L)
     if k is None:
