@@ -257,6 +257,7 @@ def _print_families() -> None:
     from vitpos.models.gates import family_rows, gate_family, hf_available
 
     t = Table("family", "positional encoding", "prefix tokens", "gate")
+    t.columns[0].no_wrap = True  # the class name is what users type after hf:
     for name, pe, prefix, spec in family_rows():
         if name.startswith("hf ") and not hf_available():
             t.add_row(name, pe, prefix, "skipped: transformers not installed (pip install 'vitpos[hf]')")

@@ -48,6 +48,7 @@ from torch import nn
 
 from vitpos.errors import VitposError
 from vitpos.models.adapter import HookPoint, Undo
+from vitpos.models.spec import parse_query_value
 from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
 from vitpos.rope import axial_channel_axis, axial_channel_freqs, remove_axial_channels
 
@@ -466,17 +467,6 @@ class HFSurface(ModelSurface):
 
 # --- specs ------------------------------------------------------------------------------------------
 
-def _parse_value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
 
 def _family_of(cls_name: str, spec: str) -> HFFamily:
     if cls_name in NO_SURFACE:
@@ -557,7 +547,7 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
     name, _, query = body.partition("?")
     if not name:
         raise VitposError("hf spec needs a class or a folder, e.g. hf:Dinov2Model?hidden_size=32 or hf:DIR")
-    kwargs = {k: _parse_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
+    kwargs = {k: parse_query_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
     folder = Path(os.path.expanduser(name))
     preprocess: dict = {}
     if folder.is_dir():

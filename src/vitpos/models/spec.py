@@ -117,7 +117,8 @@ def available_builtins() -> list[str]:
     return sorted(p.name for p in BUILTIN_DIR.iterdir() if (p / "model.safetensors").is_file())
 
 
-def _parse_value(text: str):
+def parse_query_value(text: str):
+    """A spec query's value: true/false, an int, a float, else the text (timm: and hf: specs alike)."""
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
@@ -147,7 +148,7 @@ INT_BOUND = 1 << 20
 def parse_timm_spec(spec: str) -> tuple[str, dict]:
     body = spec[len("timm:"):]
     name, _, query = body.partition("?")
-    kwargs = {k: _parse_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
+    kwargs = {k: parse_query_value(v) for k, v in parse_qsl(query, keep_blank_values=True)}
     if not name:
         raise VitposError("timm spec needs a model name, e.g. timm:vit_small_patch16_224")
     for key, value in kwargs.items():
