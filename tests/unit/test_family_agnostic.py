@@ -66,10 +66,18 @@ def test_the_scan_sees_imports_module_names_and_strings_but_not_prose():
         "import timm", "from timm.layers import", "import transformers.models", ".norm2", "'attn_drop'"]
 
 
+# Strings that are timm names by coincidence, each with its reason (exact file and literal only).
+NOT_TIMM = {
+    ("analysis/readout.py", "'mlp'"): "the MLP probe's name (a read-out kind), not a block's .mlp",
+    ("study/claims.py", "'mlp'"): "reads the MLP probe's read-out (analysis/readout.py KINDS)",
+}
+
+
 def test_no_timm_outside_the_model_adapters():
     files = [p for p in sorted(PACKAGE.rglob("*.py")) if MODELS not in p.parents]
     assert len(files) > 40  # the scan sees the package
-    uses = [u for p in files for u in timm_uses(p.read_text(), str(p.relative_to(PACKAGE)))]
+    uses = [u for p in files for u in timm_uses(p.read_text(), str(p.relative_to(PACKAGE)))
+            if (u.split(":", 1)[0], u.rsplit(": ", 1)[1]) not in NOT_TIMM]
     assert not uses, "timm reached outside vitpos/models/ (go through the surface's adapter):\n" + "\n".join(uses)
 
 
