@@ -687,13 +687,14 @@ def run(
     out: Path = typer.Option(Path("vitpos-out"), "--out", "-o", help="output directory (results.json, report.html)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
     models: str | None = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
-    data: str | None = typer.Option(None, "--data", "-d", help="comma list: shapes, fashion, imagefolder:PATH"),
+    data: str | None = typer.Option(None, "--data", "-d", help="comma list: pairs (the encoding zoo; the "
+                            "default), shapes (the default of --quick), fashion, natural, imagefolder:PATH"),
     quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),
     seed: int | None = typer.Option(None, "--seed"),
-    model_seeds: int | None = typer.Option(None, "--model-seeds", help="shipped shapes models per encoding: training "
-                                           "seeds 0..N-1, N in 1..3 (default 3; 1 under --quick)"),
+    model_seeds: int | None = typer.Option(None, "--model-seeds", help="shipped models per encoding: training "
+                                           "seeds 0..N-1, N in 1..3 (default 1)"),
     progress: bool = ProgressOpt,
     plan: bool = typer.Option(False, "--plan", help="print what the run would compute per model and stage (image "
                               "forwards, block evaluations, probe fits, estimated time) and exit; writes nothing"),

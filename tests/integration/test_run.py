@@ -150,21 +150,27 @@ def test_imagefolder_fingerprint_follows_the_files(tmp_path):
     assert data_fingerprint(spec) != first  # a deleted image changes the cache key
 
 
-def test_default_models_are_every_shipped_seed_and_quick_is_seed_0():
-    """The full run studies 3 training seeds of each shapes encoding, each a shipped checkpoint
-    with its metrics; --quick, or --model-seeds 1, keeps seed 0; more seeds than shipped is refused."""
+def test_default_models_are_the_zoo_seed_0_and_quick_is_the_shapes_seed_0():
+    """The full run studies seed 0 of each zoo encoding (issue 33), --quick seed 0 of each shapes
+    encoding; `--data shapes --model-seeds N` the shapes seeds 0..N-1, each a shipped checkpoint
+    with its metrics; more seeds than shipped is refused."""
+    from vitpos import zoo
     from vitpos.models import load_model
     from vitpos.study.run import _models_for
 
-    full = [m for m, _ in _models_for(load_config(None, {}, quick=False))]
+    default = [m for m, d in _models_for(load_config(None, {}, quick=False))]
+    assert default == [f"builtin:pairs-{e.key}" for e in zoo.ENCODINGS] and len(default) == 7
+    assert {d for _, d in _models_for(load_config(None, {}, quick=False))} == {"pairs"}
+    full = [m for m, _ in _models_for(load_config(None, {"data": ["shapes"], "model_seeds": 3}, quick=False))]
     assert len(full) == 12 and len(set(full)) == 12
     assert [m for m, _ in _models_for(load_config(None, {}, quick=True))] == full[:4] == [
         "builtin:ape", "builtin:rope-axial", "builtin:rope-mixed", "builtin:none"]
-    assert [m for m, _ in _models_for(load_config(None, {"model_seeds": 2}, quick=False))] == full[:8]
+    assert [m for m, _ in _models_for(load_config(None, {"data": ["shapes"], "model_seeds": 2}, quick=False))] == \
+        full[:8]
     assert full[4:8] == [m + "-seed1" for m in full[:4]]
-    for spec in full:
+    for spec in full + default:
         s = load_model(spec)
-        assert s.scheme in ("ape", "rope", "none"), spec
+        assert s.scheme in ("ape", "rope", "rope+ape", "none"), spec
         metrics = json.loads((Path(vitpos.__file__).parent / "models" / "builtin" / spec.split(":")[1] /
                               "metrics.json").read_text())
         assert metrics["seed"] == (int(spec[-1]) if "-seed" in spec else 0) and metrics["test_top1"] > 0.2
