@@ -27,7 +27,7 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     from vitpos.study.run import plan_study
 
     spec = "timm:vit_base_patch16_rope_mixed_224"
-    plan = plan_study(tmp_path / "out", RunConfig.model_validate({"models": [spec]}), measure=None)
+    plan = plan_study(tmp_path / "out", RunConfig.model_validate({"models": [spec], "data": ["shapes"]}), measure=None)
     assert not (tmp_path / "out").exists()
     rows = {s.stage: s for s in plan.stages}
     assert rows["sae"].status == rows["ape_permute"].status == "n/a"
@@ -62,7 +62,7 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     from vitpos.study.run import plan_study, run_study
 
     spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
-    cfg = RunConfig.model_validate({"models": [spec], "eval_images": 20, "probe": {"images": 20},
+    cfg = RunConfig.model_validate({"models": [spec], "data": ["shapes"], "eval_images": 20, "probe": {"images": 20},
                                     "rope_axis": {"images": 20, "restore": [1]},
                                     "rope_heads": {"probe_images": 20, "top1_images": 20, "attn_images": 2},
                                     "rope_prefix": {"images": 20, "attn_images": 2},
