@@ -32,13 +32,13 @@ from statistics import median
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
@@ -437,21 +437,38 @@ def _order(Rs: list[int]):
     return names.index
 
 
+class RopeAxisSettings(Settings):
+    """`rope_axis:` in the run config."""
+
+    QUICK = {"images": 200, "readout_images": 48, "restore": None}  # restore: the middle layer, filled per model
+    images: int = Field(default=1000, ge=2)
+    restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
+    readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
+                                "(issue 29); 0 = none")
+    readout_layers: list[int] | None = Field(default=None, description="layers of the read-outs; None = the middle and "
+                                             "last layer (the last only under --quick)")
+
+
 class RopeAxisExperiment(Experiment[RopeAxisResult]):
     name = "rope_axis"
     version = 1
     title = "RoPE axis removal and restoring (C3, C4)"
     claims = ("C3", "C4")
     result_type = RopeAxisResult
+    settings_type = RopeAxisSettings
     scheme = "rope"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        restore = config.rope_axis.restore
+        doc = self.settings_of(config).model_dump()
+        restore = doc["restore"]
         if restore is None and quick:
             restore = [max(1, surface.depth // 2)]
-        doc = config.rope_axis.model_dump()
         return {**doc, "restore": restore,
                 "readout_layers": readout_layers(surface.depth, doc.get("readout_layers"), quick)}
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.get("restore") is not None:
+            check_restore_points(surface, list(settings["restore"]), "rope_axis.restore")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_axis(settings, surface, sizes)

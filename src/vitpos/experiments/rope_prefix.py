@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     MIN_GAP,
@@ -239,11 +239,22 @@ def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
     return plan
 
 
+class RopePrefixSettings(Settings):
+    """`rope_prefix:` in the run config."""
+
+    QUICK = {"images": 150, "attn_images": 16}
+    images: int = Field(default=500, ge=2, description="test-split images, split by image into probe train/test")
+    restore_from: int | None = Field(default=None, ge=1, description="R of the restore conditions; None = depth // 2")
+    block_from: int = Field(default=0, ge=0, description="first layer with patch -> prefix attention blocked")
+    attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
+
+
 class RopePrefixExperiment(Experiment[RopePrefixResult]):
     name = "rope_prefix"
     version = 1
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
     result_type = RopePrefixResult
+    settings_type = RopePrefixSettings
     scheme = "rope"
 
     def applies_to(self, surface: ModelSurface) -> str | None:
@@ -251,6 +262,11 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
         if missing is not None:
             return missing
         return None if surface.num_prefix_tokens else "no prefix tokens (CLS or registers) to block"
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.get("restore_from") is not None:
+            check_restore_points(surface, [settings["restore_from"]], "rope_prefix.restore_from")
+        check_block_from(surface, settings["block_from"], "rope_prefix.block_from")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_prefix(settings, surface, sizes)
