@@ -151,3 +151,42 @@ def test_register_refuses_what_would_break_the_config_or_the_order():
         with pytest.raises(ValueError):
             registry.register(exp)
     assert "needs_missing" not in registry.names()
+
+
+def test_the_commands_options_default_to_the_experiments_settings():
+    """The per-experiment commands (`vitpos sae`, `vitpos intervene rope-heads`, ...) keep their
+    options literal, so that `vitpos --help` does not import every experiment; each default and lower
+    bound an option shares with its experiment's settings must equal the settings' own."""
+    import typer.main
+    from annotated_types import Ge
+
+    from vitpos.cli import app
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.study.config import HeadStage
+
+    root = typer.main.get_command(app)
+    commands = {"probe": "probe", "sae": "sae", "extrapolate": "extrapolate", "intervene ape-permute": "ape_permute",
+                "intervene rope-axis": "rope_axis", "intervene rope-heads": "rope_heads",
+                "intervene rope-prefix": "rope_prefix", "intervene rope-freq": "rope_freq", "head": None}
+    renamed = {"top1_screen": "top1_screen_images"}
+    mismatched = []
+    compared = 0
+    for path, name in commands.items():
+        cmd = root
+        for part in path.split():
+            cmd = cmd.commands[part]  # type: ignore[attr-defined]
+        settings = HeadStage if name is None else BY_NAME[name].settings_type
+        assert settings is not None
+        for param in cmd.params:
+            field = settings.model_fields.get(renamed.get(param.name or "", param.name or ""))
+            if field is None or param.required or param.name == "data":  # --data: the run's data, not sae.data
+                continue
+            if param.default != field.default:
+                mismatched.append(f"{path} --{param.name}: {param.default!r} != {field.default!r}")
+            ge = next((m.ge for m in field.metadata if isinstance(m, Ge)), None)
+            low = getattr(param, "min", None)
+            if ge is not None and low is not None and low != ge:
+                mismatched.append(f"{path} --{param.name}: min {low} != ge {ge}")
+            compared += 1
+    assert not mismatched
+    assert compared >= 20

@@ -49,7 +49,7 @@ class Settings(BaseModel):
     """Base of every experiment's settings: the run config's section named like the experiment.
 
     Frozen, unknown keys refused; its field defaults are the defaults of the study's stage (and the
-    per-experiment commands' options say the same, tests/unit/test_add_experiment.py checks it).
+    per-experiment commands' options say the same, tests/integration/test_add_experiment.py checks it).
     `QUICK`: the `vitpos run --quick` sizes, overrides of those defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
