@@ -214,28 +214,28 @@ def _doc(res: Mapping[str, Any], spec: Spec) -> dict:
 def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                      shared_prefix: bool = True) -> StagePlan:
     """What run_rope_prefix(n_images=settings['images'], restore_from=, block_from=, n_attn_images=)
-    computes. Refits under a condition search at most 2 L2 values (the baseline's row and column choices)."""
+    computes, walking the same condition families (`families`) in the same order. Refits under a
+    condition search at most 2 L2 values (the baseline's row and column choices)."""
     n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
     n_a = sizes.n("test", settings["attn_images"])
     R = settings["restore_from"] if settings.get("restore_from") is not None else max(1, L // 2)
-    B = settings["block_from"]
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
 
-    plan = StagePlan.full(n_a, L) + StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID))  # attention, baseline
-    plan += StagePlan.full(n, L, 3) + fits(3 * L)  # no_row, no_col, no_both
-    kids = [(B, 4), (R, 4)]  # block and no_*_block (4) from B; the restores (4) from R
-    if not shared_prefix:
-        return plan + StagePlan.full(n, L, 8) + fits(8 * L)
-    for k, count in kids:
-        if k == 0:  # from the input
-            plan += StagePlan.full(n, L, count) + fits(count * L)
-        else:
-            plan += StagePlan(blocks=n * count * (L - k)) + fits(count * (L - k))
-    # each parent's stream moved from its first kid's layer to the last (baseline and no_both: one kid)
-    if B > 0 and B != R:
-        plan += StagePlan(blocks=2 * n * abs(R - B))
+    plan = StagePlan.full(n_a, L)  # the clean prefix attention
+    for i, (_, kids) in enumerate(families(settings["block_from"], R)):
+        plan += StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID) if i == 0 else 2)  # the parent, from the input
+        starts = sorted({k for _, k in kids if k > 0}) if shared_prefix else []
+        at = starts[0] if starts else 0  # the parent's stream is kept before this layer ...
+        for _, k in sorted(kids, key=lambda x: x[1]):
+            if not starts or k == 0:  # from the input
+                plan += StagePlan.full(n, L) + fits(L)
+                continue
+            if k > at:  # ... and moved on to each later kid's first layer
+                plan += StagePlan(blocks=n * (k - at))
+                at = k
+            plan += StagePlan(blocks=n * (L - k)) + fits(L - k)
     return plan
 
 
