@@ -584,6 +584,10 @@ def rope_heads(
         None, "--top1-screen", min=1, max=COUNT_MAX,
         help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
              "(default: every head on every image)"),
+    c5_ablation_heads: int = typer.Option(8, "--c5-ablation-heads", min=1, max=COUNT_MAX,
+                                          help="C5's side ablations (swap, shift, jitter, rescale, mean output) on "
+                                          "the primary and this many top heads by the identity drop; a number >= "
+                                          "the model's heads: every head"),
     seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help=f"0..{SEED_MAX}"),
     pretrained: bool = PretrainedOpt,
     checkpoint: Path | None = CheckpointOpt,
@@ -595,7 +599,8 @@ def rope_heads(
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
-                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen).to_json()
+                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen,
+                         c5_ablation_heads=c5_ablation_heads).to_json()
     p = doc["primary_rebuilding_head"]
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
                       f"{len(doc['layers']) * doc['num_heads']}); largest drop L{doc['largest_drop_head'][0]}H"

@@ -60,6 +60,7 @@ from vitpos.experiments.base import (
     Experiment,
     Figure,
     Result,
+    Settings,
     Skipped,
     SplitSizes,
     StageInput,
@@ -592,20 +593,29 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     return plan + StagePlan(note="upper bound: every variant has features")
 
 
+class ApePermuteSettings(Settings):
+    """`ape_permute:` in the run config."""
+
+    QUICK = {"images": 300, "seeds": 1}
+    images: int = Field(default=2000, ge=1)
+    seeds: int = Field(default=3, ge=1, le=100)
+
+
 class ApePermuteExperiment(Experiment[ApePermuteResult]):
     name = "ape_permute"
     version = 2  # 2 (issue 28): the nulls by construction and each variant's edit size
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult
+    settings_type = ApePermuteSettings
     scheme = "ape"
     requires = ("sae",)
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(prior["sae"].settings)}
+        return {**self.settings_of(config).model_dump(), "sae": dict(prior["sae"].settings)}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        return {**config.ape_permute.model_dump(), "sae": dict(planned.get("sae", {}))}
+        return {**self.settings_of(config).model_dump(), "sae": dict(planned.get("sae", {}))}
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_ape_permute(settings, surface, sizes)

@@ -1,7 +1,11 @@
-"""What an experiment is: a name, the models it applies to, a typed result, the figures it draws.
+"""What an experiment is: a name, the models it applies to, its settings, a typed result, the
+figures it draws and its report section.
 
-The study (`vitpos.study`) loops over the registry (`vitpos.experiments.registry`); the report
-renders the figures each experiment declares; the CLI calls the experiments' library functions.
+An experiment is one module: its `Settings` (the single source of its defaults: the run config's
+section named like the experiment and its `--quick` sizes are derived from them), its `Result`,
+`run_stage`, `plan`, `figures` and `section`. The study (`vitpos.study`) loops over the registry
+(`vitpos.experiments.registry`, where `register` adds one); the report renders the figures and the
+section each experiment declares; the CLI calls the experiments' library functions.
 An experiment never imports another experiment: what several share lives in `common.py`.
 """
 
@@ -39,6 +43,17 @@ def omit_unmeasured(doc: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]
     """`doc` without those of `keys` whose value is None: measurements added later stay out of the
     JSON of a result written before them, so it reads back exactly as it was written."""
     return {k: v for k, v in doc.items() if not (v is None and k in keys)}
+
+
+class Settings(BaseModel):
+    """Base of every experiment's settings: the run config's section named like the experiment.
+
+    Frozen, unknown keys refused; its field defaults are the defaults of the study's stage (and the
+    per-experiment commands' options say the same, tests/integration/test_add_experiment.py checks it).
+    `QUICK`: the `vitpos run --quick` sizes, overrides of those defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    QUICK: ClassVar[Mapping[str, Any]] = {}
 
 
 class Skipped(BaseModel):
@@ -163,6 +178,13 @@ class Experiment(ABC, Generic[R]):
     result_type: ClassVar[type[Result]]
     requires: ClassVar[tuple[str, ...]] = ()  # experiments whose results `run_stage` reads
     scheme: ClassVar[Literal["rope", "ape"] | None] = None  # the position encoding it tests (None: any)
+    # The run config's section named like the experiment (`RunConfig` builds its sections from the
+    # registry); None: the experiment has no section of its own (eval reads `eval_images`).
+    settings_type: ClassVar[type[Settings] | None] = None
+
+    def settings_of(self, config: Any) -> Settings:
+        """This experiment's section of a run config (`vitpos.study.config.RunConfig`)."""
+        return config.section(self.name)
 
     def applies_to(self, surface: ModelSurface) -> str | None:
         """None when the experiment applies to this model, else the reason it does not (by default:
@@ -176,7 +198,7 @@ class Experiment(ABC, Generic[R]):
     def stage_settings(self, config: Any, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         """The settings that define this stage's result (they key the study's cache); by default the
         run config's section named like the experiment."""
-        return getattr(config, self.name).model_dump()
+        return self.settings_of(config).model_dump()
 
     @abstractmethod
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> R:
@@ -187,6 +209,10 @@ class Experiment(ABC, Generic[R]):
         """The stage's settings before earlier stages ran (`planned`: their planned settings by
         name); stages whose settings read earlier results override this with a best guess."""
         return self.stage_settings(config, surface, {}, quick)
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        """Raise VitposError (naming the config key) when `run_stage` would refuse these settings on
+        this model: the study checks every stage before the first runs (and `--plan` exits on it)."""
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         """Forwards, block evaluations and probe fits `run_stage` will do with these settings (pure:
@@ -201,6 +227,11 @@ class Experiment(ABC, Generic[R]):
     def figures(self, result: R) -> list[Figure]:
         """The figures this result supports (the report shows them in this order)."""
         return []
+
+    def section(self, result: R) -> str | None:
+        """The body of this experiment's section in report.html (HTML, shown below its figures);
+        None: the report's own renderer for it (`vitpos.report.sections.SECTIONS`)."""
+        return None
 
     def load(self, doc: Mapping[str, Any]) -> R | Skipped:
         if "skipped" in doc:

@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.kept import Keep
@@ -36,7 +36,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeTokens, fit_probe_token
 from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import data_name, dataset_at_size, generated_size
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
@@ -209,20 +209,37 @@ def plan_extrapolate(settings: Mapping[str, Any], surface: ModelSurface, sizes: 
     return plan
 
 
+class ExtrapolateSettings(Settings):
+    """`extrapolate:` in the run config."""
+
+    QUICK = {"images": 100}
+    images: int = Field(default=300, ge=8, description="test-split images per size, split by image into probe "
+                        "train/test")
+    scales: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1, description="grid scales run besides the training size; None = the model's own "
+        "(vitpos' models 1.25, 1.5: 32 -> 40, 48 px; timm models 1.5, 2)")
+
+
 class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
     name = "extrapolate"
     version = 1
     title = "Resolution extrapolation: probes and top-1 at larger grids"
     result_type = ExtrapolateResult
+    settings_type = ExtrapolateSettings
 
     def applies_to(self, surface: ModelSurface) -> str | None:
         return None if surface.resizable else f"{type(surface).__name__} cannot be resized to another input size"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        settings = config.extrapolate.model_dump()
+        settings = self.settings_of(config).model_dump()
         if settings["scales"] is None:  # explicit in the cache key: the scales define the result
             settings["scales"] = list(surface.extrapolation_scales)
         return settings
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        scales = settings.get("scales")
+        check_scales(surface, surface.extrapolation_scales if scales is None else scales, "extrapolate.scales",
+                     data=data)
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_extrapolate(settings, surface, sizes)

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
@@ -149,11 +149,19 @@ def _run_probe(surface: ModelSurface, data: str, sites: str, n_images: int, spli
     return result
 
 
+class ProbeSettings(Settings):
+    """`probe:` in the run config."""
+
+    QUICK = {"images": 200}
+    images: int = Field(default=1000, ge=2, description="test-split images, split by image into probe train/test")
+
+
 class ProbeExperiment(Experiment[ProbeResults]):
     name = "probe"
     version = 1
     title = "Linear position probes"
     result_type = ProbeSiteResult
+    settings_type = ProbeSettings
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         n, L = sizes.n("test", settings["images"]), surface.depth

@@ -1,9 +1,15 @@
-"""The one list of experiments, in the order the study runs them (each after what it requires)."""
+"""The one list of experiments, in the order the study runs them (each after what it requires).
+
+Adding an experiment: one module (its settings, result, `run_stage`, `plan`, figures, report
+section: `vitpos.experiments.base`) and one `register(...)` line below, or `register(...)` at run
+time (a plugin, a test). The run config's section, its `--quick` sizes, the stage cache, the plan,
+the report and results.json all follow the registry; nothing else needs an edit.
+"""
 
 from __future__ import annotations
 
 from vitpos.experiments.ape_permute import ApePermuteExperiment
-from vitpos.experiments.base import Experiment
+from vitpos.experiments.base import Experiment, Settings
 from vitpos.experiments.evaluation import EvalExperiment
 from vitpos.experiments.extrapolate import ExtrapolateExperiment
 from vitpos.experiments.probe import ProbeExperiment
@@ -13,16 +19,61 @@ from vitpos.experiments.rope_heads import RopeHeadsExperiment
 from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_run import SAEExperiment
 
-EXPERIMENTS: tuple[Experiment, ...] = (
-    EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
-    RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment(),
-)
-BY_NAME: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
-NAMES: tuple[str, ...] = tuple(BY_NAME)
+# Changed in place by register / unregister: whoever imported them sees every registered experiment.
+EXPERIMENTS: list[Experiment] = []
+BY_NAME: dict[str, Experiment] = {}
+
+# names a registered experiment may not take: the run config's and a results.json model entry's own keys
+RESERVED = frozenset({"models", "data", "seed", "model_seeds", "eval_images", "pretrained", "checkpoints", "heads",
+                      "head", "describe", "not_applicable", "section", "quick"})
+
+
+def register(exp: Experiment) -> Experiment:
+    """Add `exp` after the experiments registered so far (the study runs them in this order); the
+    experiments it requires must be registered already. Returns `exp`."""
+    name = getattr(exp, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{type(exp).__name__}: `name` must be a Python identifier (it is a config key), got {name!r}")
+    if name in BY_NAME or name in RESERVED:
+        raise ValueError(f"an experiment named {name!r} is registered already, or the name is reserved")
+    missing = [r for r in exp.requires if r not in BY_NAME]
+    if missing:
+        raise ValueError(f"{name} requires {missing}: register them first")
+    if not isinstance(exp.version, int) or exp.version < 1:
+        raise ValueError(f"{name}: version must be an int >= 1")
+    if exp.settings_type is not None and not issubclass(exp.settings_type, Settings):
+        raise ValueError(f"{name}: settings_type must subclass vitpos.experiments.base.Settings")
+    EXPERIMENTS.append(exp)
+    BY_NAME[name] = exp
+    return exp
+
+
+def unregister(name: str) -> None:
+    """Remove a registered experiment (and nothing that requires it may stay registered)."""
+    needed = [e.name for e in EXPERIMENTS if name in e.requires]
+    if needed:
+        raise ValueError(f"{', '.join(needed)} require {name}: unregister them first")
+    exp = BY_NAME.pop(name)
+    EXPERIMENTS.remove(exp)
+
+
+def names() -> tuple[str, ...]:
+    """The registered experiments' names, in study order."""
+    return tuple(BY_NAME)
 
 
 def experiment(name: str) -> Experiment:
     return BY_NAME[name]
+
+
+def settings_types() -> dict[str, type[Settings]]:
+    """Experiment name -> its settings type: the run config's experiment sections, in study order."""
+    return {e.name: e.settings_type for e in EXPERIMENTS if e.settings_type is not None}
+
+
+def quick_sizes() -> dict[str, dict]:
+    """Each experiment's `--quick` sizes (its settings' QUICK), by section name."""
+    return {name: dict(t.QUICK) for name, t in settings_types().items() if t.QUICK}
 
 
 def stage_versions(exp: Experiment) -> dict[str, int]:
@@ -38,13 +89,6 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _check_order() -> None:
-    seen: set[str] = set()
-    for e in EXPERIMENTS:
-        missing = set(e.requires) - seen
-        assert not missing, f"{e.name} requires {missing}, listed after it"
-        assert isinstance(e.version, int) and e.version >= 1, f"{e.name}: version must be an int >= 1"
-        seen.add(e.name)
-
-
-_check_order()
+for _exp in (EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
+             RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment()):
+    register(_exp)

@@ -32,13 +32,13 @@ from statistics import median
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
-from vitpos.experiments.base import Done, Experiment, Figure, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     MIN_GAP,
     SWEEP_TRAIN_TOKENS,
@@ -193,6 +193,17 @@ class RopeAxisResult(AxisSweepResult):
     readouts: Readouts | None = None
 
 
+def schedule(Rs: list[int], shared_prefix: bool) -> list[tuple[str, tuple[Axis, ...], int | None]]:
+    """The conditions after the baseline, in the order run_rope_axis runs them (and plan_rope_axis
+    counts them): (name, axes removed, R: the first layer whose rotations come back, None: never)."""
+    plan: list[tuple[str, tuple[Axis, ...], int | None]] = [
+        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None),
+        *((f"restore_{a}_R{R}", (a,), R) for a in AXES for R in Rs)]
+    if shared_prefix:  # each axis' restore conditions right after their no_<axis>: one stored stream at a time
+        plan = [p for a in AXES for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
+    return plan
+
+
 def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1000, split: str = "test",
                   seed: int = 0, restore_points: list[int] | None = None, out: str | Path | None = None,
                   progress: bool = False, shared_prefix: bool = True, batch_size: int | None = None,
@@ -208,11 +219,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if restore_points is not None:
         check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
-    plan: list[tuple[str, tuple[Axis, ...], int | None]] = [
-        ("no_row", ("row",), None), ("no_col", ("col",), None), ("no_both", ("row", "col"), None),
-        *((f"restore_{a}_R{R}", (a,), R) for a in AXES for R in Rs)]
-    if shared_prefix:  # each axis' restore conditions right after their no_<axis>: one stored stream at a time
-        plan = [p for a in AXES for p in plan if p[1] == (a,)] + [p for p in plan if len(p[1]) == 2]
+    plan = schedule(Rs, shared_prefix)
     done: dict[str, dict] = {}
     fitted: dict[str, dict] = {}  # condition -> {layer: ProbeResult}: per-image accuracies for the intervals
     with progress_bar(enabled=progress) as bar:
@@ -406,21 +413,28 @@ def readout_layers(depth: int, layers: list[int] | None, quick: bool) -> list[in
 
 def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                    shared_prefix: bool = True) -> StagePlan:
-    """What run_rope_axis(n_images=settings['images'], restore_points=settings['restore']) computes.
-    Refits under a condition search at most 2 L2 values (the baseline's row and column choices)."""
+    """What run_rope_axis(n_images=settings['images'], restore_points=settings['restore']) computes,
+    walking its `schedule`. Refits under a condition search at most 2 L2 values (the baseline's row
+    and column choices)."""
     n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
     Rs = sorted(set(settings["restore"])) if settings.get("restore") else list(range(1, L))
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
 
-    plan = StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID)) + StagePlan.full(n, L, 3) + fits(3 * L)
-    if not shared_prefix or not Rs:
-        return plan + StagePlan.full(n, L, 2 * len(Rs)) + fits(2 * len(Rs) * L) + readout_plan(settings, L, sizes)
-    # per axis: no_<axis>'s stream moved from min(Rs) to each R, then blocks >= R; layers < R copied
-    tail = sum(L - R for R in Rs)
-    return (plan + StagePlan(blocks=2 * n * ((Rs[-1] - Rs[0]) + tail)) + fits(2 * tail)
-            + readout_plan(settings, L, sizes))
+    plan = StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID))  # the baseline
+    at: dict[str, int] = {}  # axis -> the layer no_<axis>'s kept stream is at
+    for _, axes, R in schedule(Rs, shared_prefix):
+        if not shared_prefix or len(axes) == 2 or R is None:  # from the input
+            plan += StagePlan.full(n, L) + fits(L)
+            if shared_prefix and R is None and Rs:
+                at[axes[0]] = Rs[0]
+            continue
+        if R > at[axes[0]]:  # no_<axis>'s stream moved on to R, then blocks >= R; layers < R copied
+            plan += StagePlan(blocks=n * (R - at[axes[0]]))
+            at[axes[0]] = R
+        plan += StagePlan(blocks=n * (L - R)) + fits(L - R)
+    return plan + readout_plan(settings, L, sizes)
 
 
 def readout_plan(settings: Mapping[str, Any], L: int, sizes: SplitSizes) -> StagePlan:
@@ -437,21 +451,38 @@ def _order(Rs: list[int]):
     return names.index
 
 
+class RopeAxisSettings(Settings):
+    """`rope_axis:` in the run config."""
+
+    QUICK = {"images": 200, "readout_images": 48, "restore": None}  # restore: the middle layer, filled per model
+    images: int = Field(default=1000, ge=2)
+    restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
+    readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
+                                "(issue 29); 0 = none")
+    readout_layers: list[int] | None = Field(default=None, description="layers of the read-outs; None = the middle and "
+                                             "last layer (the last only under --quick)")
+
+
 class RopeAxisExperiment(Experiment[RopeAxisResult]):
     name = "rope_axis"
     version = 1
     title = "RoPE axis removal and restoring (C3, C4)"
     claims = ("C3", "C4")
     result_type = RopeAxisResult
+    settings_type = RopeAxisSettings
     scheme = "rope"
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        restore = config.rope_axis.restore
+        doc = self.settings_of(config).model_dump()
+        restore = doc["restore"]
         if restore is None and quick:
             restore = [max(1, surface.depth // 2)]
-        doc = config.rope_axis.model_dump()
         return {**doc, "restore": restore,
                 "readout_layers": readout_layers(surface.depth, doc.get("readout_layers"), quick)}
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.get("restore") is not None:
+            check_restore_points(surface, list(settings["restore"]), "rope_axis.restore")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_axis(settings, surface, sizes)

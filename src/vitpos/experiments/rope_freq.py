@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import MIN_GAP, SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import AXES, Axis, FreqBand, ModelSurface
@@ -350,12 +350,33 @@ def parse_windows(text: str | None) -> list[Window] | None:
     return [w for w in out if w is not None]
 
 
+class RopeFreqSettings(Settings):
+    """`rope_freq:` in the run config."""
+
+    QUICK = {"images": 120}
+    images: int = Field(default=300, ge=2, description="test-split images, split by image into probe train/test")
+    bands: int = Field(default=3, ge=2,
+                       description="equal-rank bands of each axis' rotary frequencies (3: low/mid/high)")
+    windows: list[tuple[int, int]] | None = Field(
+        default=None, min_length=1, description="layer windows [start, stop); None = first half, second half, all")
+    layers: list[int] | None = Field(default=None, min_length=1,
+                                     description="probed layers; None = the last layer of each window")
+
+
 class RopeFreqExperiment(Experiment[RopeFreqResult]):
     name = "rope_freq"
     version = 1
     title = "RoPE frequency bands: which frequencies carry position"
     result_type = RopeFreqResult
+    settings_type = RopeFreqSettings
     scheme = "rope"
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        s = settings
+        wins = ([(int(a), int(b)) for a, b in s["windows"]] if s.get("windows") is not None
+                else default_windows(surface.depth))
+        check_settings(surface, s["bands"], wins, list(s["layers"]) if s.get("layers") is not None
+                       else default_layers(wins))
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_freq(settings, surface, sizes)

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
     MIN_GAP,
@@ -214,29 +214,39 @@ def _doc(res: Mapping[str, Any], spec: Spec) -> dict:
 def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                      shared_prefix: bool = True) -> StagePlan:
     """What run_rope_prefix(n_images=settings['images'], restore_from=, block_from=, n_attn_images=)
-    computes. Refits under a condition search at most 2 L2 values (the baseline's row and column choices)."""
+    computes, walking the same condition families (`families`) in the same order. Refits under a
+    condition search at most 2 L2 values (the baseline's row and column choices)."""
     n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
     n_a = sizes.n("test", settings["attn_images"])
     R = settings["restore_from"] if settings.get("restore_from") is not None else max(1, L // 2)
-    B = settings["block_from"]
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
 
-    plan = StagePlan.full(n_a, L) + StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID))  # attention, baseline
-    plan += StagePlan.full(n, L, 3) + fits(3 * L)  # no_row, no_col, no_both
-    kids = [(B, 4), (R, 4)]  # block and no_*_block (4) from B; the restores (4) from R
-    if not shared_prefix:
-        return plan + StagePlan.full(n, L, 8) + fits(8 * L)
-    for k, count in kids:
-        if k == 0:  # from the input
-            plan += StagePlan.full(n, L, count) + fits(count * L)
-        else:
-            plan += StagePlan(blocks=n * count * (L - k)) + fits(count * (L - k))
-    # each parent's stream moved from its first kid's layer to the last (baseline and no_both: one kid)
-    if B > 0 and B != R:
-        plan += StagePlan(blocks=2 * n * abs(R - B))
+    plan = StagePlan.full(n_a, L)  # the clean prefix attention
+    for i, (_, kids) in enumerate(families(settings["block_from"], R)):
+        plan += StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID) if i == 0 else 2)  # the parent, from the input
+        starts = sorted({k for _, k in kids if k > 0}) if shared_prefix else []
+        at = starts[0] if starts else 0  # the parent's stream is kept before this layer ...
+        for _, k in sorted(kids, key=lambda x: x[1]):
+            if not starts or k == 0:  # from the input
+                plan += StagePlan.full(n, L) + fits(L)
+                continue
+            if k > at:  # ... and moved on to each later kid's first layer
+                plan += StagePlan(blocks=n * (k - at))
+                at = k
+            plan += StagePlan(blocks=n * (L - k)) + fits(L - k)
     return plan
+
+
+class RopePrefixSettings(Settings):
+    """`rope_prefix:` in the run config."""
+
+    QUICK = {"images": 150, "attn_images": 16}
+    images: int = Field(default=500, ge=2, description="test-split images, split by image into probe train/test")
+    restore_from: int | None = Field(default=None, ge=1, description="R of the restore conditions; None = depth // 2")
+    block_from: int = Field(default=0, ge=0, description="first layer with patch -> prefix attention blocked")
+    attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
 
 
 class RopePrefixExperiment(Experiment[RopePrefixResult]):
@@ -244,6 +254,7 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
     version = 1
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
     result_type = RopePrefixResult
+    settings_type = RopePrefixSettings
     scheme = "rope"
 
     def applies_to(self, surface: ModelSurface) -> str | None:
@@ -251,6 +262,11 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
         if missing is not None:
             return missing
         return None if surface.num_prefix_tokens else "no prefix tokens (CLS or registers) to block"
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.get("restore_from") is not None:
+            check_restore_points(surface, [settings["restore_from"]], "rope_prefix.restore_from")
+        check_block_from(surface, settings["block_from"], "rope_prefix.block_from")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_prefix(settings, surface, sizes)

@@ -23,10 +23,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, cast
 
 import torch
-from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import forward_batches
@@ -40,6 +40,7 @@ from vitpos.experiments.base import (
     Done,
     Experiment,
     Result,
+    Settings,
     Skipped,
     SplitSizes,
     StageInput,
@@ -761,13 +762,42 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
             "selectivity_ci95": percentile_interval(sel)}
 
 
+SAE_BATCH_TOKENS = 4096  # run_sae's default batch, the one the study's sae stage trains with
 _SWEEP_DEFAULTS = {"data": None, "seeds": 1, "expansions": None, "high_norm": None}
 
 
-def _sae_settings(config) -> dict:
-    """config.sae as stage settings; the sweep / data / high-norm keys only when set, so the stage
-    keys (and caches) of runs that do not use them are those from before the keys existed."""
-    return {k: v for k, v in config.sae.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+def _sae_settings(settings: SAESettings) -> dict:
+    """The `sae:` section as stage settings; the sweep / data / high-norm keys only when set, so the
+    stage keys (and caches) of runs that do not use them are those from before the keys existed."""
+    return {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+
+
+class SAESettings(Settings):
+    """`sae:` in the run config."""
+
+    QUICK = {"images": 400, "epochs": 2, "expansion": 4}
+    layer: int | None = Field(default=None, ge=0, description="None = chosen from the probe results")
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
+    arch: Literal["topk", "batchtopk", "relu"] = "topk"
+    k: int = Field(default=32, ge=1)
+    expansion: int = Field(default=8, ge=1, le=256)
+    images: int = Field(default=4000, ge=1)
+    eval_images: int = Field(default=1000, ge=2,
+                             description="held-out test images: metrics, feature scores, causal check")
+    epochs: int = Field(default=4, ge=1, le=1000)
+    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
+    data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
+                             "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
+    seeds: int = Field(default=1, ge=1, description="SAE seeds (run seed, +1, ...): > 1 adds the sweep and its seed "
+                       "stability to sae.json; C1 / C2 read the run seed's SAE")
+    expansions: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, min_length=1, description="dictionary sizes of the sweep (x width); None = [expansion]")
+    high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
+                                    description="leave patch tokens above this x the median patch-token norm out of "
+                                    "SAE training (high-norm artifact tokens); None = keep every patch token")
+    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
+    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
+    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
 
 
 class SAEExperiment(Experiment[SAEResult]):
@@ -776,19 +806,36 @@ class SAEExperiment(Experiment[SAEResult]):
     title = "Sparse autoencoder"
     claims = ("C1",)
     result_type = SAEResult
+    settings_type = SAESettings
     scheme = "ape"
     requires = ("probe",)
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        given = config.sae.layer is not None
-        layer = config.sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**_sae_settings(config), "layer": layer,
+        sae = cast(SAESettings, self.settings_of(config))
+        given = sae.layer is not None
+        layer = sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
+        return {**_sae_settings(sae), "layer": layer,
                 "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
 
     def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        given = config.sae.layer is not None
-        return {**_sae_settings(config), "layer": config.sae.layer,
-                "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
+        sae = cast(SAESettings, self.settings_of(config))
+        return {**_sae_settings(sae), "layer": sae.layer,
+                "layer_choice": "given" if sae.layer is not None else "max min(row, col) probe accuracy"}
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        s, L = settings, surface.depth
+        sae_config(surface, s["arch"], s["k"], s["expansion"])
+        if s.get("layer") is not None and not 0 <= s["layer"] < L:
+            raise VitposError(f"sae.layer {s['layer']} is outside 0..{L - 1}; pass a layer of the model")
+        if sizes is not None:
+            try:
+                n = sizes.n("train", s["images"])
+            except ValueError:
+                n = None
+            if n is not None and n * surface.num_patches < SAE_BATCH_TOKENS:
+                need = -(-SAE_BATCH_TOKENS // surface.num_patches)
+                raise VitposError(f"sae.images {n} give {n * surface.num_patches} patch tokens, fewer than one SAE "
+                                  f"batch ({SAE_BATCH_TOKENS}); set sae.images to at least {need}")
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         L, N = surface.depth, surface.num_patches

@@ -788,7 +788,8 @@ def model_section(spec: str, entry: ModelEntry, figures: dict[str, Path], used: 
                     used.add(key)
                     out.append(img(figures[key], f"{spec}: {fig.caption}"))
             try:
-                out.append(SECTIONS[exp.name](doc))
+                own = exp.section(result)  # the experiment's own section, else the report's renderer for it
+                out.append(own if own is not None else SECTIONS[exp.name](doc))
             except RENDER_ERRORS as err:
                 out.append(f'<p class="na">could not render {e(exp.name)}: {e(type(err).__name__)}: {e(err)}</p>')
         out.append("</section>")

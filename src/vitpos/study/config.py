@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
+from pydantic_core import ErrorDetails, InitErrorDetails
 
 from vitpos.errors import VitposError
 
@@ -45,93 +46,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ProbeStage(_Strict):
-    images: int = Field(default=1000, ge=2, description="test-split images, split by image into probe train/test")
-
-
-class SAEStage(_Strict):
-    layer: int | None = Field(default=None, ge=0, description="None = chosen from the probe results")
-    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
-    arch: Literal["topk", "batchtopk", "relu"] = "topk"
-    k: int = Field(default=32, ge=1)
-    expansion: int = Field(default=8, ge=1, le=256)
-    images: int = Field(default=4000, ge=1)
-    eval_images: int = Field(default=1000, ge=2,
-                             description="held-out test images: metrics, feature scores, causal check")
-    epochs: int = Field(default=4, ge=1, le=1000)
-    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
-    data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
-                             "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
-    seeds: int = Field(default=1, ge=1, description="SAE seeds (run seed, +1, ...): > 1 adds the sweep and its seed "
-                       "stability to sae.json; C1 / C2 read the run seed's SAE")
-    expansions: list[Annotated[int, Field(ge=1)]] | None = Field(
-        default=None, min_length=1, description="dictionary sizes of the sweep (x width); None = [expansion]")
-    high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
-                                    description="leave patch tokens above this x the median patch-token norm out of "
-                                    "SAE training (high-norm artifact tokens); None = keep every patch token")
-    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
-    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
-    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
-
-
-class ApePermuteStage(_Strict):
-    images: int = Field(default=2000, ge=1)
-    seeds: int = Field(default=3, ge=1, le=100)
-
-
-class RopeAxisStage(_Strict):
-    images: int = Field(default=1000, ge=2)
-    restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
-    readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
-                                "(issue 29); 0 = none")
-    readout_layers: list[int] | None = Field(default=None, description="layers of the read-outs; None = the middle and "
-                                             "last layer (the last only under --quick)")
-
-
-class RopeHeadsStage(_Strict):
-    axis: Literal["row", "col", "both"] = "both"
-    restore_from: int | None = Field(default=None, ge=1, description="None = depth // 2")
-    probe_images: int = Field(default=500, ge=2)
-    top1_images: int = Field(default=2000, ge=1)
-    attn_images: int = Field(default=64, ge=1)
-    top1_screen_images: int | None = Field(
-        default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
-        "only for the heads still in the race; None = every head on every image")
-    sweep_restore: list[int] | None = Field(
-        default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
-        "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
-    # 8, not every head: the five side ablations were 71 % of the stage's block evaluations on the zoo
-    # (24 heads); the verdict rests on the identity sweep, which still covers every head.
-    c5_ablation_heads: int | None = Field(
-        default=8, ge=1, description="C5 under the counterfactual ablations (swap, shift, jitter, rescale, "
-        "mean output) on the primary and this many top heads by the identity drop; None = every head")
-
-
-class RopePrefixStage(_Strict):
-    images: int = Field(default=500, ge=2, description="test-split images, split by image into probe train/test")
-    restore_from: int | None = Field(default=None, ge=1, description="R of the restore conditions; None = depth // 2")
-    block_from: int = Field(default=0, ge=0, description="first layer with patch -> prefix attention blocked")
-    attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
-
-
-class RopeFreqStage(_Strict):
-    images: int = Field(default=300, ge=2, description="test-split images, split by image into probe train/test")
-    bands: int = Field(default=3, ge=2,
-                       description="equal-rank bands of each axis' rotary frequencies (3: low/mid/high)")
-    windows: list[tuple[int, int]] | None = Field(
-        default=None, min_length=1, description="layer windows [start, stop); None = first half, second half, all")
-    layers: list[int] | None = Field(default=None, min_length=1,
-                                     description="probed layers; None = the last layer of each window")
-
-
-class ExtrapolateStage(_Strict):
-    images: int = Field(default=300, ge=8, description="test-split images per size, split by image into probe "
-                        "train/test")
-    scales: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
-        default=None, min_length=1, description="grid scales run besides the training size; None = the model's own "
-        "(vitpos' models 1.25, 1.5: 32 -> 40, 48 px; timm models 1.5, 2)")
-
-
 class HeadStage(_Strict):
     """The classifier the study fits on a model's pooled features when the model's own does not fit
     the data (headless backbones, another class count) and `heads` names none."""
@@ -139,7 +53,11 @@ class HeadStage(_Strict):
     images: int = Field(default=4000, ge=2, description="train-split images; val and test: images // 4 each")
 
 
-class RunConfig(_Strict):
+class RunConfig(BaseModel):
+    """Every setting of `vitpos run`. Unknown keys are errors (experiment sections are checked
+    against the registry, so the model allows extra keys only for them)."""
+
+    model_config = ConfigDict(extra="allow")
     models: list[Annotated[str, Field(min_length=1)]] | None = Field(
         default=None, min_length=1, description="None = the shipped models of each dataset")
     # The full study's default is the matched encoding zoo (issue 33); --quick keeps the shapes test organisms.
@@ -152,30 +70,87 @@ class RunConfig(_Strict):
     checkpoints: dict[str, str] = Field(default_factory=dict, description="timm spec -> local .safetensors")
     heads: dict[str, str] = Field(default_factory=dict, description="model spec -> head dir from `vitpos head`")
     head: HeadStage = HeadStage()
-    probe: ProbeStage = ProbeStage()
-    sae: SAEStage = SAEStage()
-    ape_permute: ApePermuteStage = ApePermuteStage()
-    rope_axis: RopeAxisStage = RopeAxisStage()
-    rope_heads: RopeHeadsStage = RopeHeadsStage()
-    rope_prefix: RopePrefixStage = RopePrefixStage()
-    rope_freq: RopeFreqStage = RopeFreqStage()
-    extrapolate: ExtrapolateStage = ExtrapolateStage()
+    # Then one section per registered experiment with settings, named like it (`probe`, `sae`, ...):
+    # built from the registry (vitpos.experiments.registry), each the experiment's own frozen
+    # Settings, read as `cfg.section(name)` (or `cfg.<name>`); a config file may leave any out.
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _experiment_sections(cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]) -> RunConfig:
+        if not isinstance(data, dict):
+            return handler(data)
+        from vitpos.experiments.registry import settings_types
+
+        types = settings_types()
+        errors: list[InitErrorDetails] = []
+        try:
+            cfg = handler({k: v for k, v in data.items() if k not in types})
+        except ValidationError as e:
+            errors += [_detail(err, ()) for err in e.errors()]
+            cfg = None
+        sections: dict[str, BaseModel] = {}
+        for name, kind in types.items():
+            given = data.get(name, {})
+            try:
+                sections[name] = given if isinstance(given, kind) else kind.model_validate(given)
+            except ValidationError as e:
+                errors += [_detail(err, (name,)) for err in e.errors()]
+        errors += [InitErrorDetails(type="extra_forbidden", loc=(k,), input=data[k])
+                   for k in data if k not in cls.model_fields and k not in types]
+        if errors or cfg is None:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        assert cfg.__pydantic_extra__ is not None
+        cfg.__pydantic_extra__.update(sections)
+        return cfg
+
+    def section(self, name: str) -> Any:
+        """The settings of experiment `name` (its section of the config)."""
+        sections = self.__pydantic_extra__ or {}
+        if name not in sections:
+            raise VitposError(f"the run config has no section {name!r} (is the experiment registered?)")
+        return sections[name]
 
 
-QUICK = {
+def _detail(err: ErrorDetails, prefix: tuple[str, ...]) -> InitErrorDetails:
+    """A validation error of a section, re-raised at its place in the whole config."""
+    detail = InitErrorDetails(type=err["type"], loc=(*prefix, *err["loc"]), input=err["input"])
+    if "ctx" in err:
+        detail["ctx"] = err["ctx"]
+    return detail
+
+
+BASE_QUICK: dict[str, Any] = {
     "data": ["shapes"],  # the test organisms: a minutes-long smoke run
     "model_seeds": 1,  # seed 0 of each encoding
     "eval_images": 500,
     "head": {"images": 400},
-    "probe": {"images": 200},
-    "sae": {"images": 400, "epochs": 2, "expansion": 4},
-    "ape_permute": {"images": 300, "seeds": 1},
-    "rope_axis": {"images": 200, "readout_images": 48},
-    "rope_heads": {"probe_images": 150, "top1_images": 300, "attn_images": 16, "c5_ablation_heads": 5},
-    "rope_prefix": {"images": 150, "attn_images": 16},
-    "rope_freq": {"images": 120},
-    "extrapolate": {"images": 100},
 }
+
+
+def quick_sizes() -> dict[str, Any]:
+    """The `--quick` sizes: the study's own (BASE_QUICK) and each registered experiment's (its
+    settings' QUICK)."""
+    from vitpos.experiments.registry import quick_sizes as experiment_quick_sizes
+
+    return {**BASE_QUICK, **experiment_quick_sizes()}
+
+
+def __getattr__(name: str) -> Any:
+    """The stage settings' former names here (they live in their experiment modules now)."""
+    moved = {"ProbeStage": ("probe", "ProbeSettings"), "SAEStage": ("sae_run", "SAESettings"),
+             "ApePermuteStage": ("ape_permute", "ApePermuteSettings"),
+             "RopeAxisStage": ("rope_axis", "RopeAxisSettings"), "RopeHeadsStage": ("rope_heads", "RopeHeadsSettings"),
+             "RopePrefixStage": ("rope_prefix", "RopePrefixSettings"),
+             "RopeFreqStage": ("rope_freq", "RopeFreqSettings"),
+             "ExtrapolateStage": ("extrapolate", "ExtrapolateSettings"), "QUICK": None}
+    if name not in moved:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    where = moved[name]
+    if where is None:
+        return quick_sizes()
+    import importlib
+
+    return getattr(importlib.import_module(f"vitpos.experiments.{where[0]}"), where[1])
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -212,10 +187,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
         if not isinstance(doc, dict):
             raise VitposError(f"config file {path} must hold a mapping of settings")
     if quick:
-        doc = _merge(QUICK, doc)
-        section = doc.setdefault("rope_axis", {})
-        if isinstance(section, dict) and "restore" not in section:  # not a mapping: refused below
-            doc["rope_axis"] = {**section, "restore": None}  # filled per model (middle layer)
+        doc = _merge(quick_sizes(), doc)
     doc = _merge(doc, {k: v for k, v in overrides.items() if v is not None})
     try:
         return RunConfig.model_validate(doc)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Result, Skipped
-from vitpos.experiments.registry import BY_NAME, NAMES
+from vitpos.experiments.registry import BY_NAME, names
 from vitpos.study.config import SEED_MAX, RunConfig
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.rules import RuleSet, Sensitivity
@@ -78,17 +78,17 @@ class ModelEntry(BaseModel):
                                "not_applicable": dict(self.not_applicable)}
         if self.head is not None:
             doc["head"] = self.head.to_json()
-        for name in NAMES:
+        for name in names():
             r = self.results.get(name)
             doc[name] = None if r is None else r.model_dump(mode="json")
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> ModelEntry:
-        unknown = set(doc) - {"describe", "data", "not_applicable", "head", *NAMES}
+        unknown = set(doc) - {"describe", "data", "not_applicable", "head", *names()}
         if unknown:
             raise VitposError(f"model entry has unknown keys {sorted(unknown)}")
-        results = {name: BY_NAME[name].load(doc[name]) for name in NAMES if doc.get(name) is not None}
+        results = {name: BY_NAME[name].load(doc[name]) for name in names() if doc.get(name) is not None}
         head = HeadResult.from_json(doc["head"]) if doc.get("head") is not None else None
         return cls(describe=ModelDescription.model_validate(doc["describe"]), data=doc["data"],
                    not_applicable=dict(doc.get("not_applicable") or {}), results=results, head=head)
