@@ -18,8 +18,8 @@ from vitpos.study.claims import (
     HOLDS,
     INCONCLUSIVE,
     MIN_DROP,
-    ClaimInputs,
     SELECTIVE,
+    ClaimInputs,
     aggregate,
     all_of,
     at_least,
@@ -28,7 +28,6 @@ from vitpos.study.claims import (
     largest,
     summarise,
 )
-
 
 # Claims read typed results: each constructed result below is the JSON of the fields a test sets, laid
 # over a real result of the golden quick run (for the fields the rule does not read) and validated into
@@ -339,7 +338,8 @@ def test_results_written_before_the_typed_pieces_keep_their_evidence():
     old = copy.deepcopy(GOLDEN["summary"]["claims"][1])
     assert "evidence" in old and "headlines" not in old
     c = ClaimVerdict.model_validate(old)
-    assert c.text() == old["evidence"] and c.headlines == [] and c.model_dump(mode="json")["evidence"] == old["evidence"]
+    assert c.text() == old["evidence"] and c.headlines == []
+    assert c.model_dump(mode="json")["evidence"] == old["evidence"]
 
 
 # ---------------------------------------------------------------- C3, C4
