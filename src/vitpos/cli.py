@@ -720,12 +720,11 @@ def run(
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
                         log=lambda msg: console.print(msg, highlight=False, markup=False))
     render_report(results, out)
-    t = Table("claim", "verdict", "per model", "evidence (95% intervals in brackets)")
+    t = Table("claim", "verdict", "headline per model family (95% interval)", "in one sentence")
     for c in results.summary.claims:
-        per = "\n".join(f"{spec}: {n.get('result', 'holds' if n.get('holds') else 'fails')}"
-                         for spec, n in c.numbers.items())
-        t.add_row(c.id, c.verdict, escape(per), escape(c.evidence))
+        t.add_row(c.id, c.verdict, escape("\n".join(h.text() for h in c.headlines)), escape(c.sentence))
     out_console.print(t)
+    out_console.print(f"per-model numbers: folded under each claim in {out}/report.html", highlight=False)
     out_console.print(f"done in {__import__('time').time() - t0:.0f} s -> {out}/results.json, {out}/report.html")
 
 

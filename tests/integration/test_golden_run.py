@@ -21,6 +21,8 @@ evidence text are not compared, their numbers are. On the quick run every number
 stayed (new keys only) and C3 stayed `supported`; C4 moved from `partly supported` to `not
 supported`: builtin:rope-axial's primary head L4H0 has S = 0.61 with interval [0.45, 0.71], which
 straddles 0.5 (holds -> inconclusive), and builtin:rope-mixed still fails (S = 0.05).
+Issue 27: a claim's `evidence` string became typed pieces (sentence, headlines per model family,
+notes, details per model); `RENAMED` rebuilds the old string from them, so C5's is still compared.
 Per-CPU files (2026-12-04): on an AMD EPYC whose torch kernels are AVX2, the code at 96e268e, which
 passed CI against the default file, gave 41 differences from it (probe accuracies a token or two
 apart, largest 0.009 in an SAE selectivity interval end), and HEAD gave 0 differences from 96e268e;
@@ -50,6 +52,19 @@ RULE_NUMBERS = {"result", "holds"}  # ... and in each model's numbers
 VOLATILE = {"sae_dir", "train_seconds", "train_store", "reader_peak_bytes"}
 
 
+def legacy_evidence(claim: dict) -> str:
+    """A claim's `evidence` as code before issue 27 wrote it (one prose string), from the typed pieces
+    that replaced it: its notes, then every model's text (`details`) joined. Runs with several seeds
+    of a model also began with an 'over seeds: ...' part, now the family headlines; the quick run has
+    one seed per model."""
+    texts = "; ".join(claim.get("details", {}).values()) or f"no {str(claim.get('scheme')).upper()} model was run"
+    return "".join(f"{n}. " for n in claim.get("notes", [])) + texts
+
+
+# keys renamed since the golden file was written: key -> how the new summary's claim gives the old value
+RENAMED = {"evidence": legacy_evidence}  # issue 27: sentence, headlines, notes and details replace the prose
+
+
 def differences(want, got, path: str = "", tol: float = 1e-6) -> list[str]:
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}/{k}: missing" for k in want if k not in got and k not in VOLATILE]
@@ -72,6 +87,7 @@ def unchanged_claims(summary: dict) -> list[dict]:
     """The claims as compared: those in RULE_CHANGED without what their new rule may move."""
     out = []
     for c in summary["claims"]:
+        c = {**c, **{k: f(c) for k, f in RENAMED.items() if k not in c}}
         if c["id"] in RULE_CHANGED:
             c = {k: v for k, v in c.items() if k not in RULE_FIELDS}
             c["numbers"] = {m: {k: v for k, v in n.items() if k not in RULE_NUMBERS}
@@ -85,6 +101,16 @@ def test_differences_sees_a_changed_number():
     assert differences({"a": 1}, {"a": 1.0}) == ["/a: 1 != 1.0"]
     assert differences({"a": 1, "sae_dir": "p"}, {"a": 1, "b": 2}) == []  # additions are allowed
     assert differences({"a": 1, "c": 2}, {"a": 1}) == ["/c: missing"]
+
+
+def test_renamed_keys_are_compared_as_the_golden_file_holds_them():
+    want = {"claims": [{"id": "C5", "scheme": "rope", "evidence": "m: drop 1.0; n: drop 2.0", "numbers": {}}]}
+    got = {"claims": [{"id": "C5", "scheme": "rope", "details": {"m": "m: drop 1.0", "n": "n: drop 2.0"},
+                       "sentence": "Holds on 0 of 2 RoPE models.", "numbers": {}}]}
+    assert differences(unchanged_claims(want), unchanged_claims(got)) == []
+    got["claims"][0]["details"]["n"] = "n: drop 3.0"
+    assert differences(unchanged_claims(want), unchanged_claims(got)) == [
+        "[0]/evidence: 'm: drop 1.0; n: drop 2.0' != 'm: drop 1.0; n: drop 3.0'"]
 
 
 def test_rule_changed_claims_keep_their_numbers_compared():

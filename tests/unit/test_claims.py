@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from conftest import GOLDEN
+from vitpos.experiments.ape_permute import ApePermuteResult
+from vitpos.experiments.evaluation import EvalResult
+from vitpos.experiments.rope_axis import RopeAxisResult
+from vitpos.experiments.rope_heads import RopeHeadsResult
+from vitpos.experiments.sae_run import SAEResult
 from vitpos.study.claims import (
     CONTROL_FACTOR,
     FAILS,
@@ -11,6 +19,7 @@ from vitpos.study.claims import (
     INCONCLUSIVE,
     MIN_DROP,
     SELECTIVE,
+    ClaimInputs,
     aggregate,
     all_of,
     at_least,
@@ -19,6 +28,33 @@ from vitpos.study.claims import (
     largest,
     summarise,
 )
+
+# Claims read typed results: each constructed result below is the JSON of the fields a test sets, laid
+# over a real result of the golden quick run (for the fields the rule does not read) and validated into
+# the experiment's result class; the rule tiers a test does not construct are switched off (None).
+_APE, _ROPE = GOLDEN["models"]["builtin:ape"], GOLDEN["models"]["builtin:rope-axial"]
+BASES = {
+    "sae": (SAEResult, _APE["sae"], {"eta2_null": None}),
+    "ape_permute": (ApePermuteResult, _APE["ape_permute"],
+                    {k: None for k in ("random_row", "random_col", "crossed", "norm_all_positional", "nulls")}),
+    "rope_axis": (RopeAxisResult, _ROPE["rope_axis"],
+                  {k: None for k in ("removal", "median_recovery", "count_matched", "median_rebuilt_share",
+                                     "removal_floored", "content_floor", "readouts")}),
+    "rope_heads": (RopeHeadsResult, _ROPE["rope_heads"],
+                   {k: None for k in ("axis_index_null_threshold", "c5_ablations", "top_heads")}),
+    "eval": (EvalResult, _APE["eval"], {}),
+}
+
+
+def inputs(model: dict) -> ClaimInputs:
+    """A model's constructed results ({experiment: its JSON}, plus scheme / data) as the claims read them."""
+    typed = {}
+    for k, v in model.items():
+        if k in BASES:
+            cls, base, off = BASES[k]
+            v = cls.model_validate({**copy.deepcopy(base), **off, **v})
+        typed[k] = v
+    return ClaimInputs(**typed)
 
 
 def test_three_valued_conditions():
@@ -52,21 +88,25 @@ def sae(row_ci, col_ci, n_row=3, n_col=2, own=(0.3, (0.25, 0.35)), ctrl=(0.01, (
     """An sae result whose selectivities are as given; by default each set's own-axis probe drop
     (fractions), its control's and its top-1 drop (points) clear the issue-28 conditions."""
     def eff(kind, ci, drop, top):
-        out = {"selectivity": sum(ci) / 2, "selectivity_ci95": list(ci)}
+        out = {"row_acc": [0.5], "col_acc": [0.5], "row_drop": 0.0, "col_drop": 0.0, "row_drop_ci95": [0.0, 0.0],
+               "col_drop_ci95": [0.0, 0.0], "selectivity": sum(ci) / 2, "selectivity_ci95": list(ci)}
         if drop is not None:
             out.update({f"{kind}_drop": drop[0], f"{kind}_drop_ci95": list(drop[1])})
         if top is not None:
             out.update({"top1_drop": top[0], "top1_drop_ci95": list(top[1])})
         return out
-    causal = {"ablate_row": eff("row", row_ci, own, top1), "ablate_col": eff("col", col_ci, own, top1)}
+    causal = {"layers": [1, 2], "clean_row_acc": [0.9], "clean_col_acc": [0.9],
+              "ablate_row": eff("row", row_ci, own, top1), "ablate_col": eff("col", col_ci, own, top1)}
     if ctrl is not None:
-        causal.update({"control_row": eff("row", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0))),
-                       "control_col": eff("col", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0)))})
+        causal.update({"control_row": {**eff("row", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0))), "features": [7]},
+                       "control_col": {**eff("col", (0.5, 0.5), ctrl, (1.0, (0.0, 2.0))), "features": [8]}})
     return {"layer": 1, "n_row_features": n_row, "n_col_features": n_col, "fvu": 0.2, "causal": causal}
 
 
 def claim(models: dict, cid: str) -> dict:
-    return next(c for c in summarise(models).model_dump()["claims"] if c["id"] == cid)
+    """The claim's summary as results.json holds it, with `text`: everything it says in words."""
+    c = next(c for c in summarise({spec: inputs(m) for spec, m in models.items()}).claims if c.id == cid)
+    return {**c.model_dump(), "text": c.text()}
 
 
 @pytest.mark.parametrize("row_ci, col_ci, n_col, result", [
@@ -81,7 +121,7 @@ def test_c1_per_model_result(row_ci, col_ci, n_col, result):
     assert c["numbers"]["m"]["result"] == result
     assert c["numbers"]["m"]["holds"] is (result == HOLDS)
     assert c["verdict"] == {HOLDS: "supported", FAILS: "not supported", INCONCLUSIVE: "inconclusive"}[result]
-    assert f"[{row_ci[0]:.2f}, {row_ci[1]:.2f}]" in c["evidence"]  # the interval is in the console's evidence
+    assert f"[{row_ci[0]:.2f}, {row_ci[1]:.2f}]" in c["text"]  # the interval is in the console's evidence
 
 
 @pytest.mark.parametrize("kw, result", [
@@ -103,7 +143,7 @@ def test_c1_needs_a_floor_a_control_and_a_top1_drop(kw, result):
 def test_rules_are_versioned_hashed_and_each_threshold_has_a_curve():
     from vitpos.study.rules import RULES
 
-    s = summarise({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}})
+    s = summarise({"m": inputs({"sae": sae((0.7, 0.9), (0.65, 0.95))})})
     assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash or "") == 16
     c1 = next(c for c in s.claims if c.id == "C1")
     curves = {x.threshold: x for x in c1.sensitivity or []}
@@ -148,7 +188,7 @@ def test_c2_reads_the_all_positional_set_against_its_null(treated, null, result)
     nums = c["numbers"]["m"]
     assert nums["result"] == result
     assert nums["all_positional_drop"] == treated[0] and nums["drop_points"] == 30.0  # row+col: reported only
-    assert "all positional (row+col+mixed) (40)" in c["evidence"] and "row+col (10)" in c["evidence"]
+    assert "all positional (row+col+mixed) (40)" in c["text"] and "row+col (10)" in c["text"]
 
 
 def test_c2_a_random_control_that_moves_the_label_does_not_decide():
@@ -160,9 +200,8 @@ def test_c2_a_random_control_that_moves_the_label_does_not_decide():
 
 
 def test_c2_states_the_drop_as_a_fraction_of_the_position_gain():
-    models = {"ape": {"data": "shapes", "describe": {"scheme": "ape"},
-                      "ape_permute": ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))},
-              "none": {"data": "shapes", "describe": {"scheme": "none"}, "eval": {"top1": 0.5}}}
+    models = {"ape": {"data": "shapes", "scheme": "ape", "ape_permute": ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))},
+              "none": {"data": "shapes", "scheme": "none", "eval": {"top1": 0.5}}}
     nums = claim(models, "C2")["numbers"]["ape"]
     assert nums["position_gain_points"] == pytest.approx(40.0) and nums["drop_fraction_of_position_gain"] == 0.5
 
@@ -248,7 +287,59 @@ def test_seeds_of_a_family_are_counted_and_averaged():
     assert fam["mean"] == pytest.approx(mean) and fam["ci95"] == pytest.approx(ci)
     assert "other:ape" not in c["seeds"]
     assert c["verdict"] == "partly supported"
-    assert "holds on 2 of 3 seeds" in c["evidence"]
+    heads = {h["family"]: h for h in c["headlines"]}  # the family's headline: the seeds' mean and t interval
+    assert list(heads) == ["builtin:ape", "other:ape"]
+    assert heads["builtin:ape"]["value"] == pytest.approx(mean) and heads["builtin:ape"]["ci95"] == pytest.approx(ci)
+    assert heads["builtin:ape"]["holds"] == 2 and heads["builtin:ape"]["models"] == fam["models"]
+    assert heads["other:ape"]["models"] == ["other:ape"] and heads["other:ape"]["value"] == pytest.approx(0.8)
+
+
+def test_the_summary_carries_typed_pieces_per_model_family():
+    """Two seeds of one family fold into one headline: 'holds on 2/2 seeds', the mean of the seeds'
+    all-positional drops with their Student-t interval; a family of one model gets that model's own
+    number and interval; the verdict, one sentence, and each model's reading (folded in the report)."""
+    from vitpos.analysis.stats import seed_interval
+    from vitpos.study.results import ClaimVerdict
+
+    held = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
+    held2 = ape((22.0, (18.0, 26.0)), (1.0, (0.0, 2.0)))
+    unsure = ape((12.0, (8.0, 16.0)), (1.0, (0.0, 2.0)))
+    s = summarise({"builtin:ape": inputs({"ape_permute": held}), "builtin:ape-seed1": inputs({"ape_permute": held2}),
+                   "timm:vit<b>": inputs({"ape_permute": unsure})})
+    c2 = next(c for c in s.claims if c.id == "C2")
+    assert c2.verdict == "partly supported"
+    two, one = c2.headlines
+    assert (two.family, two.models, two.holds, two.seeds_text()) == (
+        "builtin:ape", ["builtin:ape", "builtin:ape-seed1"], 2, "holds on 2/2 seeds")
+    mean, ci = seed_interval([20.0, 22.0])
+    assert two.value == pytest.approx(mean) and two.ci95 == pytest.approx(ci) and two.number == "all_positional_drop"
+    assert two.text() == f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts, holds on 2/2 seeds"
+    # one model: the family's headline is the model's own number and interval
+    assert one.family == "timm:vit<b>" and one.seeds_text() == "inconclusive"
+    assert one.value == c2.numbers["timm:vit<b>"]["all_positional_drop"] == 12.0
+    assert one.ci95 == c2.numbers["timm:vit<b>"]["all_positional_drop_ci95"] == [8.0, 16.0]
+    assert c2.sentence.startswith("Holds on 2 of 3 APE models (inconclusive on 1)") and c2.sentence.count(".") <= 2
+    assert set(c2.details) == {"builtin:ape", "builtin:ape-seed1", "timm:vit<b>"}
+    assert c2.details["timm:vit<b>"].startswith("timm:vit<b>: top-1 drop when permuting")
+    # it round-trips through results.json, without the older prose field
+    doc = c2.model_dump(mode="json")
+    assert "evidence" not in doc and ClaimVerdict.model_validate(doc) == c2
+    # C1 (the smaller of two selectivities): its interval on one model is the ends' minima
+    c1 = claim({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}}, "C1")
+    assert c1["headlines"][0]["value"] == pytest.approx(0.8) and c1["headlines"][0]["ci95"] == [0.65, 0.9]
+    none = claim({}, "C3")
+    assert none["headlines"] == [] and none["sentence"] == "No RoPE model was run."
+
+
+def test_results_written_before_the_typed_pieces_keep_their_evidence():
+    """An older results.json's claims (one `evidence` string, no pieces) load as they are."""
+    from vitpos.study.results import ClaimVerdict
+
+    old = copy.deepcopy(GOLDEN["summary"]["claims"][1])
+    assert "evidence" in old and "headlines" not in old
+    c = ClaimVerdict.model_validate(old)
+    assert c.text() == old["evidence"] and c.headlines == []
+    assert c.model_dump(mode="json")["evidence"] == old["evidence"]
 
 
 # ---------------------------------------------------------------- C3, C4
@@ -259,12 +350,19 @@ def axis_doc(removed=(0.9, 0.9), kept=(1.0, 1.0), removal=None, recs=(0.5, 0.5),
     def acc(frac):
         return [0.25 + 0.5 * frac, 0.25 + 0.5 * frac, 0.27]
 
-    base = {"row_acc": [0.75, 0.75, 0.27], "col_acc": [0.75, 0.75, 0.27], "top1": 0.9}
-    doc = {"chance_row": 0.25, "chance_col": 0.25,
+    def cond(row, col, top1, axis=None):
+        return {"row_acc": row, "col_acc": col, "row_acc_orig_probe": row, "col_acc_orig_probe": col, "top1": top1,
+                "per_group": {}, "axis": axis, "restore_from": None}
+
+    def rec(x):
+        return {"layers": [0, 1, 2], "rec": [None, None, x], "mean_rec": x}
+
+    base = cond([0.75, 0.75, 0.27], [0.75, 0.75, 0.27], 0.9)
+    doc = {"chance_row": 0.25, "chance_col": 0.25, "layers": [0, 1, 2],
            "conditions": {"baseline": base,
-                          "no_row": {"row_acc": acc(1 - removed[0]), "col_acc": acc(kept[0]), "top1": 0.5},
-                          "no_col": {"col_acc": acc(1 - removed[1]), "row_acc": acc(kept[1]), "top1": 0.6}},
-           "recovery": {"row": {"2": {"mean_rec": recs[0]}}, "col": {"2": {"mean_rec": recs[1]}}}}
+                          "no_row": cond(acc(1 - removed[0]), acc(kept[0]), 0.5, "row"),
+                          "no_col": cond(acc(kept[1]), acc(1 - removed[1]), 0.6, "col")},
+           "recovery": {"row": {"2": rec(recs[0])}, "col": {"2": rec(recs[1])}}}
     doc["removal"] = {f"no_{a}": {"removed": removed[i], "kept": kept[i], "removed_layers": [0, 1],
                                   "removed_ci95": None if removal is None else list(removal[i][0]),
                                   "kept_ci95": None if removal is None else list(removal[i][1]),
@@ -296,7 +394,7 @@ def test_c3_reads_the_removal_intervals(removal, result):
     if removal is not None:
         assert nums["no_row_row_removed_ci95"] == list(removal[0][0]) and nums["no_col_row_kept_ci95"] == list(
             removal[1][1])
-        assert f"[{100 * removal[0][0][0]:.0f}%, {100 * removal[0][0][1]:.0f}%]" in c["evidence"]
+        assert f"[{100 * removal[0][0][0]:.0f}%, {100 * removal[0][0][1]:.0f}%]" in c["text"]
 
 
 @pytest.mark.parametrize("removed, kept, result", [
@@ -341,7 +439,7 @@ def test_c4_reads_the_recovery_and_axis_index_intervals(recs, median, S, S_ci, r
     assert nums["primary_axis_index_ci95"] == ([S, S] if S_ci is None else list(S_ci))
     assert nums["median_recovery_col_ci95"] == (None if median is None else list(median[1]))
     if S_ci is not None:
-        assert f"[{S_ci[0]:.2f}, {S_ci[1]:.2f}]" in c["evidence"]
+        assert f"[{S_ci[0]:.2f}, {S_ci[1]:.2f}]" in c["text"]
 
 
 def test_c4_without_a_recovery_fails():

@@ -360,3 +360,48 @@ def test_seeds_with_the_same_line_share_one_item(tmp_path):
     check_html(page)
     assert f"<b>{ROPE}, {ROPE}-seed1, {ROPE}-seed2" in page
     assert page.count(f"<b>{ROPE}-seed1") == 0  # never listed on its own with the same line
+
+
+def _claim_row(page: str, cid: str) -> str:
+    """The claims table's row of `cid` (its cells hold nested tables: up to its verdict cell's end)."""
+    start = page.index(f'<tr data-claim="{cid}">')
+    end = page.index('<td class="verdict">', start)
+    return page[start:page.index("</td></tr>", end)]
+
+
+def test_claims_row_reads_at_a_glance_and_folds_the_models(tmp_path):
+    """A summary made by `claims.summarise` from typed results: each row shows the verdict, one
+    sentence and the headline number per model family (interval, seeds it holds on); each model's
+    reading and numbers fold below in <details>; a model spec's markup is escaped."""
+    import html
+
+    from vitpos.study.claims import summarise
+    from vitpos.study.results import ModelEntry, Summary
+
+    odd = 'timm:vit"<b>&x'
+    results = make_results()
+    del results["models"][XSS]
+    for spec in ("builtin:ape-seed1", odd):
+        results["models"][spec] = copy.deepcopy(GOLDEN["models"]["builtin:ape"])
+    entries = {spec: ModelEntry.from_json(m) for spec, m in results["models"].items()}
+    summary = summarise(entries)
+    results["summary"] = summary.model_dump(mode="json")
+    page = render_report(results, tmp_path).read_text()
+    check_html(page)
+    assert odd not in page and html.escape(odd) in page
+    c2 = next(c for c in Summary.model_validate(results["summary"]).claims if c.id == "C2")
+    row = _claim_row(page, "C2")
+    fold = row.index('<details class="nums"><summary>per model (3)')
+    glance = row[:fold]
+    assert f'<span class="badge {c2.verdict.replace(" ", "-")}">{c2.verdict}</span>' in row
+    assert html.escape(c2.sentence) in glance
+    assert [h.family for h in c2.headlines] == ["builtin:ape", odd]
+    seeds, one = c2.headlines
+    assert seeds.seeds_text() == f"holds on {seeds.holds}/2 seeds" and one.seeds_text() == c2.numbers[odd]["result"]
+    for h in c2.headlines:
+        assert f"<b>{html.escape(h.family)}</b>: {html.escape(h.value_text())}" in glance
+    assert html.escape(seeds.seeds_text()) in glance
+    # per-model numbers and texts only below the fold
+    assert "drop points: " not in glance and "drop points: " in row[fold:]
+    assert "top-1 drop when permuting" not in glance and "top-1 drop when permuting" in row[fold:]
+    assert len(glance) < len(row) / 3  # the glance is a small part of the cell

@@ -17,7 +17,7 @@ from vitpos.experiments.rope_axis import (
     run_rope_axis,
 )
 from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
-from vitpos.study.claims import summarise
+from vitpos.study.claims import ClaimInputs, summarise
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,9 @@ def test_median_samples_is_statistics_median_per_resample():
 
 
 def test_rope_axis_intervals_cover_the_numbers_claims_compute(planted):
-    doc = run_rope_axis(planted, data=toy_images(120), n_images=120, restore_points=[1]).to_json()
-    nums = next(c for c in summarise({"m": {"rope_axis": doc}}).model_dump()["claims"] if c["id"] == "C3")
+    res = run_rope_axis(planted, data=toy_images(120), n_images=120, restore_points=[1])
+    doc = res.to_json()
+    nums = next(c for c in summarise({"m": ClaimInputs(rope_axis=res)}).model_dump()["claims"] if c["id"] == "C3")
     nums = nums["numbers"]["m"]
     for a, b in (("row", "col"), ("col", "row")):
         rem = doc["removal"][f"no_{a}"]
@@ -83,7 +84,7 @@ def test_rope_axis_intervals_cover_the_numbers_claims_compute(planted):
             assert hi - lo < 1  # a real interval, not a placeholder
         assert rem["removed_layers"] == rem["kept_layers"] == [0, 1]  # every layer of the planted model decodes
     assert doc["removal"]["no_row"]["removed_ci95"][1] > doc["removal"]["no_row"]["removed_ci95"][0]
-    c4 = next(c for c in summarise({"m": {"rope_axis": doc}}).model_dump()["claims"] if c["id"] == "C4")
+    c4 = next(c for c in summarise({"m": ClaimInputs(rope_axis=res)}).model_dump()["claims"] if c["id"] == "C4")
     for a in ("row", "col"):
         med = doc["median_recovery"][a]
         assert med["median_rec"] == c4["numbers"]["m"][f"median_recovery_{a}"]

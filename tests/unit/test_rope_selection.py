@@ -92,11 +92,11 @@ def test_readouts_find_planted_positions_and_nothing_where_there_is_none():
 
 
 def test_primary_head_over_seeds_counts_each_family():
-    from vitpos.study.claims import primary_over_seeds
+    from vitpos.study.claims import HOLDS, ModelClaim, primary_over_seeds
 
-    found = [("builtin:rope-axial", {"numbers": {"primary_head": [4, 0]}}),
-             ("builtin:rope-axial-seed1", {"numbers": {"primary_head": [3, 2]}}),
-             ("builtin:rope-axial-seed2", {"numbers": {"primary_head": [4, 0]}}),
-             ("builtin:rope-mixed", {"numbers": {"primary_head": [1, 1]}})]
+    found = [("builtin:rope-axial", ModelClaim(HOLDS, {"primary_head": [4, 0]})),
+             ("builtin:rope-axial-seed1", ModelClaim(HOLDS, {"primary_head": [3, 2]})),
+             ("builtin:rope-axial-seed2", ModelClaim(HOLDS, {"primary_head": [4, 0]})),
+             ("builtin:rope-mixed", ModelClaim(HOLDS, {"primary_head": [1, 1]}))]
     text = primary_over_seeds(found)
     assert "builtin:rope-axial: L4H0 on 2 of 3 seeds, L3H2 on 1 of 3 seeds" in text and "rope-mixed" not in text

@@ -83,7 +83,8 @@ def test_planted_measurements_behind_the_verdicts():
     from vitpos.models.planted_ape import measure_ape
 
     entry = measure_ape(build_planted_ape("row_col", "position"), "position", n_images=160, seeds=(0,))
-    sae, ap = entry["sae"], entry["ape_permute"]
+    assert entry.sae is not None and entry.ape_permute is not None
+    sae, ap = entry.sae.model_dump(mode="json"), entry.ape_permute.to_json()
     null = sae["eta2_null"]
     assert null["used_above_null"] and null["null_row_q"] < 0.05 and null["null_pos_q"] < 0.05
     # the null-derived thresholds (~0.002) admit the 4 + 4 planted features and some content latents whose

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
 import torch
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import forward_batches
@@ -224,6 +224,26 @@ class SAEResult(Result):
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+
+
+class GivenSAEResult(BaseModel):
+    """What `sae_doc_from_held` measures of an SAE that is given, not trained here (a planted one):
+    the fields of SAEResult that C1 reads, named as there (training fields it has none of)."""
+
+    model_config = ConfigDict(extra="ignore")  # the held-out metrics beside these
+    model: str
+    layer: int
+    site: str
+    data: str
+    fvu: float
+    row_features: list[int]
+    col_features: list[int]
+    mixed_features: list[int]
+    n_row_features: int
+    n_col_features: int
+    n_mixed_features: int
+    causal: CausalCheck | None
+    eta2_null: dict[str, Any] | None = None
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:

@@ -125,35 +125,35 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
         res, sae = run_sae(surface, layer, data=data, out=lo, **dict(sae_kw or {}))
-        sae_doc = res.to_json()
         correct: dict[str, torch.Tensor] = {}
-        ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=permute_images, seeds=seeds,
-                             keep_correct=correct).to_json()
-        c1s[layer], c2s[layer] = _c1(surface.spec, sae_doc), _c2(surface.spec, ap)
-        docs[layer] = (sae_doc, ap)
+        ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
+                             keep_correct=correct)
+        c1s[layer], c2s[layer] = _c1(surface.spec, res), _c2(surface.spec, ap)
+        docs[layer] = (res, ap)
         if "all_positional" in correct:
             per_image.append(correct["baseline"].float() - correct["all_positional"].float().mean(0))
         else:
             per_image.append(torch.zeros_like(correct["baseline"], dtype=torch.float32))
     freq = selection_frequency(torch.stack(per_image)) if per_image else torch.zeros(0)
-    drops = [docs[layer][1].get("all_positional", {}).get("drop_points") for layer in layers]
+    drops = [None if (v := docs[layer][1].variant("all_positional")) is None else v.drop_points for layer in layers]
     known = [(d, i) for i, d in enumerate(drops) if isinstance(d, (int, float))]
     selected = layers[max(known)[1]] if known else None
     plausible = [layer for i, layer in enumerate(layers) if float(freq[i]) >= PLAUSIBLE]
     points = []
     for i, layer in enumerate(layers):
-        sae_doc, ap = docs[layer]
-        allpos, swap = ap.get("all_positional") or {}, ap.get("swap_all_positional") or {}
+        res, ap = docs[layer]
+        allpos, swap = ap.variant("all_positional"), ap.variant("swap_all_positional")
         points.append(LayerPoint(
-            layer=layer, fvu=sae_doc["fvu"], n_row=sae_doc["n_row_features"], n_col=sae_doc["n_col_features"],
-            n_mixed=sae_doc["n_mixed_features"], c1=c1s[layer]["result"], c2=c2s[layer]["result"],
-            c1_numbers=c1s[layer]["numbers"], c2_numbers=c2s[layer]["numbers"],
-            all_positional_drop=allpos.get("drop_points"), all_positional_drop_ci95=allpos.get("drop_ci95"),
-            swap_null_drop=swap.get("drop_points"), selection_frequency=float(freq[i])))
+            layer=layer, fvu=res.fvu, n_row=res.n_row_features, n_col=res.n_col_features,
+            n_mixed=res.n_mixed_features, c1=c1s[layer].result, c2=c2s[layer].result,
+            c1_numbers=c1s[layer].numbers, c2_numbers=c2s[layer].numbers,
+            all_positional_drop=None if allpos is None else allpos.drop_points,
+            all_positional_drop_ci95=None if allpos is None else allpos.drop_ci95,
+            swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i])))
     return SAESweepResult(model=surface.spec, data=data_name(data), layers=layers, layer_rule=rule, points=points,
                           selected_layer=selected, plausible_layers=plausible,
-                          c1=_over({k: v["result"] for k, v in c1s.items()}, plausible),
-                          c2=_over({k: v["result"] for k, v in c2s.items()}, plausible))
+                          c1=_over({k: v.result for k, v in c1s.items()}, plausible),
+                          c2=_over({k: v.result for k, v in c2s.items()}, plausible))
 
 
 __all__ = ["PLAUSIBLE", "LayerPoint", "SAESweepResult", "SweepClaim", "run_sae_sweep", "selection_frequency",

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -47,6 +47,9 @@ from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface
 from vitpos.sae import SAE, SAEConfig
+
+if TYPE_CHECKING:
+    from vitpos.study.claims import ClaimInputs
 
 GRID = 4
 N = GRID * GRID
@@ -197,28 +200,30 @@ def planted_sae() -> SAE:
 class PlantedCase:
     """A planted model and what is true of it by construction (claim id -> true / false).
 
-    `measure(n_images, seeds)` returns the model's entry as results.json holds it (each experiment's
-    result JSON under its name), measured by the experiments' own run functions."""
+    `measure(n_images, seeds)` returns the typed results the claims read of the model
+    (`study.claims.ClaimInputs`), measured by the experiments' own run functions."""
 
     name: str
     description: str
     truth: dict[str, bool]
-    measure: Callable[[int, tuple[int, ...]], dict[str, Any]]
+    measure: Callable[[int, tuple[int, ...]], ClaimInputs]
 
 
 def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: tuple[int, ...] = (0, 1)
-                ) -> dict[str, Any]:
+                ) -> ClaimInputs:
     """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
     model with the planted SAE at block 0's output, on `n_images` planted test images."""
     from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.experiments.sae_run import sae_doc_from_held
+    from vitpos.experiments.sae_run import GivenSAEResult, sae_doc_from_held
     from vitpos.models.surface import Site
+    from vitpos.study.claims import ClaimInputs
 
     sae = planted_sae()
     data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`
     sae_doc = sae_doc_from_held(surface, sae, Site(0, "resid_post"), data, seed=0)
-    ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds).to_json()
-    return {"describe": {"scheme": surface.scheme}, "data": data.info.name, "sae": sae_doc, "ape_permute": ap}
+    ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds)
+    return ClaimInputs(sae=GivenSAEResult.model_validate(sae_doc), ape_permute=ap, scheme=surface.scheme,
+                       data=data.info.name)
 
 
 def _case(name: str, description: str, positional: Positional, label: Label, c1: bool, c2: bool) -> PlantedCase:

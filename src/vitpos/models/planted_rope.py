@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from pydantic import BaseModel
@@ -49,6 +49,9 @@ from pydantic import BaseModel
 from vitpos.data.base import DatasetInfo, TensorImageDataset, to_float
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface
+
+if TYPE_CHECKING:
+    from vitpos.study.claims import ClaimInputs
 
 GRID_PX, PATCH = 16, 4  # 4 x 4 patches
 WIDTH, HEADS = 64, 2  # head_dim 32: 8 row and 8 column rotary pairs per head
@@ -310,30 +313,31 @@ class ValidationTable(BaseModel):
 
 
 def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16,
-             readout_images: int = 48) -> dict:
-    """The experiments a claim reads, on the case's model: {'rope_axis': ..., 'rope_heads': ...}."""
+             readout_images: int = 48) -> ClaimInputs:
+    """The experiments a claim reads, on the case's model: its rope_axis and (C4, C5) rope_heads results."""
     from vitpos.experiments.rope_axis import run_rope_axis
     from vitpos.experiments.rope_heads import run_rope_heads
+    from vitpos.study.claims import ClaimInputs
 
     s = case.build()
     ds = case.data(s)
     R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
-    doc: dict = {"rope_axis": run_rope_axis(s, data=cast(Any, ds), n_images=probe_images, restore_points=[R],
-                                            readout_images=readout_images if case.claim == "C3" else 0).to_json()}
+    axis = run_rope_axis(s, data=cast(Any, ds), n_images=probe_images, restore_points=[R],
+                         readout_images=readout_images if case.claim == "C3" else 0)
+    heads = None
     if case.claim in ("C4", "C5"):
-        doc["rope_heads"] = run_rope_heads(s, data=cast(Any, ds), axis="both", restore_from=R,
-                                           n_probe_images=probe_images, n_top1_images=top1_images,
-                                           n_attn_images=attn_images).to_json()
-    return doc
+        heads = run_rope_heads(s, data=cast(Any, ds), axis="both", restore_from=R, n_probe_images=probe_images,
+                               n_top1_images=top1_images, n_attn_images=attn_images)
+    return ClaimInputs(rope_axis=axis, rope_heads=heads, scheme=s.scheme)
 
 
-def verdict(case: PlantedCase, doc: dict) -> ValidationRow:
+def verdict(case: PlantedCase, results: ClaimInputs) -> ValidationRow:
     from vitpos.study.claims import summarise
 
-    claim = next(c for c in summarise({case.name: doc}).claims if c.id == case.claim)
+    claim = next(c for c in summarise({case.name: results}).claims if c.id == case.claim)
     expected = "supported" if case.truth else "not supported"
     return ValidationRow(claim=case.claim, case=case.name, planted=case.truth, why=case.why, verdict=claim.verdict,
-                         expected=expected, ok=claim.verdict == expected, evidence=claim.evidence)
+                         expected=expected, ok=claim.verdict == expected, evidence=claim.text())
 
 
 def validate_rope(cases: list[PlantedCase] | None = None, **sizes: int) -> ValidationTable:

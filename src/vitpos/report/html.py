@@ -20,48 +20,62 @@ from vitpos.io import atomic_path
 from vitpos.report.format import describe, dict_at, doc_of, e, families, fmt_value, num, reason, table
 from vitpos.report.sections import RENDER_ERRORS, img, model_section, models_table, summary_line
 from vitpos.study.claims import CLAIM_TEXT, claim_scheme
-from vitpos.study.results import HEADLINE_FIGURE, StudyResults
+from vitpos.study.results import HEADLINE_FIGURE, ClaimVerdict, StudyResults, Summary
+from vitpos.study.rules import Sensitivity
 
 # claim id -> the first experiment (registry order) that informs it: its one-line summary fills
 # the other scheme's cell of the headline table
 CLAIM_EXPERIMENT = {c: next(x.name for x in EXPERIMENTS if c in x.claims) for c in CLAIM_TEXT}
 
 
-def _claim_data(entry: dict, models: dict) -> str | None:
-    if entry.get("data") is not None:
-        return str(entry["data"])
-    ds = {str(models[s].get("data")) for s in entry.get("models") or [] if isinstance(models.get(s), dict)}
+def _claim_data(claim: ClaimVerdict, models: dict) -> str | None:
+    ds = {str(models[s].get("data")) for s in claim.models if isinstance(models.get(s), dict)}
     return ds.pop() if len(ds) == 1 else None
 
 
-def _evidence_cell(entries: list[dict]) -> str:
+def _evidence_cell(entries: list[ClaimVerdict]) -> str:
+    """A claim at a glance: one sentence and the headline number per model family (its interval,
+    the seeds it holds on); each model's reading and numbers fold below, then the sensitivity."""
     out = []
     for c in entries:
-        block = f"<p>{e(c.get('evidence', ''))}</p>"
-        nums = c.get("numbers")
-        if isinstance(nums, dict) and nums:
-            # folded: with several seeds the per-model lists run to pages; the evidence above reads alone
-            block += (f'<details class="nums"><summary>numbers per model ({len(nums)})</summary><ul class="nums">'
-                      + "".join(_numbers_item(k, v) for k, v in nums.items()) + "</ul></details>")
-        block += _sensitivity(c.get("sensitivity"))
-        if c.get("models"):
-            block += f'<p class="small">models: {e(", ".join(map(str, c["models"])))}</p>'
-        out.append(block)
+        if c.evidence is not None and not c.headlines:  # written before the typed pieces: one prose string
+            block = f"<p>{e(c.evidence)}</p>" + _per_model(c)
+        else:
+            block = f'<p class="sentence">{e(c.sentence)}</p>'
+            if c.headlines:
+                block += (f'<p class="small">{e(c.headlines[0].label)}:</p><ul class="headline">'
+                          + "".join(f"<li><b>{e(h.family)}</b>: {e(h.value_text())}, <i>{e(h.seeds_text())}</i></li>"
+                                    for h in c.headlines) + "</ul>")
+            block += "".join(f'<p class="small">{e(n)}</p>' for n in c.notes)
+            block += _per_model(c)
+        out.append(block + _sensitivity(c.sensitivity))
     return "".join(out)
 
 
-def _sensitivity(curves: Any) -> str:
-    """Each threshold's sensitivity curve: the verdict as it moves over its documented range."""
-    if not isinstance(curves, list) or not curves:
+def _per_model(c: ClaimVerdict) -> str:
+    """Each model's result, its reading in words and the numbers behind it, folded."""
+    specs = list(dict.fromkeys([*c.models, *c.numbers]))
+    if not specs:
         return ""
-    rows = []
-    for s in curves:
-        if not isinstance(s, dict):
-            continue
-        pts = "; ".join(f"{fmt_value(p.get('value'))}: {p.get('verdict')}" for p in s.get("curve") or []
-                        if isinstance(p, dict))
-        rows.append([str(s.get("threshold")), f"{fmt_value(s.get('value'))} {s.get('unit', '')}",
-                     str(s.get("source", "")), "yes" if s.get("stable") else "no", pts])
+    items = []
+    for spec in specs:
+        nums = c.numbers.get(spec)
+        result = nums.get("result") if isinstance(nums, dict) else None
+        text = c.details.get(spec, "")
+        text = text[len(spec) + 2:] if text.startswith(f"{spec}: ") else text
+        head = f"<b>{e(spec)}</b>" + (f" ({e(result)})" if result else "") + (f": {e(text)}" if text else "")
+        items.append(f"<li>{head}{_numbers_list(nums)}</li>")
+    # folded: with several seeds the per-model lists run to pages; the headline above reads alone
+    return (f'<details class="nums"><summary>per model ({len(specs)}): what the rule read</summary>'
+            f'<ul class="nums">{"".join(items)}</ul></details>')
+
+
+def _sensitivity(curves: list[Sensitivity] | None) -> str:
+    """Each threshold's sensitivity curve: the verdict as it moves over its documented range."""
+    if not curves:
+        return ""
+    rows = [[s.threshold, f"{fmt_value(s.value)} {s.unit}", s.source, "yes" if s.stable else "no",
+             "; ".join(f"{fmt_value(p.value)}: {p.verdict}" for p in s.curve)] for s in curves]
     return ('<details class="nums"><summary>threshold sensitivity (verdict as each threshold moves)</summary>'
             + table(["threshold", "rule's value", "source", "verdict stable", "verdict over the range"], rows)
             + "</details>")
@@ -88,14 +102,15 @@ def _validation(summary: dict) -> str:
     return "".join(out)
 
 
-def _numbers_item(spec: str, numbers: Any) -> str:
+def _numbers_list(numbers: Any) -> str:
     """One model's numbers behind a verdict: a nested list of readable name = value pairs."""
     if not isinstance(numbers, dict):
-        return f"<li><code>{e(spec)}</code> = {e(fmt_value(numbers))}</li>"
-    # an unmeasured number (None) says nothing to a reader: left out rather than printed as "None"
+        return "" if numbers is None else f"<ul class=\"nums\"><li>{e(fmt_value(numbers))}</li></ul>"
+    # an unmeasured number (None) says nothing to a reader: left out rather than printed as "None";
+    # result and holds are said beside the model's name
     rows = "".join(f"<li>{e(str(k).replace('_', ' '))}: {e(_readable(v))}</li>" for k, v in numbers.items()
-                   if v is not None)
-    return f'<li><b>{e(spec)}</b><ul class="nums">{rows}</ul></li>'
+                   if v is not None and k not in ("result", "holds"))
+    return f'<ul class="nums">{rows}</ul>' if rows else ""
 
 
 def _readable(v: Any) -> str:
@@ -139,9 +154,8 @@ def _badge(verdict: Any, prefix: str = "") -> str:
     return f'<span class="badge {cls}">{e(prefix)}{e(v)}</span>'
 
 
-def _headline(results: dict, models: dict) -> str:
-    summary = dict_at(results, "summary")
-    claims = [c for c in summary.get("claims") or [] if isinstance(c, dict)]
+def _headline(summary: Summary, models: dict) -> str:
+    claims = summary.claims
     datas: list[str] = []
     for m in models.values():
         if isinstance(m, dict) and str(m.get("data")) not in datas:
@@ -152,7 +166,7 @@ def _headline(results: dict, models: dict) -> str:
         with_claims = {_claim_data(c, models) for c in claims}
         groups = [d for d in datas if d in with_claims] + ([None] if None in with_claims else [])
         groups = groups or [None]
-    ids = list(CLAIM_TEXT) + sorted({str(c.get("id")) for c in claims} - set(CLAIM_TEXT))
+    ids = list(CLAIM_TEXT) + sorted({c.id for c in claims} - set(CLAIM_TEXT))
     rows = ['<table id="headline"><thead><tr><th>claim</th><th>APE evidence</th><th>RoPE evidence</th>'
             "<th>verdict</th></tr></thead><tbody>"]
     for g in groups:
@@ -160,13 +174,11 @@ def _headline(results: dict, models: dict) -> str:
             label = f"data: {g}" if g is not None else "across datasets"
             rows.append(f'<tr class="group"><th colspan="4">{e(label)}</th></tr>')
         for cid in ids:
-            entries = [c for c in claims if str(c.get("id")) == cid
-                       and (not grouped or _claim_data(c, models) == g)]
-            default_scheme, default_text = claim_scheme(cid), CLAIM_TEXT.get(cid, "")
-            text = next((c.get("claim") for c in entries if c.get("claim")), default_text)
+            entries = [c for c in claims if c.id == cid and (not grouped or _claim_data(c, models) == g)]
+            text = next((c.claim for c in entries if c.claim), CLAIM_TEXT.get(cid, ""))
             cells = {}
             for fam in ("ape", "rope"):
-                mine = [c for c in entries if str(c.get("scheme", default_scheme)).lower() == fam]
+                mine = [c for c in entries if (c.scheme or claim_scheme(cid)).lower() == fam]
                 if mine:
                     cells[fam] = _evidence_cell(mine)
                 elif cid in CLAIM_EXPERIMENT:
@@ -175,8 +187,7 @@ def _headline(results: dict, models: dict) -> str:
                     cells[fam] = '<p class="na">—</p>'
             if entries:
                 many = len(entries) > 1
-                badges = " ".join(
-                    _badge(c.get("verdict"), f"{str(c.get('scheme', '')).upper()}: " if many else "") for c in entries)
+                badges = " ".join(_badge(c.verdict, f"{c.scheme.upper()}: " if many else "") for c in entries)
             else:
                 badges = _badge("not evaluated")
             rows.append(f'<tr data-claim="{e(cid)}"><td><b>{e(cid)}</b> {e(text)}</td><td>{cells["ape"]}</td>'
@@ -202,7 +213,8 @@ margin:.1em 0}
 .badge.partly-supported{background:#a07400}.badge.inconclusive{background:#fff;color:#5a5a5a;border:2px dashed #5a5a5a}
 .na{color:#666;font-style:italic}
 .small{color:#555;font-size:.85em}
-ul.nums,ul.contrast{margin:.2em 0;padding-left:1.2em;font-size:.88em}
+ul.nums,ul.contrast,ul.headline{margin:.2em 0;padding-left:1.2em;font-size:.88em}
+p.sentence{margin:.2em 0}
 figure{margin:.8em 0}figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.85em;color:#555}
 section.exp{margin-left:.5em;border-left:3px solid #e3e7ec;padding-left:.8em}
@@ -283,7 +295,7 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
                         "beside their controls, (c) recovery after restoring rotations, (d) per-head drops")
                     if HEADLINE_FIGURE in figs else "")
     body = [f"<header><h1>vitpos report: where ViTs keep position (APE vs RoPE)</h1><p>{e(desc)}</p>{quick}</header>",
-            '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', headline_fig, _headline(doc, models),
+            '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', headline_fig, _headline(results.summary, models),
             "</section>", _validation(dict_at(doc, "summary")),
             '<section id="models"><h2>Models</h2>', models_table(models), "</section>"]
     for spec, entry in results.models.items():

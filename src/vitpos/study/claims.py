@@ -2,20 +2,37 @@
 
 Verdict rules: the data below (`RULES_PREAMBLE`, `CLAIM_RULES`, one text per claim, and
 `AGGREGATION`), recorded with every summary (`rules_text`) and shown in the report.
+
+Claims read the experiments' typed results (`ClaimInputs`: a `ModelEntry`'s sae, ape_permute,
+rope_axis, rope_heads, probe and eval results), and the summary they give is typed too: per claim
+a verdict, one sentence, the headline number per model family with its interval and the seeds it
+holds on (`FamilyHeadline`), and the per-model numbers and text that fold below it.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from vitpos.analysis.stats import seed_interval
+from vitpos.experiments.ape_permute import ApePermuteResult, VariantResult
+from vitpos.experiments.base import Result, Skipped
+from vitpos.experiments.common import ProbedCondition, Recovery
+from vitpos.experiments.evaluation import EvalResult
+from vitpos.experiments.probe import ProbeSiteResult
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
-from vitpos.experiments.rope_axis import floored_kept, kept_fraction, median_recovery
+from vitpos.experiments.rope_axis import RopeAxisResult, floored_kept, kept_fraction
+from vitpos.experiments.rope_axis import median_recovery as _median_recovery
 from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
-from vitpos.experiments.rope_heads import closest_rival
-from vitpos.study.results import ClaimVerdict, SeedSummary, Summary
-from vitpos.study.rules import RULES, RuleReader, sensitivity
+from vitpos.experiments.rope_heads import RopeHeadsResult, closest_rival
+from vitpos.experiments.sae_run import AblationEffect, GivenSAEResult, SAEResult
+from vitpos.study.results import ClaimVerdict, FamilyHeadline, ModelEntry, SeedSummary, Summary
+from vitpos.study.rules import RULES, sensitivity
 
 SELECTIVE = RULES.values()["C1.selective"]
 MIN_DROP = RULES.values()["C2.min_drop"]
@@ -222,6 +239,61 @@ def aggregate(results: list[Outcome]) -> str:
     return "not supported" if FAILS in results else "inconclusive"
 
 
+
+
+# --- what the claims read of one model -------------------------------------------------------------
+SAEReading = SAEResult | GivenSAEResult  # a trained SAE's result, or what is measured of a given (planted) one
+
+
+@dataclass(frozen=True)
+class ClaimInputs:
+    """The typed results the claims read of one model (None: not run, or skipped), and the model's
+    scheme and data (which `none` model is its position-free match)."""
+
+    sae: SAEReading | None = None
+    ape_permute: ApePermuteResult | None = None
+    rope_axis: RopeAxisResult | None = None
+    rope_heads: RopeHeadsResult | None = None
+    probe: ProbeSiteResult | None = None
+    eval: EvalResult | None = None
+    scheme: str | None = None
+    data: str | None = None
+
+    @classmethod
+    def of(cls, model: ModelEntry | ClaimInputs) -> ClaimInputs:
+        if isinstance(model, ClaimInputs):
+            return model
+        r = model.results
+        return cls(sae=_typed(r, "sae", SAEResult), ape_permute=_typed(r, "ape_permute", ApePermuteResult),
+                   rope_axis=_typed(r, "rope_axis", RopeAxisResult),
+                   rope_heads=_typed(r, "rope_heads", RopeHeadsResult),
+                   probe=_typed(r, "probe", ProbeSiteResult), eval=_typed(r, "eval", EvalResult),
+                   scheme=model.describe.scheme, data=model.data)
+
+
+R = TypeVar("R", bound=Result)
+
+
+def _typed(results: Mapping[str, Result | Skipped], name: str, cls: type[R]) -> R | None:
+    r = results.get(name)
+    return r if isinstance(r, cls) else None
+
+
+@dataclass(frozen=True)
+class ModelClaim:
+    """One claim's reading of one model: its outcome, the numbers the rule read (as the summary's
+    `numbers` records them) and the same in words."""
+
+    result: Outcome
+    numbers: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+def _as_json(model: BaseModel, name: str) -> Any:
+    """A free-form (dict) field as results.json holds it: non-finite floats become None there."""
+    return model.model_dump(mode="json", include={name}).get(name)
+
+
 def _iv(iv: Interval | None, d: int = 2) -> str:
     return "" if iv is None or iv[0] == iv[1] else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
 
@@ -241,42 +313,56 @@ def _measured_at_least(iv: Interval | None, threshold: float) -> Outcome:
     return INCONCLUSIVE if iv is None else at_least(iv, threshold)
 
 
-def _c1(spec: str, sae: dict, t: Any = None) -> dict:
+def _f(v, d: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{d}f}"
+
+
+# --- C1 ---------------------------------------------------------------------------------------------
+AXES = ("row", "col")
+
+
+def _own_drop(eff: AblationEffect | None, k: str) -> tuple[float | None, list[float] | None]:
+    """A removal's own-axis probe drop (a fraction) and its interval."""
+    if eff is None:
+        return None, None
+    return (eff.row_drop, eff.row_drop_ci95) if k == "row" else (eff.col_drop, eff.col_drop_ci95)
+
+
+def _c1(spec: str, sae: SAEReading, t: Mapping[str, float] | None = None) -> ModelClaim:
     t = RULES.values() if t is None else t
-    causal = sae.get("causal") or {}
-    eff = {k: causal.get(f"ablate_{k}") or {} for k in ("row", "col")}
-    ctl = {k: causal.get(f"control_{k}") or {} for k in ("row", "col")}
-    ctl = {k: v if "skipped" not in v else {} for k, v in ctl.items()}
-    sel = {k: eff[k].get("selectivity") for k in ("row", "col")}
-    ci = {k: eff[k].get("selectivity_ci95") for k in ("row", "col")}
-    iv = {k: bounds(sel[k], ci[k]) if sel[k] is not None else None for k in ("row", "col")}
-    own = {k: _pts_iv(eff[k].get(f"{k}_drop"), eff[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
-    own_ctl = {k: _pts_iv(ctl[k].get(f"{k}_drop"), ctl[k].get(f"{k}_drop_ci95")) for k in ("row", "col")}
-    top1 = {k: bounds(eff[k].get("top1_drop"), eff[k].get("top1_drop_ci95")) for k in ("row", "col")}
-    both = bool(sae["n_row_features"] > 0 and sae["n_col_features"] > 0)
+    causal = sae.causal
+    eff = {k: None if causal is None else causal.effect(k) for k in AXES}
+    ctl = {k: None if causal is None else causal.control(k) for k in AXES}
+    sel = {k: None if (e := eff[k]) is None else e.selectivity for k in AXES}
+    ci = {k: None if (e := eff[k]) is None else e.selectivity_ci95 for k in AXES}
+    iv = {k: bounds(sel[k], ci[k]) if sel[k] is not None else None for k in AXES}
+    own = {k: _pts_iv(*_own_drop(eff[k], k)) for k in AXES}
+    own_ctl = {k: _pts_iv(*_own_drop(ctl[k], k)) for k in AXES}
+    top1 = {k: None if (e := eff[k]) is None else bounds(e.top1_drop, e.top1_drop_ci95) for k in AXES}
+    both = bool(sae.n_row_features > 0 and sae.n_col_features > 0)
     conds: list[Outcome] = [known(both)]
-    for k in ("row", "col"):
+    for k in AXES:
         conds.extend((at_least(iv[k], t["C1.selective"]), at_least(own[k], t["C1.min_probe_drop"]),
                       exceeds(own[k], own_ctl[k], t["C1.control_factor"]),  # a missing own drop is false
                       _measured_at_least(top1[k], t["C1.min_top1_drop"])))
-    result = all_of(*conds)
-    null = sae.get("eta2_null") or {}
-    nums = {"layer": sae["layer"], "n_row": sae["n_row_features"], "n_col": sae["n_col_features"],
-            "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae["fvu"],
-            "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
-    for k in ("row", "col"):
-        nums[f"{k}_probe_drop"] = _pts(eff[k].get(f"{k}_drop"))
+    null = _as_json(sae, "eta2_null") or {}
+    nums: dict[str, Any] = {"layer": sae.layer, "n_row": sae.n_row_features, "n_col": sae.n_col_features,
+                            "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae.fvu,
+                            "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
+    for k in AXES:
+        e, c = eff[k], ctl[k]
+        nums[f"{k}_probe_drop"] = _pts(_own_drop(e, k)[0])
         own_k, ctl_k = own[k], own_ctl[k]
         nums[f"{k}_probe_drop_ci95"] = None if own_k is None else list(own_k)
-        nums[f"{k}_control_probe_drop"] = _pts(ctl[k].get(f"{k}_drop"))
+        nums[f"{k}_control_probe_drop"] = _pts(_own_drop(c, k)[0])
         nums[f"{k}_control_probe_drop_ci95"] = None if ctl_k is None else list(ctl_k)
-        nums[f"{k}_top1_drop"] = eff[k].get("top1_drop")
-        nums[f"{k}_top1_drop_ci95"] = eff[k].get("top1_drop_ci95")
-        nums[f"{k}_top1_drop_per_group"] = eff[k].get("per_group_drop")
-        nums[f"{k}_control_top1_drop"] = ctl[k].get("top1_drop")
-        nums[f"{k}_edit_norm"] = eff[k].get("edit_norm")
-        nums[f"{k}_control_edit_norm"] = ctl[k].get("edit_norm")
-        nums[f"{k}_control_note"] = ctl[k].get("note")
+        nums[f"{k}_top1_drop"] = None if e is None else e.top1_drop
+        nums[f"{k}_top1_drop_ci95"] = None if e is None else e.top1_drop_ci95
+        nums[f"{k}_top1_drop_per_group"] = None if e is None else e.per_group_drop
+        nums[f"{k}_control_top1_drop"] = None if c is None else c.top1_drop
+        nums[f"{k}_edit_norm"] = None if e is None else e.edit_norm
+        nums[f"{k}_control_edit_norm"] = None if c is None else c.edit_norm
+        nums[f"{k}_control_note"] = None if c is None else c.note
     nums["eta2_null_thresholds"] = null.get("null_thresholds")
     nums["eta2_thresholds_above_null"] = null.get("used_above_null")
 
@@ -286,120 +372,120 @@ def _c1(spec: str, sae: dict, t: Any = None) -> dict:
                 f"top-1 drop {_f(nums[f'{k}_top1_drop'], 1)}{_iv(top1[k], 1)} pts (control "
                 f"{_f(nums[f'{k}_control_top1_drop'], 1)})")
 
-    return {"result": result, "numbers": nums,
-            "text": f"{spec}: L{sae['layer']} SAE (FVU {sae['fvu']:.3f}) has {sae['n_row_features']} row / "
-                    f"{sae['n_col_features']} col features; {axis('row')}; {axis('col')} (needs selectivity >= "
-                    f"{t['C1.selective']:g}, probe drop >= {t['C1.min_probe_drop']:g} pts and > "
-                    f"{t['C1.control_factor']:g}x its control, top-1 drop >= {t['C1.min_top1_drop']:g} pts)"}
+    return ModelClaim(all_of(*conds), nums,
+                      f"{spec}: L{sae.layer} SAE (FVU {sae.fvu:.3f}) has {sae.n_row_features} row / "
+                      f"{sae.n_col_features} col features; {axis('row')}; {axis('col')} (needs selectivity >= "
+                      f"{t['C1.selective']:g}, probe drop >= {t['C1.min_probe_drop']:g} pts and > "
+                      f"{t['C1.control_factor']:g}x its control, top-1 drop >= {t['C1.min_top1_drop']:g} pts)")
 
 
-def _f(v, d: int = 2) -> str:
-    return "n/a" if v is None else f"{v:.{d}f}"
-
-
+# --- C2 ---------------------------------------------------------------------------------------------
 C2_SETS = (("all_positional", "random_all_positional", "all positional (row+col+mixed)"),
            ("all", "random_features", "row+col"), ("row_only", "random_row", "row only"),
            ("col_only", "random_col", "col only"))  # permuted set, its control, label; the first decides C2
+C2_NULLS = ("swap_all_positional", "crossed", "norm_all_positional")
 
 
-def _variant(ap: dict, name: str) -> dict:
-    v = ap.get(name)
-    return v if isinstance(v, dict) and "skipped" not in v else {}
+def _drop(v: VariantResult | None) -> Interval | None:
+    return None if v is None else bounds(v.drop_points, v.drop_ci95)
 
 
-def _drop(ap: dict, name: str) -> Interval | None:
-    v = _variant(ap, name)
-    return bounds(v.get("drop_points"), v.get("drop_ci95"))
+def _points(v: VariantResult | None) -> float | None:
+    return None if v is None else v.drop_points
 
 
-def _c2(spec: str, ap: dict, t: Any = None, none_top1: float | None = None) -> dict:
+def _n(v: VariantResult | None) -> str:
+    return "n/a" if v is None or v.n_features is None else str(v.n_features)
+
+
+def _c2(spec: str, ap: ApePermuteResult, t: Mapping[str, float] | None = None,
+        none_top1: float | None = None) -> ModelClaim:
     t = RULES.values() if t is None else t
-    allv, rnd = _variant(ap, "all"), _variant(ap, "random_features")
-    drop, ctrl = allv.get("drop_points"), rnd.get("drop_points")
-    treated, control = _drop(ap, "all_positional"), _drop(ap, "random_all_positional")
-    null = _drop(ap, "swap_all_positional")
+    allpos_v, control_v = ap.variant("all_positional"), ap.variant("random_all_positional")
+    treated, control = _drop(allpos_v), _drop(control_v)
+    nulls = {v: ap.variant(v) for v in C2_NULLS}
+    null = _drop(nulls["swap_all_positional"])
     result = all_of(at_least(treated, t["C2.min_drop"]), exceeds(treated, null, t["C2.null_factor"]))
-    allpos = _variant(ap, "all_positional").get("drop_points")
+    allpos = _points(allpos_v)
     in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]
-    pe = _variant(ap, "pos_embed_shuffle").get("drop_points")
-    note = _variant(ap, "random_all_positional").get("note")
-    clean = ap.get("baseline_top1")
+    pe = _points(ap.variant("pos_embed_shuffle"))
+    note = None if control_v is None else control_v.note
+    clean = ap.baseline_top1
     gain = None if none_top1 is None or clean is None else 100 * (clean - none_top1)
     frac = None if gain is None or allpos is None or gain <= 0 else allpos / gain
     parts = []
     for kept, ctrl_name, label in C2_SETS:
-        k, c = _variant(ap, kept), _variant(ap, ctrl_name)
-        parts.append(f"{label} ({_n(k)}): {_f(k.get('drop_points'), 1)}{_iv(_drop(ap, kept), 1)} pts vs its control "
-                     f"({_n(c)}) {_f(c.get('drop_points'), 1)}{_iv(_drop(ap, ctrl_name), 1)}")
-    nulls = {v: _variant(ap, v) for v in ("swap_all_positional", "crossed", "norm_all_positional")}
-    null_text = "; ".join(f"{v} {_f(x.get('drop_points'), 1)}{_iv(_drop(ap, v), 1)}" for v, x in nulls.items())
-    return {"result": result,
-            "numbers": {"drop_points": drop, "random_control_drop": ctrl, "pos_embed_shuffle_drop": pe,
-                        "all_positional_drop": allpos, "in_study_range": in_range,
-                        "all_positional_drop_ci95": None if treated is None else list(treated),
-                        "all_positional_control_drop": _variant(ap, "random_all_positional").get("drop_points"),
-                        "all_positional_control_drop_ci95": None if control is None else list(control),
-                        "n_all_positional": _variant(ap, "all_positional").get("n_features"),
-                        "n_control": _variant(ap, "random_all_positional").get("n_features"), "control_note": note,
-                        "swap_null_drop": nulls["swap_all_positional"].get("drop_points"),
-                        "swap_null_drop_ci95": None if null is None else list(null),
-                        "crossed_drop": nulls["crossed"].get("drop_points"),
-                        "crossed_drop_ci95": nulls["crossed"].get("drop_ci95"),
-                        "norm_control_drop": nulls["norm_all_positional"].get("drop_points"),
-                        "norm_control_drop_ci95": nulls["norm_all_positional"].get("drop_ci95"),
-                        "all_positional_edit_norm": _variant(ap, "all_positional").get("edit_norm"),
-                        "norm_control_edit_norm": nulls["norm_all_positional"].get("edit_norm"),
-                        "all_positional_drop_per_group": {g: v.get("drop_points") for g, v in
-                                                          (_variant(ap, "all_positional").get("per_group")
-                                                           or {}).items()},
-                        "position_gain_points": gain, "drop_fraction_of_position_gain": frac},
-            "text": f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
-                    + f"; shuffled APE table {_f(pe, 1)}"
-                    + (f" (control: {note})" if note else "")
-                    + ("" if frac is None else f"; the all-positional drop is {frac:.0%} of the position gain "
-                       f"({gain:.1f} pts over the none model)")
-                    + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
-                      f"{t['C2.null_factor']:g}x its same-position swap)"
-                    f"{', within' if in_range else ', outside'} the study's "
-                    f"{t['C2.study_low']:g}-{t['C2.study_high']:g}"}
+        k, c = ap.variant(kept), ap.variant(ctrl_name)
+        parts.append(f"{label} ({_n(k)}): {_f(_points(k), 1)}{_iv(_drop(k), 1)} pts vs its control "
+                     f"({_n(c)}) {_f(_points(c), 1)}{_iv(_drop(c), 1)}")
+    null_text = "; ".join(f"{v} {_f(_points(x), 1)}{_iv(_drop(x), 1)}" for v, x in nulls.items())
+    crossed, norm = nulls["crossed"], nulls["norm_all_positional"]
+    nums = {"drop_points": _points(ap.variant("all")), "random_control_drop": _points(ap.variant("random_features")),
+            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos, "in_study_range": in_range,
+            "all_positional_drop_ci95": None if treated is None else list(treated),
+            "all_positional_control_drop": _points(control_v),
+            "all_positional_control_drop_ci95": None if control is None else list(control),
+            "n_all_positional": None if allpos_v is None else allpos_v.n_features,
+            "n_control": None if control_v is None else control_v.n_features, "control_note": note,
+            "swap_null_drop": _points(nulls["swap_all_positional"]),
+            "swap_null_drop_ci95": None if null is None else list(null),
+            "crossed_drop": _points(crossed), "crossed_drop_ci95": None if crossed is None else crossed.drop_ci95,
+            "norm_control_drop": _points(norm), "norm_control_drop_ci95": None if norm is None else norm.drop_ci95,
+            "all_positional_edit_norm": None if allpos_v is None else allpos_v.edit_norm,
+            "norm_control_edit_norm": None if norm is None else norm.edit_norm,
+            "all_positional_drop_per_group": {} if allpos_v is None else {
+                g: v.drop_points for g, v in allpos_v.per_group.items()},
+            "position_gain_points": gain, "drop_fraction_of_position_gain": frac}
+    text = (f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
+            + f"; shuffled APE table {_f(pe, 1)}"
+            + (f" (control: {note})" if note else "")
+            + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
+               f"({gain:.1f} pts over the none model)")
+            + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
+              f"{t['C2.null_factor']:g}x its same-position swap)"
+            f"{', within' if in_range else ', outside'} the study's "
+            f"{t['C2.study_low']:g}-{t['C2.study_high']:g}")
+    return ModelClaim(result, nums, text)
 
 
-def _n(v: dict) -> str:
-    n = v.get("n_features")
-    return "n/a" if n is None else str(n)
+# --- C3 ---------------------------------------------------------------------------------------------
+def _acc(cond: ProbedCondition | ProbeSiteResult, axis: str) -> list[float]:
+    return cond.row_acc if axis == "row" else cond.col_acc
 
 
-def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
-    c = ra["conditions"]
+def _c3(spec: str, ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None) -> ModelClaim:
+    c = ra.conditions
     base = c["baseline"]
-    chance = {"row": ra["chance_row"], "col": ra["chance_col"]}
-    removal = ra.get("removal") or {}
-    floored = ra.get("removal_floored")  # issue 29: per-layer content floors; None in older results
-    mlp = ((ra.get("readouts") or {}).get("removal")) or None
+    chance = {"row": ra.chance_row, "col": ra.chance_col}
+    removal = ra.removal or {}
+    floored = ra.removal_floored  # issue 29: per-layer content floors; None in older results
+    mlp = (_as_json(ra.readouts, "removal") if ra.readouts is not None else None) or None
     nums: dict[str, Any] = {}
     outcomes: list[Outcome] = []
     ivs: dict[str, Interval | None] = {}
     for a, b in (("row", "col"), ("col", "row")):
         off = c[f"no_{a}"]
-        kept_own = kept_fraction(base[f"{a}_acc"], off[f"{a}_acc"], chance[a])
-        kept_other = kept_fraction(base[f"{b}_acc"], off[f"{b}_acc"], chance[b])
+        kept_own = kept_fraction(_acc(base, a), _acc(off, a), chance[a])
+        kept_other = kept_fraction(_acc(base, b), _acc(off, b), chance[b])
         removed = None if kept_own is None else 1 - kept_own
-        measured = removal.get(f"no_{a}") or {}
+        measured = removal.get(f"no_{a}")
         rm, kp = f"no_{a}_{a}_removed", f"no_{a}_{b}_kept"
         nums[rm] = removed
         nums[kp] = kept_other
-        nums[f"no_{a}_top1"] = off.get("top1")
-        nums[f"{rm}_ci95"], nums[f"{kp}_ci95"] = measured.get("removed_ci95"), measured.get("kept_ci95")
+        nums[f"no_{a}_top1"] = off.top1
+        nums[f"{rm}_ci95"] = None if measured is None else measured.removed_ci95
+        nums[f"{kp}_ci95"] = None if measured is None else measured.kept_ci95
         ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
         ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
         if floored is None:  # results before the floors: fractions above chance
             outcomes.extend((at_least(ivs[rm], MIN_REMOVED), at_least(ivs[kp], MIN_KEPT)))
             continue
-        fl = floored.get(f"no_{a}") or {}
-        for key, num in (("removed", f"{rm}_floored"), ("kept", f"{kp}_floored")):
-            nums[num], nums[f"{num}_ci95"] = fl.get(key), fl.get(f"{key}_ci95")
-            ivs[num] = None if fl.get(key) is None else bounds(fl.get(key), fl.get(f"{key}_ci95"))
-        nums[f"{kp}_interaction"] = bool(fl.get("interaction"))
+        fl = floored.get(f"no_{a}")
+        for num, (point, ci) in ((f"{rm}_floored", (None, None) if fl is None else (fl.removed, fl.removed_ci95)),
+                                 (f"{kp}_floored", (None, None) if fl is None else (fl.kept, fl.kept_ci95))):
+            nums[num], nums[f"{num}_ci95"] = point, ci
+            ivs[num] = None if point is None else bounds(point, ci)
+        nums[f"{kp}_interaction"] = bool(fl is not None and fl.interaction)
         outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
         if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
             m = (mlp.get(f"no_{a}") or {}).get("mlp") or {}
@@ -408,12 +494,17 @@ def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
                 nums[num], nums[f"{num}_ci95"] = m.get(key), m.get(f"{key}_ci95")
                 ivs[num] = None if m.get(key) is None else bounds(m.get(key), m.get(f"{key}_ci95"))
             outcomes.append(at_least(ivs[f"{rm}_mlp"], MIN_REMOVED))
-        if none_probe is not None and len(none_probe.get(f"{a}_acc") or []) == len(base[f"{a}_acc"]):
+        if none_probe is not None and len(_acc(none_probe, a)) == len(_acc(base, a)):
             # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
-            floor = [max(chance[a], f) for f in none_probe[f"{a}_acc"]]
-            kept_none, _ = floored_kept(base[f"{a}_acc"], off[f"{a}_acc"], floor)
+            floor = [max(chance[a], f) for f in _acc(none_probe, a)]
+            kept_none, _ = floored_kept(_acc(base, a), _acc(off, a), floor)
             nums[f"{rm}_none_floor"] = None if kept_none is None else 1 - kept_none
+    return ModelClaim(all_of(*outcomes), nums, _c3_text(spec, nums, ivs, floored is not None, mlp is not None,
+                                                        base.top1))
 
+
+def _c3_text(spec: str, nums: Mapping[str, Any], ivs: Mapping[str, Interval | None], floors: bool, mlp: bool,
+             top1: float | None) -> str:
     def frac(key: str) -> str:
         iv = ivs.get(key)
         return _pc(nums.get(key)) + ("" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]")
@@ -421,7 +512,7 @@ def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
     text = (f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
             f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
             f"row keeps {frac('no_col_row_kept')}")
-    if floored is None:
+    if not floors:
         text += f" (needs >= {_pc(MIN_REMOVED)} removed and >= {_pc(MIN_KEPT)} kept"
     else:
         text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
@@ -429,7 +520,7 @@ def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
                  f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
                  f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
                  f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
-        if mlp is not None:
+        if mlp:
             text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
                      f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
                      f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
@@ -438,18 +529,17 @@ def _c3(spec: str, ra: dict, none_probe: dict | None = None) -> dict:
                      f"col {_pc(nums.get('no_col_col_removed_none_floor'))} removed")
         text += (f" (needs >= {_pc(MIN_REMOVED)} removed above the floor{' and by the MLP probe' if mlp else ''}, "
                  f">= {_pc(MIN_KEPT)} kept")
-    text += (f"; top-1 {_f(base.get('top1'))} -> no_row {_f(nums['no_row_top1'])}, no_col "
-             f"{_f(nums['no_col_top1'])})")
-    return {"result": all_of(*outcomes), "numbers": nums, "text": text}
+    return text + (f"; top-1 {_f(top1)} -> no_row {_f(nums['no_row_top1'])}, no_col "
+                   f"{_f(nums['no_col_top1'])})")
 
 
-def matched_none(spec: str, models: dict[str, dict]) -> dict | None:
+def matched_none(spec: str, models: Mapping[str, ClaimInputs]) -> ProbeSiteResult | None:
     """The `probe` result of the `none` model matched to a RoPE model (rope-axial / rope-mixed in its
     name replaced by none: builtin:rope-axial-seed1 -> builtin:none-seed1), if it ran."""
     for pe in ("rope-axial", "rope-mixed"):
         if pe in spec:
-            probe = (models.get(spec.replace(pe, "none")) or {}).get("probe")
-            return probe if isinstance(probe, dict) and "row_acc" in probe else None
+            none = models.get(spec.replace(pe, "none"))
+            return None if none is None else none.probe
     return None
 
 
@@ -461,27 +551,33 @@ def _pc_iv(iv: Interval | None) -> str:
     return "" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
 
 
-def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
-    rec = {a: median_recovery(ra["recovery"][a]) for a in ("row", "col")}
-    med = ra.get("median_recovery") or {}
-    rec_ci = {a: (med.get(a) or {}).get("median_rec_ci95") for a in ("row", "col")}
-    rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in ("row", "col")}
-    shares = ra.get("median_rebuilt_share")  # the count-matched reading (issue 29); None in older results
-    share = {a: (shares or {}).get(a) or {} for a in ("row", "col")}
-    share_iv = {a: bounds(share[a].get("median_share"), share[a].get("median_share_ci95")) for a in ("row", "col")}
+# --- C4 ---------------------------------------------------------------------------------------------
+def median_recovery(per_r: Mapping[str, Recovery]) -> float:
+    """C4's median over restore points of mean Rec (rope_axis `median_recovery`) of typed recoveries."""
+    return _median_recovery({r: {"mean_rec": x.mean_rec} for r, x in per_r.items()})
+
+
+def _c4(spec: str, ra: RopeAxisResult, rh: RopeHeadsResult | None) -> ModelClaim:
+    rec = {a: median_recovery(ra.recovery[a]) for a in AXES}
+    med = ra.median_recovery or {}
+    rec_ci = {a: None if (m := med.get(a)) is None else m.median_rec_ci95 for a in AXES}
+    rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in AXES}
+    shares = ra.median_rebuilt_share  # the count-matched reading (issue 29); None in older results
+    share = {a: (None, None) if (s := (shares or {}).get(a)) is None else (s.median_share, s.median_share_ci95)
+             for a in AXES}
+    share_iv = {a: bounds(*share[a]) for a in AXES}
     prim, S, S_ci = None, None, None
-    if rh and rh.get("primary_rebuilding_head"):
-        prim = rh["primary_rebuilding_head"]
-        S = rh["axis_index"][prim[0]][prim[1]]
-        cis = rh.get("axis_index_ci95")
+    if rh is not None and rh.primary_rebuilding_head:
+        prim = rh.primary_rebuilding_head
+        S = rh.axis_index[prim[0]][prim[1]]
+        cis = rh.axis_index_ci95
         S_ci = cis[prim[0]][prim[1]] if cis else None
     S_iv = None if S is None else bounds(S, S_ci)
-    rh = rh or {}
-    restore_rule = rh.get("axis_index_null_threshold") is not None
-    matched, threshold = rh.get("primary_axis_index_matched"), rh.get("axis_index_null_threshold")
-    matched_iv = None if matched is None else bounds(matched, rh.get("primary_axis_index_matched_ci95"))
-    head_share = rh.get("primary_recovery_share")
-    head_share_iv = None if head_share is None else bounds(head_share, rh.get("primary_recovery_share_ci95"))
+    threshold = None if rh is None else rh.axis_index_null_threshold
+    matched = None if rh is None else rh.primary_axis_index_matched
+    matched_iv = None if matched is None or rh is None else bounds(matched, rh.primary_axis_index_matched_ci95)
+    head_share = None if rh is None else rh.primary_recovery_share
+    head_share_iv = None if head_share is None or rh is None else bounds(head_share, rh.primary_recovery_share_ci95)
     if shares is not None:
         recovered = (inside(share_iv["row"], 0.0, 1.0), inside(share_iv["col"], 0.0, 1.0))
     else:  # results before the count-matched reference: Rec itself
@@ -490,52 +586,47 @@ def _c4(spec: str, ra: dict, rh: dict | None) -> dict:
         head = (at_least(matched_iv, float(threshold)), at_least(head_share_iv, MIN_HEAD_SHARE))
     else:  # results before the restore-condition S: |S| of clean attention against the round number
         head = (at_least(magnitude(S_iv), SPECIALISED),)
-    result = all_of(*recovered, *head)
     text = (f"{spec}: median recovery row {_f(rec['row'])}{_iv(rec_iv['row'])}, col "
             f"{_f(rec['col'])}{_iv(rec_iv['col'])}")
     if shares is not None:
-        text += (f"; count-matched rebuilt share row {_f(share['row'].get('median_share'))}{_iv(share_iv['row'])}, "
-                 f"col {_f(share['col'].get('median_share'))}{_iv(share_iv['col'])} (needs inside (0, 1))")
+        text += (f"; count-matched rebuilt share row {_f(share['row'][0])}{_iv(share_iv['row'])}, "
+                 f"col {_f(share['col'][0])}{_iv(share_iv['col'])} (needs inside (0, 1))")
     else:
         text += " (needs inside (0, 1))"
-    if restore_rule:
-        freq = rh.get("primary_selection_frequency")
-        text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(freq)} of image resamples) carries "
-                 f"{rh.get('primary_axis')}: its axis index where it rebuilds, signed to that axis, "
+    if threshold is not None and rh is not None:
+        text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(rh.primary_selection_frequency)} of image "
+                 f"resamples) carries {rh.primary_axis}: its axis index where it rebuilds, signed to that axis, "
                  f"{_f(matched)}{_iv(matched_iv)} (needs >= the null's {_f(threshold, 3)}), and it explains "
                  f"{_pc(head_share)}{_pc_iv(head_share_iv)} of the recovery (needs >= {_pc(MIN_HEAD_SHARE)}); "
                  f"clean-attention axis index {_f(S)}{_iv(S_iv)}")
     else:
         text += f"; primary rebuilding head {_head(prim)} axis index {_f(S)}{_iv(S_iv)} (needs |S| >= {SPECIALISED})"
-    return {"result": result,
-            "numbers": {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
-                        "primary_axis_index": S,
-                        "n_specialised_heads": len(rh.get("specialised_heads", [])) if rh else None,
-                        # cross-check, reported beside the rule: the same heads under mean-ablation?
-                        "top_heads_overlap": rh.get("top_heads_overlap") if rh else None,
-                        "primary_tops_mean_ablation": _first_under(rh, prim, "mean_ablate"),
-                        # and by its direct effect on the axis probes (iii); every pair of methods' top heads
-                        "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
-                        "top_heads_agreement": rh.get("top_heads_agreement") if rh else None,
-                        "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
-                        "primary_axis_index_ci95": S_ci,
-                        # issue 29: what the rule reads now
-                        "median_rebuilt_share_row": share["row"].get("median_share"),
-                        "median_rebuilt_share_col": share["col"].get("median_share"),
-                        "median_rebuilt_share_row_ci95": share["row"].get("median_share_ci95"),
-                        "median_rebuilt_share_col_ci95": share["col"].get("median_share_ci95"),
-                        "primary_axis": rh.get("primary_axis"), "primary_axis_index_matched": matched,
-                        "primary_axis_index_matched_ci95": rh.get("primary_axis_index_matched_ci95"),
-                        "axis_index_null_threshold": threshold,
-                        "primary_selection_frequency": rh.get("primary_selection_frequency"),
-                        "primary_recovery_share": head_share,
-                        "primary_recovery_share_ci95": rh.get("primary_recovery_share_ci95")},
-            "text": text}
+    nums = {"median_recovery_row": rec["row"], "median_recovery_col": rec["col"], "primary_head": prim,
+            "primary_axis_index": S,
+            "n_specialised_heads": None if rh is None else len(rh.specialised_heads),
+            # cross-check, reported beside the rule: the same heads under mean-ablation?
+            "top_heads_overlap": None if rh is None else rh.top_heads_overlap,
+            "primary_tops_mean_ablation": _first_under(rh, prim, "mean_ablate"),
+            # and by its direct effect on the axis probes (iii); every pair of methods' top heads
+            "primary_tops_direct_effect": _first_under(rh, prim, "direct_effect"),
+            "top_heads_agreement": None if rh is None else rh.top_heads_agreement,
+            "median_recovery_row_ci95": rec_ci["row"], "median_recovery_col_ci95": rec_ci["col"],
+            "primary_axis_index_ci95": S_ci,
+            # issue 29: what the rule reads now
+            "median_rebuilt_share_row": share["row"][0], "median_rebuilt_share_col": share["col"][0],
+            "median_rebuilt_share_row_ci95": share["row"][1], "median_rebuilt_share_col_ci95": share["col"][1],
+            "primary_axis": None if rh is None else rh.primary_axis, "primary_axis_index_matched": matched,
+            "primary_axis_index_matched_ci95": None if rh is None else rh.primary_axis_index_matched_ci95,
+            "axis_index_null_threshold": threshold,
+            "primary_selection_frequency": None if rh is None else rh.primary_selection_frequency,
+            "primary_recovery_share": head_share,
+            "primary_recovery_share_ci95": None if rh is None else rh.primary_recovery_share_ci95}
+    return ModelClaim(all_of(*recovered, *head), nums, text)
 
 
-def _first_under(rh: dict | None, prim: list[int] | None, method: str) -> bool | None:
+def _first_under(rh: RopeHeadsResult | None, prim: list[int] | None, method: str) -> bool | None:
     """Whether the primary rebuilding head also tops another method's ranking (None: not measured)."""
-    top = (rh or {}).get("top_heads")
+    top = None if rh is None else rh.top_heads
     if prim is None or not top or not top.get(method):
         return None
     return list(prim) == list(top[method][0])
@@ -545,58 +636,72 @@ def _head(lh: list[int] | None) -> str:
     return f"L{lh[0]}H{lh[1]}" if lh else "n/a"
 
 
-def _c5(spec: str, rh: dict) -> dict:
-    prim, rank = rh.get("primary_rebuilding_head"), rh.get("primary_head_drop_rank")
-    drop = rh["drop_points"][prim[0]][prim[1]] if prim else None
-    cis = rh["drop_ci95"]
-    big = rh["largest_drop_head"]
-    n_heads = len(rh["layers"]) * rh["num_heads"]
-    n_late = (len(rh["layers"]) - rh["restore_from"]) * rh["num_heads"]
-    closest = closest_rival(rh.get("primary_margin_ci95"))
+# --- C5 ---------------------------------------------------------------------------------------------
+def _c5(spec: str, rh: RopeHeadsResult) -> ModelClaim:
+    prim, rank = rh.primary_rebuilding_head, rh.primary_head_drop_rank
+    drop = rh.drop_points[prim[0]][prim[1]] if prim else None
+    cis = rh.drop_ci95
+    big = rh.largest_drop_head
+    n_heads = len(rh.layers) * rh.num_heads
+    n_late = (len(rh.layers) - rh.restore_from) * rh.num_heads
+    closest = closest_rival(rh.primary_margin_ci95)
     rival = "" if closest is None else (f"; closest rival {_head(closest[0])}: margin {_ci(closest[1])} pts")
-    return {"result": _c5_result(rh, prim),
-            "numbers": {"primary_head": prim, "primary_drop_points": drop,
-                        "primary_drop_ci95": cis[prim[0]][prim[1]] if cis and prim else None,
-                        "drop_rank": rank, "largest_drop_head": big,
-                        "drop_rank_among_layers_ge_R": rh.get("primary_head_drop_rank_after_R"),
-                        "largest_drop_points": rh["drop_points"][big[0]][big[1]],
-                        "largest_drop_ci95": cis[big[0]][big[1]] if cis else None,
-                        "closest_rival_head": None if closest is None else closest[0],
-                        "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads,
-                        **_c5_ablation_numbers(rh)},
-            "text": f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
-                    f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
-                    f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh['drop_points'][big[0]][big[1]]:.1f} pts){rival}; "
-                    f"rank {rh.get('primary_head_drop_rank_after_R')} among the {n_late} heads of layers >= "
-                    f"R={rh['restore_from']}"}
+    nums = {"primary_head": prim, "primary_drop_points": drop,
+            "primary_drop_ci95": cis[prim[0]][prim[1]] if cis and prim else None,
+            "drop_rank": rank, "largest_drop_head": big,
+            "drop_rank_among_layers_ge_R": rh.primary_head_drop_rank_after_R,
+            "largest_drop_points": rh.drop_points[big[0]][big[1]],
+            "largest_drop_ci95": cis[big[0]][big[1]] if cis else None,
+            "closest_rival_head": None if closest is None else closest[0],
+            "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads,
+            **_c5_ablation_numbers(rh)}
+    text = (f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
+            f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
+            f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh.drop_points[big[0]][big[1]]:.1f} pts){rival}; "
+            f"rank {rh.primary_head_drop_rank_after_R} among the {n_late} heads of layers >= R={rh.restore_from}")
+    return ModelClaim(_c5_result(rh, prim), nums, text)
 
 
 def _ci(iv: list[float]) -> str:
     return f"[{iv[0]:.1f}, {iv[1]:.1f}]"
 
 
-def _c5_result(rh: dict, prim: list[int] | None) -> Outcome:
+def _c5_result(rh: RopeHeadsResult, prim: list[int] | None) -> Outcome:
     """The paired margins (`primary_margin_ci95`): every other head's below the primary's drop."""
-    if prim is None:
+    margins = rh.primary_margin_ci95
+    if prim is None or margins is None:
         return FAILS
-    margins = rh["primary_margin_ci95"]
     return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
 
 
-def _c5_ablation_numbers(rh: dict) -> dict:
+def _c5_ablation_numbers(rh: RopeHeadsResult) -> dict[str, Any]:
     """Which ablation C5's verdict rests on ('identity': the head's rotations removed) and C5's
     outcome under each ablation rope_heads measured (`c5_ablations`; absent in older results)."""
-    abl = rh.get("c5_ablations")
-    out: dict = {"ablation": rh.get("c5_rests_on") or "identity"}
-    if isinstance(abl, dict):
-        out["outcome_under_ablation"] = {k: v.get("outcome") for k, v in abl.items() if isinstance(v, dict)}
+    out: dict[str, Any] = {"ablation": rh.c5_rests_on or "identity"}
+    if rh.c5_ablations is not None:
+        out["outcome_under_ablation"] = {k: v.outcome for k, v in rh.c5_ablations.items()}
     return out
 
 
+# --- seeds, model families and the headline number ---------------------------------------------------
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
 # the number each claim's seed summary averages (a key of the claim's per-model numbers)
 HEADLINE_NUMBER = {"C1": "min_selectivity", "C2": "all_positional_drop", "C3": "min_removed",
                    "C4": "mean_median_recovery", "C5": "primary_drop_points"}
+# the per-model numbers it is made of, and how: the smaller of the two, their mean, or the one number
+_HEADLINE_PARTS: dict[str, tuple[tuple[str, ...], Literal["min", "mean", "one"]]] = {
+    "C1": (("row_selectivity", "col_selectivity"), "min"),
+    "C2": (("all_positional_drop",), "one"),
+    "C3": (("no_row_row_removed", "no_col_col_removed"), "min"),
+    "C4": (("median_recovery_row", "median_recovery_col"), "mean"),
+    "C5": (("primary_drop_points",), "one")}
+_PRIMARY_DROP_CI = {"primary_drop_points": "primary_drop_ci95"}  # the one number whose interval key differs
+HEADLINE_LABEL = {"C1": "smaller of the row and col sets' causal selectivity",
+                  "C2": "top-1 drop permuting all positional features",
+                  "C3": "smaller share of its own axis' above-chance decodability an axis' removal removes",
+                  "C4": "mean of the row and col median recovery after restoring",
+                  "C5": "top-1 drop ablating the primary rebuilding head"}
+HEADLINE_UNIT = {"C1": "fraction", "C2": "points", "C3": "fraction", "C4": "fraction", "C5": "points"}
 
 
 def model_family(spec: str) -> str:
@@ -604,102 +709,167 @@ def model_family(spec: str) -> str:
     return SEED_SUFFIX.sub("", spec)
 
 
-def _headline(cid: str, nums: dict) -> float | None:
-    pairs = {"C1": ("row_selectivity", "col_selectivity"), "C3": ("no_row_row_removed", "no_col_col_removed"),
-             "C4": ("median_recovery_row", "median_recovery_col")}
-    keys = pairs.get(cid, (HEADLINE_NUMBER[cid],))
-    vals = [nums.get(k) for k in keys]
-    xs = [float(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _headline(cid: str, nums: Mapping[str, Any]) -> float | None:
+    keys, how = _HEADLINE_PARTS[cid]
+    xs = [x for k in keys if (x := _number(nums.get(k))) is not None]
     if len(xs) < len(keys):
         return None  # a number the summary needs is missing or undefined on this seed
-    return sum(xs) / 2 if cid == "C4" else min(xs)
+    return sum(xs) / 2 if how == "mean" else min(xs)
 
 
-def seed_summaries(cid: str, found: list[tuple[str, dict]]) -> dict[str, SeedSummary]:
-    """Per model family with >= 2 seeds: on how many the claim holds, and the headline number's
-    mean with a Student-t interval over the seeds."""
-    families: dict[str, list[tuple[str, dict]]] = {}
+def _headline_interval(cid: str, nums: Mapping[str, Any]) -> list[float] | None:
+    """The headline number's 95 % interval on one model, from its parts' intervals (the smaller of
+    two: the ends' minima; the mean of two: the ends' means); None where no part has one."""
+    keys, how = _HEADLINE_PARTS[cid]
+    cis = [nums.get(_PRIMARY_DROP_CI.get(k, f"{k}_ci95")) for k in keys]
+    if _headline(cid, nums) is None or all(bounds(None, ci) is None for ci in cis):
+        return None
+    ivs = [bounds(nums.get(k), ci) for k, ci in zip(keys, cis, strict=True)]
+    if any(iv is None or not all(map(math.isfinite, iv)) for iv in ivs):
+        return None
+    los, his = [iv[0] for iv in ivs if iv], [iv[1] for iv in ivs if iv]
+    if how == "mean":
+        return [sum(los) / len(los), sum(his) / len(his)]
+    return [min(los), min(his)]
+
+
+def _families(found: list[tuple[str, ModelClaim]]) -> dict[str, list[tuple[str, ModelClaim]]]:
+    families: dict[str, list[tuple[str, ModelClaim]]] = {}
     for spec, r in found:
         families.setdefault(model_family(spec), []).append((spec, r))
+    return families
+
+
+def seed_summaries(cid: str, found: list[tuple[str, ModelClaim]]) -> dict[str, SeedSummary]:
+    """Per model family with >= 2 seeds: on how many the claim holds, and the headline number's
+    mean with a Student-t interval over the seeds."""
     out = {}
-    for fam, members in families.items():
+    for fam, members in _families(found).items():
         if len(members) < 2:
             continue
-        values = [_headline(cid, r["numbers"]) for _, r in members]
+        values = [_headline(cid, r.numbers) for _, r in members]
         known_values = [v for v in values if v is not None]
         mean, ci = seed_interval(known_values) if known_values else (None, None)
-        out[fam] = SeedSummary(models=[spec for spec, _ in members],
-                               holds=sum(r["result"] == HOLDS for _, r in members),
-                               results=[r["result"] for _, r in members], number=HEADLINE_NUMBER[cid], values=values,
+        out[fam] = SeedSummary(models=[spec for spec, _ in members], holds=sum(r.result == HOLDS for _, r in members),
+                               results=[r.result for _, r in members], number=HEADLINE_NUMBER[cid], values=values,
                                mean=mean, ci95=ci)
     return out
 
 
-def _seed_text(seeds: dict[str, SeedSummary]) -> str:
-    return "; ".join(f"{fam}: holds on {s.holds} of {len(s.models)} seeds, {s.number} {_f(s.mean)}"
-                     f"{'' if s.ci95 is None else f' [{s.ci95[0]:.2f}, {s.ci95[1]:.2f}]'}" for fam, s in seeds.items())
+def family_headlines(cid: str, found: list[tuple[str, ModelClaim]],
+                     seeds: Mapping[str, SeedSummary]) -> list[FamilyHeadline]:
+    """The claim's headline number per model family: one model's number with its own interval, or
+    the seeds' mean with their Student-t interval (`seeds`), and on how many seeds the claim holds."""
+    out = []
+    for fam, members in _families(found).items():
+        s = seeds.get(fam)
+        if s is not None:
+            value, ci = s.mean, s.ci95
+        else:
+            value, ci = _headline(cid, members[0][1].numbers), _headline_interval(cid, members[0][1].numbers)
+        out.append(FamilyHeadline(family=fam, models=[spec for spec, _ in members],
+                                  results=[r.result for _, r in members],
+                                  holds=sum(r.result == HOLDS for _, r in members), number=HEADLINE_NUMBER[cid],
+                                  label=HEADLINE_LABEL[cid], unit=HEADLINE_UNIT[cid], value=value, ci95=ci))
+    return out
 
 
-def none_top1(models: dict[str, dict], data: Any) -> float | None:
+def _rule_gist(cid: str) -> str:
+    t = RULES.values()
+    return {
+        "C1": (f"removing the row (col) feature set is axis-selective (>= {t['C1.selective']:g}), lowers its own "
+               f"probe by >= {t['C1.min_probe_drop']:g} pts and > {t['C1.control_factor']:g}x a matched random "
+               f"removal, and top-1 by >= {t['C1.min_top1_drop']:g} pts"),
+        "C2": (f"permuting all positional features drops top-1 by >= {t['C2.min_drop']:g} pts and > "
+               f"{t['C2.null_factor']:g}x the same-position swap"),
+        "C3": (f"removing an axis' rotations removes >= {_pc(MIN_REMOVED)} of its decodability above the content "
+               f"floor while the other axis keeps >= {_pc(MIN_KEPT)}"),
+        "C4": (f"restoring the rotations rebuilds part, not all, of the information, and the primary rebuilding "
+               f"head is specialised on its axis and carries >= {_pc(MIN_HEAD_SHARE)} of the recovery"),
+        "C5": "ablating the primary rebuilding head drops top-1 more than ablating any other head (paired margins)",
+    }.get(cid, "")
+
+
+def claim_sentence(cid: str, results: list[Outcome]) -> str:
+    """The claim's reading in one sentence: on how many models it holds, and what it needs."""
+    scheme = {"ape": "APE", "rope": "RoPE"}.get(CLAIM_SCHEME.get(cid, ""), "its")
+    if not results:
+        return f"No {scheme} model was run."
+    n, fails, unsure = len(results), results.count(FAILS), results.count(INCONCLUSIVE)
+    rest = ", ".join(p for p in (f"fails on {fails}" if fails else "", f"inconclusive on {unsure}" if unsure else "")
+                     if p)
+    return (f"Holds on {results.count(HOLDS)} of {n} {scheme} model{'s' if n > 1 else ''}"
+            f"{f' ({rest})' if rest else ''}: it needs that {_rule_gist(cid)}.")
+
+
+def none_top1(models: Mapping[str, ClaimInputs], data: str | None) -> float | None:
     """Clean top-1 of a model without position (scheme `none`) on the same data, if one ran."""
     for m in models.values():
-        if (m.get("describe") or {}).get("scheme") == "none" and m.get("data") == data:
-            top1 = (m.get("eval") or {}).get("top1")
-            if isinstance(top1, (int, float)):
-                return float(top1)
+        if m.scheme == "none" and m.data == data and m.eval is not None:
+            return float(m.eval.top1)
     return None
 
 
 # claims whose per-model rule reads the rule set's thresholds: their sensitivity curves are computed
-RULE_READERS: dict[str, RuleReader] = {
-    "C1": lambda spec, m, t: _c1(spec, m["sae"], t) if m.get("sae") else None,
-    "C2": lambda spec, m, t: _c2(spec, m["ape_permute"], t) if m.get("ape_permute") else None,
-}
+def _c1_outcome(spec: str, m: ClaimInputs, t: Mapping[str, float]) -> Outcome | None:
+    return None if m.sae is None else _c1(spec, m.sae, t).result
 
 
-def primary_over_seeds(found: list[tuple[str, dict]]) -> str:
+def _c2_outcome(spec: str, m: ClaimInputs, t: Mapping[str, float]) -> Outcome | None:
+    return None if m.ape_permute is None else _c2(spec, m.ape_permute, t).result
+
+
+RULE_READERS = {"C1": _c1_outcome, "C2": _c2_outcome}
+
+
+def primary_over_seeds(found: list[tuple[str, ModelClaim]]) -> str:
     """How often each head is the primary rebuilding head over the trained seeds of a model family
     (issue 29: the selection's stability across seeds, beside its bootstrap over images)."""
-    families: dict[str, list[str]] = {}
-    for spec, r in found:
-        families.setdefault(model_family(spec), []).append(_head(r["numbers"].get("primary_head")))
     parts = []
-    for fam, heads in families.items():
+    for fam, members in _families(found).items():
+        heads = [_head(r.numbers.get("primary_head")) for _, r in members]
         if len(heads) >= 2:
             counts = {h: heads.count(h) for h in dict.fromkeys(heads)}
             parts.append(f"{fam}: " + ", ".join(f"{h} on {n} of {len(heads)} seeds" for h, n in counts.items()))
     return "primary rebuilding head over seeds: " + "; ".join(parts)
 
 
-def summarise(models: dict[str, dict]) -> Summary:
-    """Verdicts per claim from the models' results (each entry as results.json holds it)."""
-    claims: list[dict[str, Any]] = []
-    per: dict[str, list[tuple[str, dict]]] = {c: [] for c in CLAIM_TEXT}
+def _per_model(models: Mapping[str, ClaimInputs]) -> dict[str, list[tuple[str, ModelClaim]]]:
+    """Each claim's reading of every model that ran its experiments, in the models' order."""
+    per: dict[str, list[tuple[str, ModelClaim]]] = {c: [] for c in CLAIM_TEXT}
     for spec, m in models.items():
-        if m.get("sae"):
-            per["C1"].append((spec, _c1(spec, m["sae"])))
-        if m.get("ape_permute"):
-            per["C2"].append((spec, _c2(spec, m["ape_permute"], none_top1=none_top1(models, m.get("data")))))
-        if m.get("rope_axis"):
-            per["C3"].append((spec, _c3(spec, m["rope_axis"], matched_none(spec, models))))
-            per["C4"].append((spec, _c4(spec, m["rope_axis"], m.get("rope_heads"))))
-        if m.get("rope_heads"):
-            per["C5"].append((spec, _c5(spec, m["rope_heads"])))
-    for cid, text in CLAIM_TEXT.items():
-        scheme = CLAIM_SCHEME[cid]
-        found = per[cid]
+        if m.sae is not None:
+            per["C1"].append((spec, _c1(spec, m.sae)))
+        if m.ape_permute is not None:
+            per["C2"].append((spec, _c2(spec, m.ape_permute, none_top1=none_top1(models, m.data))))
+        if m.rope_axis is not None:
+            per["C3"].append((spec, _c3(spec, m.rope_axis, matched_none(spec, models))))
+            per["C4"].append((spec, _c4(spec, m.rope_axis, m.rope_heads)))
+        if m.rope_heads is not None:
+            per["C5"].append((spec, _c5(spec, m.rope_heads)))
+    return per
+
+
+def summarise(models: Mapping[str, ModelEntry | ClaimInputs]) -> Summary:
+    """Verdicts per claim from the models' typed results (a study's `ModelEntry`s, or `ClaimInputs`)."""
+    inputs = {spec: ClaimInputs.of(m) for spec, m in models.items()}
+    claims = []
+    for cid, found in _per_model(inputs).items():
         seeds = seed_summaries(cid, found)
-        evidence = "; ".join(r["text"] for _, r in found) or f"no {scheme.upper()} model was run"
-        if cid == "C4" and seeds:
-            evidence = f"{primary_over_seeds(found)}. " + evidence
-        claims.append({
-            "id": cid, "claim": text, "scheme": scheme, "verdict": aggregate([r["result"] for _, r in found]),
-            "evidence": (f"over seeds: {_seed_text(seeds)}. " if seeds else "") + evidence, "seeds": seeds,
-            "numbers": {spec: {**r["numbers"], "holds": r["result"] == HOLDS, "result": r["result"]}
-                        for spec, r in found},
-            "models": [spec for spec, _ in found],
-        })
+        results: list[Outcome] = [r.result for _, r in found]
+        notes = [primary_over_seeds(found)] if cid == "C4" and seeds else []
+        claim = ClaimVerdict(
+            id=cid, claim=CLAIM_TEXT[cid], scheme=CLAIM_SCHEME[cid], verdict=aggregate(results),
+            sentence=claim_sentence(cid, results), headlines=family_headlines(cid, found, seeds), notes=notes,
+            details={spec: r.text for spec, r in found}, seeds=seeds,
+            numbers={spec: {**r.numbers, "holds": r.result == HOLDS, "result": r.result} for spec, r in found},
+            models=[spec for spec, _ in found])
         if cid in RULE_READERS and found:
-            claims[-1]["sensitivity"] = sensitivity(cid, models, RULE_READERS[cid], aggregate)
-    return Summary(claims=[ClaimVerdict.model_validate(c) for c in claims], rules=rules_text(),
-                   rules_version=RULES.version, rules_hash=RULES.digest(), rule_set=RULES)
+            claim.sensitivity = sensitivity(cid, inputs, RULE_READERS[cid], aggregate)
+        claims.append(claim)
+    return Summary(claims=claims, rules=rules_text(), rules_version=RULES.version, rules_hash=RULES.digest(),
+                   rule_set=RULES)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Result, Skipped
@@ -107,17 +107,74 @@ class SeedSummary(BaseModel):
     ci95: list[float] | None  # Student-t over the seeds with a value
 
 
+class FamilyHeadline(BaseModel):
+    """A claim's headline number on one model family (`NAME`, `NAME-seed1`, ... folded: what
+    `claims.model_family` gives), with its interval and on how many of the family's seeds it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    family: str
+    models: list[str]
+    results: list[str]  # holds / fails / inconclusive per model, in `models` order
+    holds: int  # models (seeds) on which the claim holds
+    number: str  # the headline number (claims.HEADLINE_NUMBER), made of the per-model numbers
+    label: str  # what it is, in words
+    unit: str  # points | fraction
+    value: float | None  # one model: its number; several seeds: their mean (None: not measured)
+    ci95: list[float] | None  # one model: its own 95 % interval; several seeds: Student-t over them
+
+    def value_text(self) -> str:
+        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts' or '0.81 [0.70, 0.93]'."""
+        if self.value is None or self.value != self.value:
+            return "n/a"
+        fmt = "{:.1f}" if self.unit == "points" else "{:.2f}"
+        iv = "" if self.ci95 is None else f" [{fmt.format(self.ci95[0])}, {fmt.format(self.ci95[1])}]"
+        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "")
+
+    def seeds_text(self) -> str:
+        """'holds on 2/3 seeds'; a family of one model: its result ('holds', 'fails', 'inconclusive')."""
+        if len(self.models) == 1:
+            return self.results[0]
+        return f"holds on {self.holds}/{len(self.models)} seeds"
+
+    def text(self) -> str:
+        return f"{self.family}: {self.value_text()}, {self.seeds_text()}"
+
+
 class ClaimVerdict(BaseModel):
+    """One claim: its verdict, one sentence, the headline number per model family, and what each
+    model's rule read (`details` in words, `numbers`), which the report folds below the headline.
+
+    `evidence`: results written before the typed pieces held the claim's evidence as one prose
+    string (every model's text joined); they load with it and without the pieces."""
+
     model_config = ConfigDict(extra="forbid")
     id: str
     claim: str
     scheme: str
     verdict: str  # supported | partly supported | not supported | inconclusive | not applicable
-    evidence: str
+    sentence: str = ""  # the verdict's reading in one sentence
+    headlines: list[FamilyHeadline] = Field(default_factory=list)  # per model family, in the models' order
+    notes: list[str] = Field(default_factory=list)  # said of the claim beside the rule (e.g. heads over seeds)
+    details: dict[str, str] = Field(default_factory=dict)  # model spec -> what the rule read on it, in words
     numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
     models: list[str]
     seeds: dict[str, SeedSummary] = Field(default_factory=dict)  # model family -> its seeds, where >= 2 ran
     sensitivity: list[Sensitivity] | None = None  # the verdict as each threshold moves (claims whose rule reads RULES)
+    evidence: str | None = None  # results written before the typed pieces (see above); None in newer ones
+
+    @model_serializer(mode="wrap")
+    def _without_legacy(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        doc = handler(self)
+        if doc.get("evidence") is None:
+            doc.pop("evidence", None)
+        return doc
+
+    def text(self) -> str:
+        """Everything said of the claim as one text: the older `evidence`, or the sentence, the notes
+        and each model's reading."""
+        if self.evidence is not None:
+            return self.evidence
+        return " ".join([self.sentence, *(f"{n}." for n in self.notes), "; ".join(self.details.values())]).strip()
 
 
 class Summary(BaseModel):

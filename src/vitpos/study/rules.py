@@ -10,8 +10,9 @@ changed and whether it was made after seeing results.
 Sensitivity (`sensitivity`): for a claim and one of its thresholds, the claim's verdict with that
 threshold moved over its `sweep` (the other thresholds at their values), from the same per-model
 rule the verdict uses. A claim opts in by registering its per-model rule in `study.claims`
-(`RULE_READERS`: claim id -> (spec, model entry, thresholds) -> result or None); a claim whose rule
-does not read the thresholds yet is left out of the curves rather than shown flat.
+(`RULE_READERS`: claim id -> (spec, the model's typed results, thresholds) -> holds / fails /
+inconclusive, or None where the model did not run it); a claim whose rule does not read the
+thresholds yet is left out of the curves rather than shown flat.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -90,7 +91,8 @@ RULES = RuleSet(version=2, thresholds=(
               meaning="high end of the study's range (stated, not required)", sweep=(31.0,)),
 ))
 
-RuleReader = Callable[[str, Mapping[str, Any], Mapping[str, float]], "dict[str, Any] | None"]
+M = TypeVar("M")  # what the claims read of one model (study.claims.ClaimInputs)
+RuleReader = Callable[[str, M, Mapping[str, float]], str | None]  # -> holds / fails / inconclusive, None: not run
 
 
 class CurvePoint(BaseModel):
@@ -112,7 +114,7 @@ class Sensitivity(BaseModel):
     stable: bool  # the verdict is the same at every value of the range
 
 
-def sensitivity(claim: str, models: Mapping[str, Mapping[str, Any]], reader: RuleReader,
+def sensitivity(claim: str, models: Mapping[str, M], reader: RuleReader[M],
                 aggregate: Callable[[list], str], rules: RuleSet = RULES) -> list[Sensitivity]:
     """Per threshold of `claim` with a range of more than one value: the verdict over that range."""
     base = rules.values()
@@ -123,7 +125,7 @@ def sensitivity(claim: str, models: Mapping[str, Mapping[str, Any]], reader: Rul
         curve = []
         for v in t.sweep:
             vals = {**base, t.name: v}
-            per = {spec: r["result"] for spec, m in models.items() if (r := reader(spec, m, vals)) is not None}
+            per = {spec: r for spec, m in models.items() if (r := reader(spec, m, vals)) is not None}
             curve.append(CurvePoint(value=v, verdict=aggregate(list(per.values())), results=per))
         out.append(Sensitivity(threshold=t.name, value=t.value, unit=t.unit, source=t.source, curve=curve,
                                stable=len({p.verdict for p in curve}) == 1))

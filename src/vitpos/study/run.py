@@ -151,7 +151,7 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
         vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=library_versions()["timm"],
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
-        summary=summarise({k: e.to_json() for k, e in entries.items()}))
+        summary=summarise(entries))
     t_val = time.time()
     results.summary.validation = validation_table(n_images=VALIDATION_IMAGES, seeds=(0,))
     results.timings["validation"] = round(time.time() - t_val, 1)

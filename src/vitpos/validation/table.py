@@ -1,8 +1,8 @@
 """The validation table: claim x planted truth -> the pipeline's verdict, for every planted case.
 
 A case (`PlantedCase`) is a small model where some claims are true or false by construction; its
-`measure` runs the experiments' own run functions and returns the model's entry as results.json
-holds it; `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
+`measure` runs the experiments' own run functions and returns the typed results the claims read
+(`study.claims.ClaimInputs`); `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
 when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
 verdict passes neither way). The RoPE cases (C3-C5) come from `planted_rope.rope_cases()`.
 """
@@ -10,18 +10,21 @@ verdict passes neither way). The RoPE cases (C3-C5) come from `planted_rope.rope
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from vitpos.models import planted_rope
 from vitpos.models.planted_ape import APE_CASES, PlantedCase
 
+if TYPE_CHECKING:
+    from vitpos.study.claims import ClaimInputs
+
 
 def _from_rope(case: planted_rope.PlantedCase) -> PlantedCase:
     """A planted RoPE case (one claim each, sizes of its own) as a row source of the one table."""
 
-    def measure(n_images: int, seeds: tuple[int, ...]) -> dict[str, Any]:
+    def measure(n_images: int, seeds: tuple[int, ...]) -> ClaimInputs:
         return planted_rope.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
 
     return PlantedCase(name=f"rope:{case.name}", description=case.why, truth={case.claim: case.truth},
@@ -75,14 +78,13 @@ def validation_table(cases: Iterable[PlantedCase] = CASES, n_images: int = 300,
 
     rows = []
     for case in cases:
-        entry: dict[str, Any] = case.measure(n_images, seeds)
-        verdicts = {c.id: c for c in summarise({case.name: entry}).claims}
+        verdicts = {c.id: c for c in summarise({case.name: case.measure(n_images, seeds)}).claims}
         for cid, planted in case.truth.items():
             c = verdicts[cid]
             want = expected_verdict(planted)
             rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
                                       verdict=c.verdict, expected=want, passes=c.verdict == want,
-                                      evidence=c.evidence))
+                                      evidence=c.text()))
     rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
     return ValidationTable(rules_version=RULES.version, rules_hash=RULES.digest(), n_images=n_images,
                            seeds=list(seeds), rows=rows)
