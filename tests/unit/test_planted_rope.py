@@ -71,11 +71,12 @@ def test_table_renders_and_reports_a_miss():
 
 
 def test_report_shows_the_count_matched_share_and_the_head_selection():
+    from vitpos.experiments.registry import BY_NAME
     from vitpos.report.sections import SECTIONS
 
     case = next(c for c in CASES if c.claim == "C4" and c.truth)
     doc = run_case(case)
-    axis_html, heads_html = SECTIONS["rope_axis"](doc["rope_axis"]), SECTIONS["rope_heads"](doc["rope_heads"])
+    axis_html, heads_html = (SECTIONS[name](BY_NAME[name].load(doc[name])) for name in ("rope_axis", "rope_heads"))
     share = doc["rope_axis"]["median_rebuilt_share"]["row"]["median_share"]
     assert "count-matched" in axis_html and f"{share:.2f}" in axis_html
     assert "content floor" in axis_html
