@@ -111,3 +111,10 @@ def test_old_results_render_with_their_numbers(tmp_path):
     assert f"test top-1 <b>{100 * ev['top1']:.1f}%</b>" in page
     rec = GOLDEN["models"]["builtin:rope-axial"]["rope_axis"]["recovery"]["row"]
     assert all(f"{v['mean_rec']:.2f}" in page for v in rec.values() if v["mean_rec"] is not None)
+
+
+def test_an_experiment_without_a_section_shows_its_fields(monkeypatch, tmp_path):
+    monkeypatch.delitem(sections.SECTIONS, "eval")
+    page = render_report(make_results(), tmp_path).read_text(encoding="utf-8")
+    top1 = GOLDEN["models"]["builtin:ape"]["eval"]["top1"]
+    assert f"<tr><td>top1</td><td>{top1:.4g}</td></tr>" in page
