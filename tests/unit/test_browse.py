@@ -148,17 +148,25 @@ def test_browse_refuses_a_folder_without_an_sae(tmp_path):
 
 
 def test_report_shows_fidelity_special_tokens_and_links_the_browser():
+    import copy
+
+    from conftest import GOLDEN
+    from vitpos.experiments.sae_run import SAEResult
     from vitpos.report.sections import SECTIONS
 
-    doc = {"layer": 1, "fvu": 0.01, "logit_kl": 0.00012, "include_special": False, "excluded_outlier_tokens": 0,
-           "browser": "artifacts/x y/sae/browse/index.html",
+    golden = copy.deepcopy(GOLDEN["models"]["builtin:ape"]["sae"])
+    doc = {**golden, "layer": 1, "fvu": 0.01, "logit_kl": 0.00012, "include_special": False,
+           "excluded_outlier_tokens": 0, "browser": "artifacts/x y/sae/browse/index.html",
            "fidelity": {"dense_threshold": 0.1, "dense_frac": 0.115, "dense_frac_by_threshold": {"0.05": 0.2},
                         "stability": {"seed": 0, "other_seed": 1, "cos_threshold": 0.9, "share_matched": 0.25,
                                       "median_cos": 0.5, "other_fvu": 0.02}},
-           "special_tokens": {"k": 5.0, "prefix": ["cls", "reg0"], "layers": [
-               {"layer": 1, "prefix_norm_ratio": [0.5, 7.0], "outlier_share": 0.001}]}}
-    out = SECTIONS["sae"](doc)
+           "special_tokens": {"k": 5.0, "prefix": ["cls", "reg0"], "n_images": 8, "layers": [
+               {"layer": 1, "median_patch_norm": 1.0, "prefix_share": 0.1, "prefix_norm_ratio": [0.5, 7.0],
+                "outlier_threshold": 5.0, "outlier_share": 0.001, "outlier_norm_ratio": None,
+                "outlier_share_by_k": {}}]}}
+    out = SECTIONS["sae"](SAEResult.model_validate(doc))
     assert '<a href="artifacts/x%20y/sae/browse/index.html">' in out
     assert "11.5%" in out and "25.0%" in out and "0.00012" in out  # dense, stability, KL
     assert "reg0 7.00×" in out and "0.1%, left out of training" in out
-    assert SECTIONS["sae"]({"layer": 1}).count("<a ") == 0  # an old sae.json: no link, no new rows
+    old = SECTIONS["sae"](SAEResult.model_validate(golden))  # an sae.json without them: no link, no new rows
+    assert old.count("<a ") == 0 and "dense latents" not in old and "prefix tokens" not in old

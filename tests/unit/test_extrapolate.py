@@ -14,6 +14,7 @@ from vitpos.data import load_split
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
 from vitpos.experiments.extrapolate import ExtrapolateExperiment, check_scales, run_extrapolate
+from vitpos.experiments.rope_freq import RopeFreqResult
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import parse_timm_spec
 from vitpos.models.timm_adapter import surface_for
@@ -252,19 +253,20 @@ def test_document_figure_and_report_section(tmp_path):
     assert (tmp_path / "extrapolate.json").exists()
     assert (tmp_path / "extrapolate.png").read_bytes().startswith(b"\x89PNG")
     assert ExtrapolateExperiment().load(result.to_json()) == result
-    html = SECTIONS["extrapolate"](result.to_json())
+    html = SECTIONS["extrapolate"](result)
     assert "24 px" in html and "6×6" in html and "resized" in html and "unseen angles" in html
-    refused = result.to_json()
-    refused["top1_refused"] = "no <classifier>"
-    for sz in refused["sizes"]:
+    doc = result.to_json()
+    doc["top1_refused"] = "no <classifier>"
+    for sz in doc["sizes"]:
         sz["top1"] = sz["top1_ci"] = None
+    refused = ExtrapolateExperiment().load(doc)
     html = SECTIONS["extrapolate"](refused)
     assert "refused" in html and "&lt;classifier&gt;" in html
     from vitpos import plots
 
     assert plots.plot_extrapolate(refused, tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
-    with pytest.raises(VitposError, match="lacks layers/sizes"):
-        plots.plot_extrapolate({"model": "x"}, tmp_path / "x.png")
+    with pytest.raises(VitposError, match="ExtrapolateResult section got a RopeFreqResult"):
+        SECTIONS["extrapolate"](RopeFreqResult.model_construct())
 
 
 def test_shapes_data_is_generated_at_the_grid_ratio(monkeypatch):

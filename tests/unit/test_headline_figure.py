@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import vitpos.plots.headline as headline
+from conftest import GOLDEN
+from vitpos.experiments.probe import ProbeSiteResult
 from vitpos.study.claims import model_family
+
+_GOLDEN_PROBE = ProbeSiteResult.model_validate(copy.deepcopy(GOLDEN["models"]["builtin:ape"]["probe"]))
 
 
 def _probe(level: float) -> dict:
-    return {"probe": {"layers": [0, 1, 2], "row_acc": [level] * 3, "col_acc": [level / 2] * 3}}
+    L = len(_GOLDEN_PROBE.layers)
+    return {"probe": _GOLDEN_PROBE.model_copy(update={"row_acc": [level] * L, "col_acc": [level / 2] * L})}
 
 
 def _drawn(monkeypatch, models: dict, families: dict | None):

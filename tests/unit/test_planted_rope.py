@@ -76,9 +76,8 @@ def test_report_shows_the_count_matched_share_and_the_head_selection():
     case = next(c for c in CASES if c.claim == "C4" and c.truth)
     res = run_case(case)
     assert res.rope_axis is not None and res.rope_heads is not None
-    axis, heads = res.rope_axis.to_json(), res.rope_heads.to_json()
-    axis_html, heads_html = SECTIONS["rope_axis"](axis), SECTIONS["rope_heads"](heads)
-    share = axis["median_rebuilt_share"]["row"]["median_share"]
+    axis_html, heads_html = SECTIONS["rope_axis"](res.rope_axis), SECTIONS["rope_heads"](res.rope_heads)
+    share = res.rope_axis.to_json()["median_rebuilt_share"]["row"]["median_share"]
     assert "count-matched" in axis_html and f"{share:.2f}" in axis_html
     assert "content floor" in axis_html
     assert "bootstrap" in heads_html and "restore condition" in heads_html and "L2H0 100.0%" in heads_html

@@ -233,22 +233,21 @@ def test_probe_rejects_wrong_width(row_only):
 
 
 def test_plot_probe_curves_writes_png(tmp_path, row_only):
+    from vitpos.experiments.probe import ProbeSiteResult
     from vitpos.plots.probe import plot_probe_curves
 
-    js = {
-        "layers": [0, 1, 2], "site": "resid_post", "row_acc": [0.2, 0.6, 0.9], "col_acc": [0.1, 0.3, 0.5],
-        "chance_row": 1 / H, "chance_col": 1 / W, "row_control_acc": [0.13, 0.15, 0.2],
-        "col_control_acc": [None, None, None],
-    }
-    base = {**js, "row_acc": [0.1, 0.1, 0.2], "col_acc": [0.1, 0.1, 0.1]}
-    out = plot_probe_curves(js, tmp_path / "sub" / "probe.png", title="t", content_baseline=base)
+    res = ProbeSiteResult(
+        layers=[0, 1, 2], site="resid_post", row_acc=[0.2, 0.6, 0.9], col_acc=[0.1, 0.3, 0.5],
+        chance_row=1 / H, chance_col=1 / W, row_control_acc=[0.13, 0.15, 0.2], col_control_acc=[None, None, None],
+        row_selectivity=[None] * 3, col_selectivity=[None] * 3, l2_row=[1.0] * 3, l2_col=[1.0] * 3,
+        n_train_images=10, n_test_images=5, n_images=15,
+        content_baseline={"row_acc": 0.1, "col_acc": 0.1, "note": "no positional input"})
+    out = plot_probe_curves(res, tmp_path / "sub" / "probe.png", title="t")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["probe.png"]  # no temp file left
-    with pytest.raises(VitposError, match="lacks keys"):
-        plot_probe_curves({"layers": [0]}, tmp_path / "x.png")
     with pytest.raises(VitposError, match="3 values for 2 layers"):
-        plot_probe_curves({**js, "layers": [0, 1]}, tmp_path / "x.png")
+        plot_probe_curves(res.model_copy(update={"layers": [0, 1]}), tmp_path / "x.png")
 
 
 def test_direct_weight_is_the_logit_change_of_an_added_component():

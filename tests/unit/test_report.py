@@ -13,7 +13,10 @@ import pytest
 
 from conftest import APE, CLAIM_VERDICTS, GOLDEN, ROPE, XSS, XSS_DATA, make_results
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import VARIANTS
+from vitpos.experiments.ape_permute import VARIANTS, ApePermuteResult
+from vitpos.experiments.base import Skipped
+from vitpos.experiments.rope_axis import RopeAxisResult
+from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.plots import sweeps as plots
 from vitpos.report.html import render_report
 from vitpos.report.sections import PNG_MAGIC
@@ -22,21 +25,27 @@ from vitpos.study.results import HEADLINE_FIGURE, figure_key, model_slug
 L, H = 4, 3  # toy depth and heads
 
 
-# ---------------------------------------------------------------- fake results
+# ---------------------------------------------------------------- fake results (JSON, and typed)
 def ape_permute_doc() -> dict:
     def v(top1, drop, nf, groups=True):
-        d = {"top1": top1, "top1_std": 0.01, "drop_points": drop, "drop_std": 1.2, "n_features": nf, "per_group": {}}
+        d = {"top1": top1, "top1_std": 0.01, "drop_points": drop, "drop_std": 1.2, "per_seed_top1": [top1],
+             "n_features": nf, "per_group": {}}
         if groups:
             d["per_group"] = {"vertical": {"top1": top1 - 0.05, "drop_points": drop + 4},
                               "horizontal": {"top1": top1 + 0.05, "drop_points": drop - 4}}
         return d
 
     return {"model": APE, "layer": 2, "site": "resid_post", "data": "shapes", "n_images": 512, "seeds": [0, 1, 2],
-            "baseline_top1": 0.912, "variants": list(VARIANTS),
+            "baseline_top1": 0.912, "baseline_per_group": {}, "variants": list(VARIANTS),
             "all": v(0.639, 27.3, 40), "row_only": v(0.801, 11.1, 22), "col_only": v(0.79, 12.2, 18),
             "random_features": v(0.905, 0.7, 40, groups=False), "mean_ablate": v(0.70, 21.2, 40, groups=False),
+            "all_positional": v(0.5, 41.2, 60),
             "pos_embed_shuffle": {"skipped": "model has no learned pos_embed <here>"},
             "feature_counts": {"row": 22, "col": 18}}
+
+
+def ape_permute_result() -> ApePermuteResult:
+    return ApePermuteResult.model_validate(ape_permute_doc())
 
 
 def rope_axis_doc() -> dict:
@@ -44,13 +53,13 @@ def rope_axis_doc() -> dict:
     clean = [0.6, 0.8, 0.9, 0.95]
     off = [0.25, 0.26, 0.3, 0.3]
     conds = {"baseline": {"row_acc": clean, "col_acc": clean, "row_acc_orig_probe": clean, "col_acc_orig_probe": clean,
-                          "top1": 0.93, "axis": None, "restore_from": None},
+                          "top1": 0.93, "per_group": {}, "axis": None, "restore_from": None},
              "no_row": {"row_acc": off, "col_acc": clean, "row_acc_orig_probe": off, "col_acc_orig_probe": clean,
-                        "top1": 0.71, "axis": "row", "restore_from": None},
+                        "top1": 0.71, "per_group": {}, "axis": "row", "restore_from": None},
              "no_col": {"row_acc": clean, "col_acc": off, "row_acc_orig_probe": clean, "col_acc_orig_probe": off,
-                        "top1": 0.72, "axis": "col", "restore_from": None},
+                        "top1": 0.72, "per_group": {}, "axis": "col", "restore_from": None},
              "no_both": {"row_acc": off, "col_acc": off, "row_acc_orig_probe": off, "col_acc_orig_probe": off,
-                         "top1": 0.40, "axis": "both", "restore_from": None}}
+                         "top1": 0.40, "per_group": {}, "axis": "both", "restore_from": None}}
     recovery = {"row": {}, "col": {}}
     for R in (1, 2):
         part = [off[i] if i < R else (off[i] + clean[i]) / 2 for i in layers]
@@ -58,10 +67,15 @@ def rope_axis_doc() -> dict:
             conds[f"restore_{axis}_R{R}"] = {f"{axis}_acc": part, f"{axis}_acc_orig_probe": [p - 0.1 for p in part],
                                              f"{'col' if axis == 'row' else 'row'}_acc": clean,
                                              f"{'col' if axis == 'row' else 'row'}_acc_orig_probe": clean,
-                                             "top1": 0.85, "axis": axis, "restore_from": R}
+                                             "top1": 0.85, "per_group": {}, "axis": axis, "restore_from": R}
             recovery[axis][str(R)] = {"layers": layers[R:], "rec": [0.5] * (L - R), "mean_rec": 0.5}
-    return {"model": ROPE, "data": "shapes", "site": "resid_post", "layers": layers, "chance_row": 0.25,
-            "chance_col": 0.25, "conditions": conds, "recovery": recovery}
+    return {"model": ROPE, "data": "shapes", "split": "test", "n_images": 100, "site": "resid_post", "layers": layers,
+            "chance_row": 0.25, "chance_col": 0.25, "rope": {}, "conditions": conds, "recovery": recovery,
+            "min_gap": 0.05}
+
+
+def rope_axis_result() -> RopeAxisResult:
+    return RopeAxisResult.model_validate(rope_axis_doc())
 
 
 def rope_heads_doc() -> dict:
@@ -70,26 +84,18 @@ def rope_heads_doc() -> dict:
     rebuild = [[None] * H if layer < 2 else [0.05 * (h + 1) for h in range(H)] for layer in range(L)]
     rebuild[2][1] = 0.4
     axis_index = [[(-1) ** h * 0.3 * (layer % 3) for h in range(H)] for layer in range(L)]
-    return {"model": ROPE, "axis": "row", "layers": list(range(L)), "num_heads": H, "restore_from": 2,
-            "baseline_top1": 0.93, "drop_points": drop, "mean_ablate_drop_points": [[x / 2 for x in r] for r in drop],
+    return {"model": ROPE, "data": "shapes", "axis": "row", "layers": list(range(L)), "num_heads": H,
+            "restore_from": 2, "baseline_top1": 0.93, "baseline_top1_ci95": [0.9, 0.95], "n_top1_images": 500,
+            "n_probe_images": 300, "recovery_restore": 0.6, "kl": {}, "drop_points": drop,
+            "drop_ci95": [[[x - 1, x + 1] for x in r] for r in drop], "primary_margin_ci95": None,
+            "mean_ablate_score": [[x / 2 if x is not None else None for x in r] for r in rebuild],
             "rebuild_score": rebuild, "axis_index": axis_index, "primary_rebuilding_head": [2, 1],
-            "primary_head_drop_rank": 1, "largest_drop_head": [2, 1]}
+            "primary_head_drop_rank": 1, "largest_drop_head": [2, 1], "primary_head_drop_rank_after_R": 1,
+            "largest_drop_head_after_R": [2, 1], "primary_is_largest_drop": True, "specialised_heads": []}
 
 
-def probe_doc() -> dict:
-    layers = list(range(L))
-    return {"layers": layers, "site": "resid_post", "row_acc": [0.9, 0.88, 0.8, 0.7],
-            "col_acc": [0.91, 0.87, 0.8, 0.72],
-            "chance_row": 0.25, "chance_col": 0.25, "row_control_acc": [0.3] * L, "col_control_acc": [0.28] * L,
-            "row_selectivity": [0.6, 0.58, 0.5, 0.4], "col_selectivity": [0.63, 0.59, 0.52, 0.44],
-            "content_baseline": {"row_acc": 0.4, "col_acc": 0.38}}
-
-
-def sae_doc() -> dict:
-    return {"layer": 2, "site": "resid_post", "arch": "topk", "k": 32, "expansion": 8, "fvu": 0.0821, "l0": 32.0,
-            "dead_frac": 0.031, "top1_spliced": 0.901, "top1_change_points": -1.1, "row_features": [3, 17, 40],
-            "col_features": [5, 9], "mixed_features": [11],
-            "causal": {"row_drop": 0.41, "col_drop": 0.02, "selectivity": 0.95}}
+def rope_heads_result() -> RopeHeadsResult:
+    return RopeHeadsResult.model_validate(rope_heads_doc())
 
 
 # ---------------------------------------------------------------- HTML checks
@@ -150,8 +156,9 @@ def headline_rows(page: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- tests
-@pytest.mark.parametrize("fn, make", [(plots.plot_ape_permute, ape_permute_doc), (plots.plot_rope_axis, rope_axis_doc),
-                                      (plots.plot_recovery, rope_axis_doc), (plots.plot_rope_heads, rope_heads_doc)])
+@pytest.mark.parametrize("fn, make", [(plots.plot_ape_permute, ape_permute_result),
+                                      (plots.plot_rope_axis, rope_axis_result), (plots.plot_recovery, rope_axis_result),
+                                      (plots.plot_rope_heads, rope_heads_result)])
 def test_each_plot_writes_a_png(tmp_path, fn, make):
     path = fn(make(), tmp_path / "sub" / "fig.png")
     data = path.read_bytes()
@@ -159,26 +166,27 @@ def test_each_plot_writes_a_png(tmp_path, fn, make):
     assert [p.name for p in path.parent.iterdir()] == ["fig.png"]  # no temp file left behind
 
 
-def test_plots_tolerate_partial_docs(tmp_path):
+def test_plots_tolerate_results_without_optional_parts(tmp_path):
     doc = ape_permute_doc()
     for v in ("row_only", "col_only", "all"):
         doc[v]["per_group"] = {}
-    del doc["mean_ablate"]
+    doc["mean_ablate"] = {"skipped": "no <latents>"}
     doc["model"] = "$weird$ name"  # must not be parsed as mathtext
-    assert plots.plot_ape_permute(doc, tmp_path / "a.png").read_bytes().startswith(PNG_MAGIC)
-    axis = rope_axis_doc()
+    ape = ApePermuteResult.model_validate(doc)
+    assert isinstance(ape.outcome("mean_ablate"), Skipped) and ape.variant("mean_ablate") is None
+    assert plots.plot_ape_permute(ape, tmp_path / "a.png").read_bytes().startswith(PNG_MAGIC)
+    axis = rope_axis_result()
     assert plots.restore_points(axis) == [1, 2]
     assert plots.plot_rope_axis(axis, tmp_path / "b.png", restore_from=1).read_bytes().startswith(PNG_MAGIC)
-    heads = rope_heads_doc()
-    del heads["rebuild_score"], heads["axis_index"]
+    heads = rope_heads_result().model_copy(update={"primary_rebuilding_head": None, "primary_head_drop_rank": None})
     assert plots.plot_rope_heads(heads, tmp_path / "c.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_rope_heads_rejects_misshaped_grid(tmp_path):
-    doc = rope_heads_doc()
-    doc["drop_points"] = doc["drop_points"][:-1]
+    heads = rope_heads_result()
+    heads = heads.model_copy(update={"drop_points": heads.drop_points[:-1]})
     with pytest.raises(plots.VitposError, match="layers x heads"):
-        plots.plot_rope_heads(doc, tmp_path / "x.png")
+        plots.plot_rope_heads(heads, tmp_path / "x.png")
 
 
 def test_draw_figures_names_and_skips(rendered):
@@ -332,7 +340,7 @@ def test_rope_axis_figure_shades_the_probe_intervals(monkeypatch, tmp_path):
     figs = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figs.append(fig) or path)
     doc = rope_axis_doc()
-    plots.plot_rope_axis(doc, tmp_path / "a.png")
+    plots.plot_rope_axis(RopeAxisResult.model_validate(doc), tmp_path / "a.png")
     assert not [c for ax in figs[0].axes for c in ax.collections if isinstance(c, PolyCollection)]
     for c in doc["conditions"].values():
         for a in ("row", "col"):
@@ -340,10 +348,11 @@ def test_rope_axis_figure_shades_the_probe_intervals(monkeypatch, tmp_path):
     for per_r in doc["recovery"].values():
         for r in per_r.values():
             r["mean_rec_ci95"] = [0.1, 0.9]
-    plots.plot_rope_axis(doc, tmp_path / "b.png")
+    result = RopeAxisResult.model_validate(doc)
+    plots.plot_rope_axis(result, tmp_path / "b.png")
     bands = [c for ax in figs[1].axes for c in ax.collections if isinstance(c, PolyCollection)]
     assert bands and all(abs(float(b.get_paths()[0].vertices[:, 1].max()) - 1.0) < 0.06 for b in bands[:1])
-    plots.plot_recovery(doc, tmp_path / "c.png")
+    plots.plot_recovery(result, tmp_path / "c.png")
     labels = [t.get_text() for ax in figs[2].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert labels and all("[0.10, 0.90]" in t for t in labels)
 

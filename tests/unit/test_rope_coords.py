@@ -239,7 +239,7 @@ def test_report_shows_c5_under_each_ablation():
     from vitpos.report.sections import _sec_heads
 
     doc = copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"]["rope_heads"])
-    assert "C5 under each ablation" not in _sec_heads(doc)  # results written before the ablations
+    assert "C5 under each ablation" not in _sec_heads(RopeHeadsResult.from_json(doc))  # results before the ablations
     prim = tuple(doc["primary_rebuilding_head"])
     heads = [(0, 0), prim]
     clean = torch.ones(100, dtype=torch.bool)
@@ -247,8 +247,7 @@ def test_report_shows_c5_under_each_ablation():
     abl[0, :40] = False  # L0H0 drops 40 points, the primary none
     entries = {k: _c5_entry(f"{k} text", heads, clean, abl, prim).model_dump() for k in ("identity", "swap")}
     doc.update(c5_ablations=entries, c5_rests_on="identity", c5_ablation_heads_rule="every head")
-    RopeHeadsResult.from_json(doc)  # typed: the new keys validate
-    html = _sec_heads(doc)
+    html = _sec_heads(RopeHeadsResult.from_json(doc))  # typed: the new keys validate
     assert "C5 under each ablation" in html and "identity (verdict)" in html and "swap text" in html
     assert "L0 h0: 40.0 pts" in html and ">fails<" in html
 

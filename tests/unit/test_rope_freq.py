@@ -307,5 +307,5 @@ def test_document_figure_and_report_section(tmp_path):
     assert (tmp_path / "rope_freq.json").exists()
     assert (tmp_path / "rope_freq.png").read_bytes().startswith(b"\x89PNG")
     assert RopeFreqExperiment().load(result.to_json()) == result
-    html = SECTIONS["rope_freq"](result.to_json())
+    html = SECTIONS["rope_freq"](result)
     assert "no_row_high_L0-1" in html and "position carried by" in html and "frequency range" in html

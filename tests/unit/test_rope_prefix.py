@@ -230,5 +230,5 @@ def test_document_figure_and_report_section(tmp_path):
     assert (tmp_path / "rope_prefix.json").exists()
     assert (tmp_path / "rope_prefix.png").read_bytes().startswith(b"\x89PNG")
     assert RopePrefixExperiment().load(result.to_json()) == result
-    html = SECTIONS["rope_prefix"](result.to_json())
+    html = SECTIONS["rope_prefix"](result)
     assert "restore_row_R1_block" in html and "mean Rec, prefix blocked from R" in html

@@ -163,6 +163,17 @@ class ApePermuteResult(Result):
         v = getattr(self, name, None)
         return v if isinstance(v, VariantResult) else None
 
+    def outcome(self, name: str) -> Outcome | None:
+        """One variant's outcome, measured or skipped (None: not run in this result)."""
+        v = getattr(self, name, None) if name in type(self).model_fields else None
+        return v if isinstance(v, (VariantResult, Skipped)) else None
+
+    def variant_names(self) -> list[str]:
+        """Every variant: `variants`, then the matched controls and the nulls it lists."""
+        names = list(self.variants or VARIANTS)
+        names += [c for c in (self.controls or {}).values() if c not in names]
+        return names + [c for c in (self.nulls or {}) if c not in names]
+
 
 def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
     """x, z: (B, N, D), (B, N, F); perm (B, N): patch n takes the features of patch perm[b, n]."""
@@ -629,5 +640,5 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:
         return [Figure("ape_permute", "top-1 drop per permuted feature set, with controls",
-                       lambda r, p: plots.plot_ape_permute(r.to_json(), p))]
+                       lambda r, p: plots.plot_ape_permute(r, p))]
 

@@ -251,4 +251,4 @@ class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
 
     def figures(self, result: ExtrapolateResult) -> list[Figure]:
         return [Figure("extrapolate", "row / column probe skill above chance per layer and top-1 at the training "
-                       "size and larger grids", lambda r, p: plots.plot_extrapolate(r.to_json(), p))]
+                       "size and larger grids", lambda r, p: plots.plot_extrapolate(r, p))]

@@ -51,13 +51,6 @@ class ProbeSiteResult(Result):
     content_baseline: ContentBaseline
     n_images: int
 
-    def content_curves(self) -> dict:
-        """The content baseline as flat per-layer curves, the shape plot_probe_curves draws."""
-        L = len(self.layers)
-        return {"layers": self.layers, "row_acc": [self.content_baseline.row_acc] * L,
-                "col_acc": [self.content_baseline.col_acc] * L, "chance_row": self.chance_row,
-                "chance_col": self.chance_col}
-
 
 class MultiSiteProbeResult(Result):
     """`vitpos probe --sites a,b`: one ProbeSiteResult per site name."""
@@ -185,4 +178,4 @@ class ProbeExperiment(Experiment[ProbeResults]):
 
 
 def _plot_site(res: ProbeSiteResult, path: Path):
-    return plots.plot_probe_curves(res.to_json(), path, title=None, content_baseline=res.content_curves())
+    return plots.plot_probe_curves(res, path)

@@ -495,8 +495,8 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
 
     def figures(self, result: RopeAxisResult) -> list[Figure]:
         figs = [Figure("rope_axis", "probe accuracy per layer under each condition",
-                       lambda r, p: plots.plot_rope_axis(r.to_json(), p))]
+                       lambda r, p: plots.plot_rope_axis(r, p))]
         if result.recovery:
             figs.append(Figure("rope_recovery", "recovery Rec(l) after restoring from R",
-                               lambda r, p: plots.plot_recovery(r.to_json(), p)))
+                               lambda r, p: plots.plot_recovery(r, p)))
         return figs

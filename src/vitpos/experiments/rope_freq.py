@@ -388,5 +388,5 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
 
     def figures(self, result: RopeFreqResult) -> list[Figure]:
         return [Figure("rope_freq", "the removed axis' decodability and top-1 with one frequency band of it removed, "
-                       "per layer window", lambda r, p: plots.plot_rope_freq(r.to_json(), p))]
+                       "per layer window", lambda r, p: plots.plot_rope_freq(r, p))]
 

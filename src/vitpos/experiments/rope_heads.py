@@ -990,7 +990,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:
         return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",
-                       lambda r, p: plots.plot_rope_heads(r.to_json(), p))]
+                       lambda r, p: plots.plot_rope_heads(r, p))]
 
 
 # --- C5 under counterfactual ablations (issue 29, item 4) -------------------------------------------------

@@ -278,4 +278,4 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
 
     def figures(self, result: RopePrefixResult) -> list[Figure]:
         return [Figure("rope_prefix", "probe accuracy per layer with patch → prefix attention blocked, and the "
-                       "clean prefix attention mass", lambda r, p: plots.plot_rope_prefix(r.to_json(), p))]
+                       "clean prefix attention mass", lambda r, p: plots.plot_rope_prefix(r, p))]

@@ -1,7 +1,8 @@
-"""Figures as pure functions of result documents: each writes one PNG (atomically) and returns its path.
+"""Figures as pure functions of typed results: each writes one PNG (atomically) and returns its path.
 
-Below the experiments in the layering: experiments declare which of these they draw, the
-report embeds the files. No pyplot global state: every figure is a matplotlib `Figure` on Agg.
+Experiments declare which of these they draw (the result types are imported for type checking
+only; the headline figure, above the experiments, reads several), the report embeds the files.
+No pyplot global state: every figure is a matplotlib `Figure` on Agg.
 """
 
 from __future__ import annotations

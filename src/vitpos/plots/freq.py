@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vitpos.errors import VitposError
 from vitpos.plots.sweeps import OKABE_ITO, mathtext_safe, new_figure, save_figure
+
+if TYPE_CHECKING:
+    from vitpos.experiments.rope_freq import RopeFreqResult
 
 _COLORS = [OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["vermillion"], OKABE_ITO["green"], OKABE_ITO["purple"],
            OKABE_ITO["orange"]]
@@ -23,52 +25,46 @@ def _bar(value: Any, ci: Any) -> tuple[float, float, float]:
     return v, 0.0, 0.0
 
 
-def plot_rope_freq(doc: dict, path: str | Path) -> Path:
+def plot_rope_freq(r: RopeFreqResult, path: str | Path) -> Path:
     """Per axis (rows of panels): the fall of that axis' probe accuracy at the last probed layer
     (left) and the top-1 drop (right), in points, bars per frequency band (lowest first, then the
     whole axis) grouped by layer window, with 95 % paired-bootstrap intervals."""
-    if not isinstance(doc, dict) or not all(k in doc for k in ("windows", "conditions", "band_info", "layers")):
-        raise VitposError("rope_freq document lacks windows/conditions/band_info/layers; regenerate it with rope_freq")
-    conds, info = doc["conditions"], doc["band_info"]
-    if not isinstance(conds, dict) or not isinstance(info, dict):
-        raise VitposError("rope_freq['conditions'] and ['band_info'] must be mappings")
-    windows = [tuple(w) for w in doc["windows"]]
-    last = doc["layers"][-1] if doc["layers"] else "?"
+    conds, info = r.conditions, r.band_info
+    windows = [tuple(w) for w in r.windows]
+    last = r.layers[-1] if r.layers else "?"
     fig = new_figure(13.0, 8.0)
     panels = fig.subplots(2, 2, squeeze=False)
-    for r, axis in enumerate(("row", "col")):
-        bands = [b for b in info.get(axis) or [] if isinstance(b, dict)]
+    for row, axis in enumerate(("row", "col")):
+        bands = info.get(axis) or []
         width = 0.8 / max(1, len(bands))
         for c, (what, title) in enumerate((("axis", f"fall of {axis} probe accuracy at layer {last}"),
                                            ("top1", "top-1 drop"))):
-            ax = panels[r][c]
+            ax = panels[row][c]
             for i, band in enumerate(bands):
                 xs, ys, err = [], [], [[], []]
                 for k, (s, e) in enumerate(windows):
-                    entry = conds.get(f"no_{axis}_{band.get('name')}_L{s}-{e - 1}")
-                    if not isinstance(entry, dict):
+                    entry = conds.get(f"no_{axis}_{band.name}_L{s}-{e - 1}")
+                    if entry is None:
                         continue
                     if what == "axis":
-                        drops, cis = entry.get("axis_drop_points") or [], entry.get("axis_drop_ci95") or []
+                        drops, cis = entry.axis_drop_points or [], entry.axis_drop_ci95 or []
                         v, lo, hi = _bar(drops[-1] if drops else None, cis[-1] if cis else None)
                     else:
-                        v, lo, hi = _bar(entry.get("top1_drop_points"), entry.get("top1_drop_ci95"))
+                        v, lo, hi = _bar(entry.top1_drop_points, entry.top1_drop_ci95)
                     xs.append(k + (i - (len(bands) - 1) / 2) * width)
                     ys.append(v)
                     err[0].append(lo)
                     err[1].append(hi)
-                fmin, fmax = band.get("freq_min"), band.get("freq_max")
-                rng = f" ({fmin:.2g}–{fmax:.2g} rad/patch)" if isinstance(fmin, float) and isinstance(fmax, float) \
-                    else ""
+                rng = f" ({band.freq_min:.2g}–{band.freq_max:.2g} rad/patch)"
                 ax.bar(xs, ys, width, yerr=err, capsize=2, color=_COLORS[i % len(_COLORS)], edgecolor="0.3",
-                       linewidth=0.5, label=f"{band.get('name')}{rng}")
+                       linewidth=0.5, label=f"{band.name}{rng}")
             ax.axhline(0.0, color="0.5", lw=0.8)
             ax.set_xticks(range(len(windows)), [f"layers {s}–{e - 1}" for s, e in windows])
             ax.set_ylabel("points")
             ax.set_title(f"{axis} removed in one band: {title}", fontsize=10)
             ax.grid(alpha=0.25, axis="y")
             ax.legend(fontsize=7, title="band removed", title_fontsize=7)
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')} ({doc.get('rope_kind', '?')} RoPE): one axis removed in one "
-                               f"band of its frequencies, per layer window; {doc.get('n_images', '?')} images"),
+    fig.suptitle(mathtext_safe(f"{r.model} ({r.rope_kind} RoPE): one axis removed in one "
+                               f"band of its frequencies, per layer window; {r.n_images} images"),
                  fontsize=10)
     return save_figure(fig, path)

@@ -14,11 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from matplotlib.ticker import MaxNLocator
 
+# the study-level figure reads several experiments' results (it sits above them, beside the report)
+from vitpos.experiments.ape_permute import ApePermuteResult
+from vitpos.experiments.base import Result, Skipped
+from vitpos.experiments.probe import ProbeSiteResult
+from vitpos.experiments.rope_axis import RopeAxisResult
+from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.plots.sweeps import CYCLE, OKABE_ITO, drop_error, mathtext_safe, new_figure, save_figure
+
+Models = Mapping[str, Mapping[str, Result | Skipped]]  # spec -> experiment name -> its result
+R = TypeVar("R", bound=Result)
 
 # each permuted set beside its matched random control (hatched), then the SAE-free APE shuffle
 _APE_BARS = (("all_positional", "all\npositional"), ("random_all_positional", "its\ncontrol"),
@@ -26,6 +35,11 @@ _APE_BARS = (("all_positional", "all\npositional"), ("random_all_positional", "i
              ("row_only", "row"), ("random_row", "its\ncontrol"), ("col_only", "col"), ("random_col", "its\ncontrol"),
              ("pos_embed_shuffle", "APE table\nshuffled"))
 _APE_CONTROLS = {"random_all_positional", "random_features", "random_row", "random_col"}
+
+
+def _results(models: Models, name: str, kind: type[R]) -> list[tuple[str, R]]:
+    """(spec, result) of every model with a `kind` result of experiment `name`, in the models' order."""
+    return [(spec, r) for spec, m in models.items() if isinstance(r := m.get(name), kind)]
 
 
 def _empty(ax, text: str) -> None:
@@ -60,17 +74,14 @@ class _FamilyStyle:
         return colour, (1.6 if nth == 0 else 0.8), (1.0 if nth == 0 else 0.55), name
 
 
-def _probes(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> None:
+def _probes(ax, models: Models, style: _FamilyStyle) -> None:
     drawn = 0
-    for spec, m in models.items():
-        p = m.get("probe")
-        if not isinstance(p, dict) or "layers" not in p:
-            continue
-        L = max(len(p["layers"]) - 1, 1)
-        x = [layer / L for layer in p["layers"]]
+    for spec, p in _results(models, "probe", ProbeSiteResult):
+        L = max(len(p.layers) - 1, 1)
+        x = [layer / L for layer in p.layers]
         color, lw, alpha, name = style.line(spec)
-        ax.plot(x, p["row_acc"], "-", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} row")
-        ax.plot(x, p["col_acc"], "--", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} col")
+        ax.plot(x, p.row_acc, "-", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} row")
+        ax.plot(x, p.col_acc, "--", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} col")
         drawn += 1
     if not drawn:
         _empty(ax, "no probe results")
@@ -82,8 +93,8 @@ def _probes(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) ->
     ax.legend(fontsize=6, ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.5, 0.95))
 
 
-def _ape(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> None:
-    docs = [(spec, m["ape_permute"]) for spec, m in models.items() if isinstance(m.get("ape_permute"), dict)]
+def _ape(ax, models: Models, style: _FamilyStyle) -> None:
+    docs = _results(models, "ape_permute", ApePermuteResult)
     if not docs:
         _empty(ax, "no APE model: permutation not applicable")
         return
@@ -91,8 +102,8 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> No
     for j, (spec, doc) in enumerate(docs):
         xs, ys, lows, highs, hatches = [], [], [], [], []
         for i, (v, _) in enumerate(_APE_BARS):
-            entry = doc.get(v)
-            if isinstance(entry, dict) and "drop_points" in entry:
+            entry = doc.variant(v)
+            if entry is not None:
                 d, lo, hi = drop_error(entry)
                 xs.append(i + (j - (len(docs) - 1) / 2) * width)
                 ys.append(d)
@@ -110,20 +121,16 @@ def _ape(ax, models: Mapping[str, Mapping[str, Any]], style: _FamilyStyle) -> No
     ax.legend(fontsize=6, frameon=False)
 
 
-def _recovery(ax, models: Mapping[str, Mapping[str, Any]], family_style: _FamilyStyle) -> None:
+def _recovery(ax, models: Models, family_style: _FamilyStyle) -> None:
     drawn = 0
-    for spec, m in models.items():
-        doc = m.get("rope_axis")
-        if not isinstance(doc, dict):
-            continue
+    for spec, doc in _results(models, "rope_axis", RopeAxisResult):
         color, lw, alpha, name = family_style.line(spec)
         for axis, style in (("row", "-"), ("col", "--")):
-            per_r = (doc.get("recovery") or {}).get(axis) or {}
+            per_r = doc.recovery.get(axis) or {}
             if not per_r:
                 continue
-            R = sorted(per_r, key=int)[len(per_r) // 2]
-            rec = per_r[R]
-            pts = [(layer, r) for layer, r in zip(rec["layers"], rec["rec"], strict=False) if r is not None]
+            rec = per_r[sorted(per_r, key=int)[len(per_r) // 2]]
+            pts = [(layer, r) for layer, r in zip(rec.layers, rec.rec, strict=False) if r is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3 if name else 2, color=color, lw=lw,
                         alpha=alpha, label=None if name is None else f"{name} {axis}")
@@ -139,34 +146,32 @@ def _recovery(ax, models: Mapping[str, Mapping[str, Any]], family_style: _Family
     ax.legend(fontsize=6, frameon=False)
 
 
-def _heads(fig, ax, models: Mapping[str, Mapping[str, Any]]) -> None:
+def _heads(fig, ax, models: Models) -> None:
     doc, spec = None, None
-    for s, m in models.items():
-        d = m.get("rope_heads")
-        if isinstance(d, dict) and d.get("drop_points"):
+    for s, d in _results(models, "rope_heads", RopeHeadsResult):
+        if d.drop_points:
             doc, spec = d, s
             if "mixed" in s:
                 break  # prefer a mixed-frequency model: its heads are the study's C5 subject
     if doc is None:
         _empty(ax, "no RoPE model: head ablation not applicable")
         return
-    im = ax.imshow(doc["drop_points"], cmap="viridis", aspect="auto")
+    im = ax.imshow(doc.drop_points, cmap="viridis", aspect="auto")
     fig.colorbar(im, ax=ax, label="top-1 drop (points)")
-    prim = doc.get("primary_rebuilding_head")
+    prim = doc.primary_rebuilding_head
     if prim:
-        ax.scatter([prim[1]], [doc["layers"].index(prim[0])], s=160, facecolors="none",
+        ax.scatter([prim[1]], [doc.layers.index(prim[0])], s=160, facecolors="none",
                    edgecolors=OKABE_ITO["vermillion"], linewidths=2, label="primary rebuilding head")
         ax.legend(fontsize=6, frameon=False, loc="lower right")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_yticks(range(len(doc["layers"])), [str(layer) for layer in doc["layers"]])
+    ax.set_yticks(range(len(doc.layers)), [str(layer) for layer in doc.layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(spec)}", fontsize=9)
 
 
-def plot_headline(models: Mapping[str, Mapping[str, Any]], path: str | Path,
-                  families: Mapping[str, str] | None = None) -> Path:
-    """`models`: spec -> that model's entry as results.json holds it (experiment name -> result).
+def plot_headline(models: Models, path: str | Path, families: Mapping[str, str] | None = None) -> Path:
+    """`models`: spec -> that model's results (experiment name -> typed result, `ModelEntry.results`).
     `families`: spec -> model family (seeds of one model); None: every model its own family."""
     fig = new_figure(13, 8.5)
     axes = fig.subplots(2, 2)

@@ -1,6 +1,6 @@
-"""Figures for the experiment JSON documents (ape_permute, rope_axis, rope_heads).
+"""Figures for the typed results of ape_permute, rope_axis and rope_heads.
 
-Pure rendering: each function reads one document, draws it with matplotlib's Agg canvas (no
+Pure rendering: each function reads one result, draws it with matplotlib's Agg canvas (no
 pyplot state) and writes a PNG atomically. Colours are the Okabe-Ito colour-blind-safe set.
 """
 
@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,6 +20,11 @@ from matplotlib.ticker import MaxNLocator
 
 from vitpos.errors import VitposError
 from vitpos.io import atomic_path
+
+if TYPE_CHECKING:  # the results these figures draw (plots sit below the experiments: no import at run time)
+    from vitpos.experiments.ape_permute import ApePermuteResult, VariantResult
+    from vitpos.experiments.rope_axis import RopeAxisResult
+    from vitpos.experiments.rope_heads import RopeHeadsResult
 
 # Okabe-Ito palette
 OKABE_ITO = {
@@ -54,15 +59,6 @@ def _series(vals: Any) -> list[float] | None:
     return [_num(v) for v in vals]
 
 
-def _need(doc: Any, keys: Sequence[str], what: str) -> dict:
-    if not isinstance(doc, dict):
-        raise VitposError(f"{what} document must be a dict, got {type(doc).__name__}")
-    missing = [k for k in keys if k not in doc]
-    if missing:
-        raise VitposError(f"{what} document lacks keys {missing}; regenerate it with the {what} experiment")
-    return doc
-
-
 def new_figure(w: float, h: float) -> Figure:
     fig = Figure(figsize=(w, h), layout="constrained")
     FigureCanvasAgg(fig)
@@ -82,52 +78,48 @@ def _pct(v: Any) -> str:
 
 
 # ---------------------------------------------------------------- ape_permute
-def ape_bar_order(doc: dict) -> list[tuple[str, bool]]:
+def ape_bar_order(r: ApePermuteResult) -> list[tuple[str, bool]]:
     """(variant, is a control) in plotting order: each permuted set followed by its matched control
     (`controls`), then the remaining variants in `variants` order."""
     out: list[tuple[str, bool]] = []
-    given = doc.get("controls")
-    controls: dict = given if isinstance(given, dict) else {}
-    for kept, ctrl in controls.items():
+    for kept, ctrl in (r.controls or {}).items():
         out.append((str(kept), False))
-        if ctrl in doc:
+        if r.outcome(ctrl) is not None:
             out.append((str(ctrl), True))
     seen = {v for v, _ in out}
-    return out + [(str(v), False) for v in doc["variants"] if v not in seen]
+    return out + [(str(v), False) for v in r.variants if v not in seen]
 
 
-def drop_error(entry: dict) -> tuple[float, float, float]:
+def drop_error(entry: VariantResult) -> tuple[float, float, float]:
     """(drop, down, up): the error bar is the 95 % interval where measured, else ± drop_std."""
-    d = _num(entry.get("drop_points"))
-    ci = entry.get("drop_ci95")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and not math.isnan(d):
+    d = _num(entry.drop_points)
+    ci = entry.drop_ci95
+    if ci is not None and len(ci) == 2 and not math.isnan(d):
         return d, max(d - _num(ci[0]), 0.0), max(_num(ci[1]) - d, 0.0)
-    e = _num(entry.get("drop_std"))
+    e = _num(entry.drop_std)
     e = 0.0 if math.isnan(e) else e
     return d, e, e
 
 
-def plot_ape_permute(doc: dict, path: str | Path) -> Path:
+def plot_ape_permute(r: ApePermuteResult, path: str | Path) -> Path:
     """Bars of the top-1 drop (points) per permutation variant, each permuted set beside its matched
     random control (grey, hatched); error bars are the 95 % bootstrap interval (± drop_std for
     results without one). A second panel with the per-group drops (vertical vs horizontal) for all /
     row_only / col_only when available."""
-    _need(doc, ("baseline_top1",), "ape_permute")
-    _need(doc, ["variants"], "ape_permute")
-    order = ape_bar_order(doc)
+    order = ape_bar_order(r)
     names, drops, lows, highs, notes, colors, hatches = [], [], [], [], [], [], []
     pair = -1
     for v, is_ctrl in order:
-        entry = doc.get(v)
+        entry = r.variant(v)
         names.append(v)
         pair += 0 if is_ctrl else 1
         colors.append("0.75" if is_ctrl else CYCLE[pair % len(CYCLE)])
         hatches.append("//" if is_ctrl else "")
-        if not isinstance(entry, dict) or "skipped" in entry or "drop_points" not in entry:
+        if entry is None:
             drops.append(0.0)
             lows.append(0.0)
             highs.append(0.0)
-            notes.append("skipped" if isinstance(entry, dict) and "skipped" in entry else "missing")
+            notes.append("skipped" if r.outcome(v) is not None else "missing")
         else:
             d, lo, hi = drop_error(entry)
             drops.append(d)
@@ -135,9 +127,10 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
             highs.append(hi)
             notes.append(None)
     groups: list[str] = []
-    for v in ("all", "row_only", "col_only"):
-        pg = (doc.get(v) or {}).get("per_group") if isinstance(doc.get(v), dict) else None
-        for g in (pg or {}):
+    # the per-group panel: every set that ran (a skipped one draws no bars)
+    parts = {v: r.variant(v) for v in ("all", "row_only", "col_only") if r.outcome(v) is not None}
+    for x in parts.values():
+        for g in x.per_group if x is not None else ():
             if g not in groups:
                 groups.append(g)
     two = bool(groups)
@@ -156,21 +149,21 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
     ax.set_ylabel("top-1 drop (points, 95% CI)")
     ax.set_xlabel("intervention (grey, hatched: the matched random control of the bar before)")
     ax.grid(axis="y", alpha=0.3)
-    model = mathtext_safe(doc.get("model", ""))
-    where = mathtext_safe(f"layer {doc.get('layer', '?')} {doc.get('site', '')}".strip())
-    ax.set_title(f"Permuting positional features ({where})\nbaseline top-1 {_pct(doc['baseline_top1'])}",
+    model = mathtext_safe(r.model)
+    where = mathtext_safe(f"layer {r.layer} {r.site}".strip())
+    ax.set_title(f"Permuting positional features ({where})\nbaseline top-1 {_pct(r.baseline_top1)}",
                  fontsize=10)
     if two:
         ax2 = axes[1]
-        parts = [v for v in ("all", "row_only", "col_only") if isinstance(doc.get(v), dict)]
         width = 0.8 / len(groups)
         for j, g in enumerate(groups):
-            vals = [_num(((doc[v].get("per_group") or {}).get(g) or {}).get("drop_points")) for v in parts]
+            vals = [_num(gd.drop_points if x is not None and (gd := x.per_group.get(g)) is not None else None)
+                    for x in parts.values()]
             pos = [i + (j - (len(groups) - 1) / 2) * width for i in range(len(parts))]
             ax2.bar(pos, vals, width=width, label=g, color=CYCLE[(j + 1) % len(CYCLE)],
                     edgecolor="black", linewidth=0.6, hatch=["", "//", "..", "xx"][j % 4])
         ax2.axhline(0, color="black", lw=0.8)
-        ax2.set_xticks(range(len(parts)), parts)
+        ax2.set_xticks(range(len(parts)), list(parts))
         ax2.set_ylabel("top-1 drop (points)")
         ax2.set_xlabel("permuted feature set")
         ax2.set_title("Drop per class group", fontsize=10)
@@ -182,30 +175,30 @@ def plot_ape_permute(doc: dict, path: str | Path) -> Path:
 
 
 # ---------------------------------------------------------------- rope_axis
-def restore_points(doc: dict) -> list[int]:
+def restore_points(r: RopeAxisResult) -> list[int]:
     """The sorted restore layers R present as restore_<axis>_R<k> conditions."""
-    rs = {int(m.group(2)) for name in (doc.get("conditions") or {}) if (m := _RESTORE.match(name))}
+    rs = {int(m.group(2)) for name in r.conditions if (m := _RESTORE.match(name))}
     return sorted(rs)
 
 
-def _band(cis: Any, n: int) -> tuple[list[float], list[float]] | None:
+def _band(cis: Sequence[Sequence[float] | None] | None, n: int) -> tuple[list[float], list[float]] | None:
     """Lower and upper ends of per-layer [lo, hi] intervals; None unless every layer has one."""
-    if not isinstance(cis, list) or len(cis) != n or not all(isinstance(c, list) and len(c) == 2 for c in cis):
+    if cis is None or len(cis) != n:
         return None
-    return [_num(c[0]) for c in cis], [_num(c[1]) for c in cis]
+    ends = [c for c in cis if c is not None and len(c) == 2]
+    if len(ends) != n:
+        return None
+    return [_num(c[0]) for c in ends], [_num(c[1]) for c in ends]
 
 
-def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None) -> Path:
+def plot_rope_axis(r: RopeAxisResult, path: str | Path, restore_from: int | None = None) -> Path:
     """Row and column probe accuracy vs layer for baseline / no_row / no_col / no_both and the
     restore-at-R curves (R = `restore_from`, default the middle R present). Solid: probe
     retrained on each condition (decodable at all), shaded: its 95 % interval; dashed: the original
     probe (readable by it)."""
-    _need(doc, ("layers", "conditions"), "rope_axis")
-    layers = list(doc["layers"])
-    conds = doc["conditions"]
-    if not isinstance(conds, dict):
-        raise VitposError(f"rope_axis['conditions'] must map condition names to dicts, got {type(conds).__name__}")
-    rs = restore_points(doc)
+    layers = list(r.layers)
+    conds = r.conditions
+    rs = restore_points(r)
     if restore_from is None and rs:
         restore_from = rs[len(rs) // 2]
     fig = new_figure(11.5, 6.0)
@@ -217,25 +210,25 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         handles = []
         for name in shown:
             c = conds.get(name)
-            if not isinstance(c, dict):
+            if c is None:
                 continue
             color = _COND_COLORS["restore" if name.startswith("restore") else name]
             drawn = False
-            for key, ls in ((f"{axis}_acc", "-"), (f"{axis}_acc_orig_probe", "--")):
-                ys = _series(c.get(key))
+            retrained, orig = (c.row_acc, c.row_acc_orig_probe) if axis == "row" else (c.col_acc, c.col_acc_orig_probe)
+            for vals, ls in ((retrained, "-"), (orig, "--")):
+                ys = _series(vals)
                 if ys is not None and len(ys) == len(layers):
                     ax.plot(layers, ys, ls, color=color, marker="o" if ls == "-" else None, ms=3, lw=1.6)
                     drawn = True
-            band = _band(c.get(f"{axis}_acc_ci95"), len(layers))
+            band = _band(c.row_acc_ci95 if axis == "row" else c.col_acc_ci95, len(layers))
             if band is not None:  # 95 % interval of the retrained probe (bootstrap over its test images)
                 ax.fill_between(layers, band[0], band[1], color=color, alpha=0.15, lw=0)
             if drawn:
-                label = f"{name} (top-1 {_pct(c.get('top1'))})"
+                label = f"{name} (top-1 {_pct(c.top1)})"
                 handles.append(Line2D([], [], color=color, lw=2, label=label))
-        chance = doc.get(f"chance_{axis}")
-        if chance is not None:
-            ax.axhline(_num(chance), color="0.5", ls=":", lw=1.2)
-            handles.append(Line2D([], [], color="0.5", ls=":", label=f"chance ({_num(chance):.2f})"))
+        chance = r.chance_row if axis == "row" else r.chance_col
+        ax.axhline(_num(chance), color="0.5", ls=":", lw=1.2)
+        handles.append(Line2D([], [], color="0.5", ls=":", label=f"chance ({_num(chance):.2f})"))
         if restore_from is not None:
             ax.axvline(restore_from - 0.5, color=_COND_COLORS["restore"], ls="-.", lw=0.8, alpha=0.6)
             handles.append(Line2D([], [], color=_COND_COLORS["restore"], ls="-.", lw=0.8,
@@ -251,31 +244,26 @@ def plot_rope_axis(doc: dict, path: str | Path, restore_from: int | None = None)
         ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     axes[0].set_ylabel("probe test accuracy")
     sub = f", restored from R={restore_from}" if restore_from is not None else ""
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: RoPE axis removal ({doc.get('site', 'resid_post')}{sub})"),
-                 fontsize=10)
+    fig.suptitle(mathtext_safe(f"{r.model}: RoPE axis removal ({r.site}{sub})"), fontsize=10)
     return save_figure(fig, path)
 
 
-def plot_recovery(doc: dict, path: str | Path) -> Path:
+def plot_recovery(r: RopeAxisResult, path: str | Path) -> Path:
     """Rec(ℓ) vs layer, one curve per restore point R (its mean Rec and 95 % interval in the
     legend), one panel per axis, with 0 and 1 lines."""
-    _need(doc, ("recovery",), "rope_axis")
-    rec = doc["recovery"] or {}
-    if not isinstance(rec, dict):
-        raise VitposError(f"rope_axis['recovery'] must map axis -> R -> curve, got {type(rec).__name__}")
     fig = new_figure(10.5, 4.2)
     axes = fig.subplots(1, 2, sharey=True)
     for ax, axis in zip(axes, ("row", "col"), strict=True):
-        per_r = rec.get(axis) or {}
-        for i, (r, entry) in enumerate(sorted(per_r.items(), key=lambda kv: _num(kv[0]))):
-            ys = _series((entry or {}).get("rec"))
-            xs = (entry or {}).get("layers")
+        per_r = r.recovery.get(axis) or {}
+        for i, (R, entry) in enumerate(sorted(per_r.items(), key=lambda kv: _num(kv[0]))):
+            ys = _series(entry.rec)
+            xs = entry.layers
             if ys is None or not xs or len(xs) != len(ys):
                 continue
-            iv = entry.get("mean_rec_ci95")
-            span = f" [{_num(iv[0]):.2f}, {_num(iv[1]):.2f}]" if isinstance(iv, list) and len(iv) == 2 else ""
+            iv = entry.mean_rec_ci95
+            span = f" [{_num(iv[0]):.2f}, {_num(iv[1]):.2f}]" if iv is not None and len(iv) == 2 else ""
             ax.plot(xs, ys, "-o", ms=3, color=CYCLE[i % len(CYCLE)],
-                    label=f"R={r} (mean {_num(entry.get('mean_rec')):.2f}{span})")
+                    label=f"R={R} (mean {_num(entry.mean_rec):.2f}{span})")
         ax.axhline(0.0, color="black", lw=0.9, ls="--")
         ax.axhline(1.0, color="black", lw=0.9, ls="--")
         ax.text(1.0, 1.0, " full recovery", transform=ax.get_yaxis_transform(), fontsize=7, va="bottom", ha="right")
@@ -289,7 +277,7 @@ def plot_recovery(doc: dict, path: str | Path) -> Path:
         else:
             ax.text(0.5, 0.5, f"no {axis} recovery data", ha="center", va="center", transform=ax.transAxes)
     axes[0].set_ylabel("Rec(ℓ) = (P_restore − P_off) / (P_clean − P_off)")
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: recovery of removed position information"), fontsize=10)
+    fig.suptitle(mathtext_safe(f"{r.model}: recovery of removed position information"), fontsize=10)
     return save_figure(fig, path)
 
 
@@ -311,16 +299,16 @@ def _row_of(layers: list, layer: Any) -> int | None:
 TOP_HEADS = 12
 
 
-def _drop_bars(ax, doc: dict, layers: list, H: int, cis: Any) -> None:
+def _drop_bars(ax, result: RopeHeadsResult, layers: list, H: int, cis: Any) -> None:
     """The TOP_HEADS largest per-head drops with their 95 % intervals (error bars), primary head marked."""
-    drops = _grid(doc["drop_points"], len(layers), H, "drop_points")
+    drops = _grid(result.drop_points, len(layers), H, "drop_points")
     if not (isinstance(cis, list) and len(cis) == len(layers) and all(
             isinstance(row, list) and len(row) == H and all(isinstance(iv, list) and len(iv) == 2 for iv in row)
             for row in cis)):
         raise VitposError(f"rope_heads['drop_ci95'] must be {len(layers)}x{H} intervals [lo, hi]; regenerate it")
     ranked = sorted(((drops[r][h], r, h) for r in range(len(layers)) for h in range(H)
                      if drops[r][h] == drops[r][h]), reverse=True)
-    prim = doc.get("primary_rebuilding_head")
+    prim = result.primary_rebuilding_head
     keep = ranked[:TOP_HEADS]
     # the primary head is always drawn, in its rank order, whatever its rank
     keep += [x for x in ranked[TOP_HEADS:] if isinstance(prim, (list, tuple)) and [layers[x[1]], x[2]] == list(prim)]
@@ -337,40 +325,34 @@ def _drop_bars(ax, doc: dict, layers: list, H: int, cis: Any) -> None:
     ax.set_title(f"largest {min(len(ranked), TOP_HEADS)} head drops (primary in vermillion)", fontsize=9)
 
 
-def plot_rope_heads(doc: dict, path: str | Path) -> Path:
+def plot_rope_heads(r: RopeHeadsResult, path: str | Path) -> Path:
     """Heat maps layer x head of axis_index (-1 col .. +1 row), rebuild_score and drop_points,
     with the primary rebuilding head (star) and the largest-drop head (square) marked."""
-    _need(doc, ("layers", "num_heads", "drop_points"), "rope_heads")
-    layers = list(doc["layers"])
-    L, H = len(layers), int(doc["num_heads"])
-    panels = []
-    if doc.get("axis_index") is not None:
-        panels.append(("axis index S (+1 row, −1 col)", _grid(doc["axis_index"], L, H, "axis_index"),
-                       dict(cmap="PuOr_r", vmin=-1.0, vmax=1.0)))
-    if doc.get("rebuild_score") is not None:
-        panels.append(("rebuilding score (fall in Rec; grey = not scored)",
-                       _grid(doc["rebuild_score"], L, H, "rebuild_score"),
-                       dict(cmap="viridis")))
-    panels.append(("top-1 drop, rotations ablated (points)", _grid(doc["drop_points"], L, H, "drop_points"),
-                   dict(cmap="cividis")))
-    cis = doc.get("drop_ci95")
+    layers = list(r.layers)
+    L, H = len(layers), r.num_heads
+    panels = [("axis index S (+1 row, −1 col)", _grid(r.axis_index, L, H, "axis_index"),
+               dict(cmap="PuOr_r", vmin=-1.0, vmax=1.0)),
+              ("rebuilding score (fall in Rec; grey = not scored)", _grid(r.rebuild_score, L, H, "rebuild_score"),
+               dict(cmap="viridis")),
+              ("top-1 drop, rotations ablated (points)", _grid(r.drop_points, L, H, "drop_points"),
+               dict(cmap="cividis"))]
+    cis = r.drop_ci95
     fig = new_figure(4.0 * (len(panels) + (cis is not None)) + 0.6, max(3.8, 0.32 * L + 2.4))
     axes = fig.subplots(1, len(panels) + (cis is not None), squeeze=False)[0]
     axes, bars = (axes[:-1], axes[-1]) if cis is not None else (axes, None)
     marks = []
-    for key, marker, color, label in (("primary_rebuilding_head", "*", OKABE_ITO["vermillion"],
-                                       "primary rebuilding head"),
-                                      ("largest_drop_head", "s", OKABE_ITO["sky"], "largest-drop head")):
-        lh = doc.get(key)
-        if isinstance(lh, (list, tuple)) and len(lh) == 2 and (r := _row_of(layers, lh[0])) is not None:
-            marks.append((r, int(lh[1]), marker, color, f"{label} (L{lh[0]} h{lh[1]})"))
+    for lh, marker, color, label in ((r.primary_rebuilding_head, "*", OKABE_ITO["vermillion"],
+                                      "primary rebuilding head"),
+                                     (r.largest_drop_head, "s", OKABE_ITO["sky"], "largest-drop head")):
+        if lh is not None and len(lh) == 2 and (row := _row_of(layers, lh[0])) is not None:
+            marks.append((row, int(lh[1]), marker, color, f"{label} (L{lh[0]} h{lh[1]})"))
     for ax, (title, grid, kw) in zip(axes, panels, strict=True):
         cmap = kw.pop("cmap")
         cm = mpl.colormaps[cmap].with_extremes(bad="0.85")
         im = ax.imshow(grid, cmap=cm, aspect="auto", interpolation="nearest", **kw)
         fig.colorbar(im, ax=ax, shrink=0.85)
-        for r, h, marker, color, label in marks:
-            ax.plot(h, r, marker, ms=13 if marker == "*" else 15, mfc="none" if marker == "s" else color,
+        for row, h, marker, color, label in marks:
+            ax.plot(h, row, marker, ms=13 if marker == "*" else 15, mfc="none" if marker == "s" else color,
                     mec=color if marker == "s" else "black", mew=2.0 if marker == "s" else 0.8, label=label)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("head")
@@ -380,9 +362,7 @@ def plot_rope_heads(doc: dict, path: str | Path) -> Path:
     if marks:
         fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=len(marks))
     if cis is not None:
-        _drop_bars(bars, doc, layers, H, cis)
-    rf = doc.get("restore_from")
-    fig.suptitle(mathtext_safe(f"{doc.get('model', '')}: per-head RoPE roles (axis {doc.get('axis', '?')}"
-                               f"{'' if rf is None else f', restore from {rf}'}; "
-                               f"baseline top-1 {_pct(doc.get('baseline_top1'))})"), fontsize=10)
+        _drop_bars(bars, r, layers, H, cis)
+    fig.suptitle(mathtext_safe(f"{r.model}: per-head RoPE roles (axis {r.axis}, restore from {r.restore_from}; "
+                               f"baseline top-1 {_pct(r.baseline_top1)})"), fontsize=10)
     return save_figure(fig, path)

@@ -1,6 +1,6 @@
 """Text formatting shared by the report's pieces: escaping, numbers, small tables.
 
-Every string that comes from results.json goes through `e` (html.escape)."""
+Every string that comes from the results goes through `e` (html.escape)."""
 
 from __future__ import annotations
 
@@ -100,38 +100,5 @@ def families(scheme: Any) -> set[str]:
     return {f for f in ("ape", "rope") if f in s}
 
 
-def describe(m: dict) -> dict:
-    d = m.get("describe")
-    return d if isinstance(d, dict) else {}
-
-
 def last(vals: Any) -> Any:
     return vals[-1] if isinstance(vals, list) and vals else None
-
-
-def reason(m: dict, exp: str) -> str:
-    na = m.get("not_applicable")
-    if isinstance(na, dict) and na.get(exp):
-        return str(na[exp])
-    doc = m.get(exp)
-    if isinstance(doc, dict) and "skipped" in doc:
-        return str(doc["skipped"])
-    return "no result in this run"
-
-
-def dict_at(d: dict, key: str) -> dict:
-    """d[key] when it is a dict, else {} (any key of a result document may be missing or null)."""
-    v = d.get(key)
-    return v if isinstance(v, dict) else {}
-
-
-def doc_of(m: dict, exp: str) -> dict | None:
-    doc = m.get(exp)
-    return doc if isinstance(doc, dict) and "skipped" not in doc else None
-
-
-def probe_sites(doc: dict) -> dict[str, dict]:
-    """site -> probe result, for a single-site doc or a {"sites": {...}} doc."""
-    if isinstance(doc.get("sites"), dict):
-        return {str(k): v for k, v in doc["sites"].items() if isinstance(v, dict)}
-    return {str(doc.get("site", "resid_post")): doc}

@@ -1,9 +1,10 @@
 """The self-contained HTML report: one page rendered from results.json, figures inlined.
 
-Pure rendering: nothing here runs a model. The page shows, per model and experiment, the
-figures the experiments declare (drawn once by the study into OUT/figures/) and a table; the
-claims' texts come from `vitpos.study.claims`. Every string that comes from the JSON goes through
-`html.escape`; missing or not-applicable pieces render as a one-line reason.
+Pure rendering: nothing here runs a model. The page is rendered from the typed `StudyResults`
+and shows, per model and experiment, the figures the experiments declare (drawn once by the study
+into OUT/figures/) and a table; the claims' texts come from `vitpos.study.claims`. Every string
+that comes from the results goes through `html.escape`; not-applicable or skipped pieces render as a
+one-line reason, and a section that fails raises.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from vitpos.errors import VitposError
+from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.io import atomic_path
-from vitpos.report.format import describe, dict_at, doc_of, e, families, fmt_value, num, reason, table
-from vitpos.report.sections import RENDER_ERRORS, img, model_section, models_table, summary_line
+from vitpos.report.format import e, families, fmt_value, num, table
+from vitpos.report.sections import img, model_section, models_table, reason, summary_line
 from vitpos.study.claims import CLAIM_TEXT, claim_scheme
-from vitpos.study.results import HEADLINE_FIGURE, ClaimVerdict, StudyResults, Summary
+from vitpos.study.results import HEADLINE_FIGURE, ClaimVerdict, ModelEntry, StudyResults, Summary
 from vitpos.study.rules import Sensitivity
 
 # claim id -> the first experiment (registry order) that informs it: its one-line summary fills
@@ -28,8 +30,8 @@ from vitpos.study.rules import Sensitivity
 CLAIM_EXPERIMENT = {c: next(x.name for x in EXPERIMENTS if c in x.claims) for c in CLAIM_TEXT}
 
 
-def _claim_data(claim: ClaimVerdict, models: dict) -> str | None:
-    ds = {str(models[s].get("data")) for s in claim.models if isinstance(models.get(s), dict)}
+def _claim_data(claim: ClaimVerdict, models: Mapping[str, ModelEntry]) -> str | None:
+    ds = {models[s].data for s in claim.models if s in models}
     return ds.pop() if len(ds) == 1 else None
 
 
@@ -81,22 +83,21 @@ def _sensitivity(curves: list[Sensitivity] | None) -> str:
             + "</details>")
 
 
-def _validation(summary: dict) -> str:
+def _validation(summary: Summary) -> str:
     """The rule set's version and hash, and the validation table on planted models."""
     out = ['<section id="validation"><h2>Validation: verdicts on planted models</h2>']
-    version, digest = summary.get("rules_version"), summary.get("rules_hash")
-    if version is not None:
-        out.append(f"<p>Verdict rules version <b>{e(version)}</b>, hash <code>{e(digest)}</code> "
-                   "(study/rules.py; results.json records both).</p>")
-    val = summary.get("validation")
-    if not isinstance(val, dict) or not val.get("rows"):
+    if summary.rules_version is not None:
+        out.append(f"<p>Verdict rules version <b>{e(summary.rules_version)}</b>, hash <code>{e(summary.rules_hash)}"
+                   "</code> (study/rules.py; results.json records both).</p>")
+    val = summary.validation
+    if val is None or not val.rows:
         out.append('<p class="na">no validation table in these results (written before it existed).</p></section>')
         return "".join(out)
     out.append(f"<p>Small models where each claim is true or false by construction, measured by the same "
-               f"pipeline and rules ({e(val.get('n_images'))} planted images, seeds {e(val.get('seeds'))}). A "
+               f"pipeline and rules ({e(val.n_images)} planted images, seeds {e(val.seeds)}). A "
                "planted-true claim should come out supported, a planted-false one not supported.</p>")
-    rows = [[str(r.get("claim")), f"{r.get('case')}: {r.get('description')}", "true" if r.get("planted") else "false",
-             str(r.get("verdict")), "yes" if r.get("passes") else "NO"] for r in val["rows"] if isinstance(r, dict)]
+    rows = [[r.claim, f"{r.case}: {r.description}", "true" if r.planted else "false", r.verdict,
+             "yes" if r.passes else "NO"] for r in val.rows]
     out.append(table(["claim", "planted model", "planted truth", "verdict", "as planted"], rows))
     out.append("</section>")
     return "".join(out)
@@ -124,20 +125,17 @@ def _readable(v: Any) -> str:
     return fmt_value(v)
 
 
-def _contrast_cell(claim: str, family: str, models: dict, data: str | None) -> str:
+def _contrast_cell(claim: str, family: str, models: Mapping[str, ModelEntry], data: str | None) -> str:
     """What the other scheme's models show for this claim's experiment (or why it does not apply)."""
     exp = CLAIM_EXPERIMENT[claim]
     by_text: dict[str, list[str]] = {}  # models with the same line share one item (e.g. every seed not applicable)
     for spec, m in models.items():
-        if not isinstance(m, dict) or family not in families(describe(m).get("scheme")):
+        if family not in families(m.describe.scheme):
             continue
-        if data is not None and str(m.get("data")) != data:
+        if data is not None and m.data != data:
             continue
-        doc = doc_of(m, exp)
-        try:
-            text = summary_line(exp, doc, claim) if doc is not None else f"not applicable: {reason(m, exp)}"
-        except RENDER_ERRORS as err:
-            text = f"could not summarise {exp}: {err}"
+        result = m.results.get(exp)
+        text = summary_line(result, claim) if isinstance(result, Result) else f"not applicable: {reason(m, exp)}"
         by_text.setdefault(text, []).append(str(spec))
     items = [f"<li><b>{e(', '.join(specs))}</b>: {e(text)}</li>" for text, specs in by_text.items()]
     if not items:
@@ -154,12 +152,12 @@ def _badge(verdict: Any, prefix: str = "") -> str:
     return f'<span class="badge {cls}">{e(prefix)}{e(v)}</span>'
 
 
-def _headline(summary: Summary, models: dict) -> str:
+def _headline(summary: Summary, models: Mapping[str, ModelEntry]) -> str:
     claims = summary.claims
     datas: list[str] = []
     for m in models.values():
-        if isinstance(m, dict) and str(m.get("data")) not in datas:
-            datas.append(str(m.get("data")))
+        if m.data not in datas:
+            datas.append(m.data)
     groups: list[str | None] = [None]
     grouped = len(datas) > 1
     if grouped:  # one block per dataset that has claims; claims spanning datasets last
@@ -223,34 +221,31 @@ footer{margin-top:3em;border-top:1px solid #ccc;font-size:.85em;color:#444}
 """
 
 
-def _reproduce(results: dict) -> str:
-    cfg = dict_at(results, "config")
-    cmd = results.get("reproduce") or cfg.get("reproduce") or cfg.get("command")
+def _reproduce(results: StudyResults) -> str:
+    cfg = results.config.model_dump(mode="json")
     out = ['<section id="reproduce"><h2>How to reproduce</h2>']
-    if cmd:
-        cmd = " ".join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
-        out.append(f"<p>Run:</p><pre><code>{e(cmd)}</code></pre>")
+    if results.reproduce:
+        out.append(f"<p>Run:</p><pre><code>{e(results.reproduce)}</code></pre>")
     else:
         out.append('<p class="na">no reproduce command was recorded; the configuration below defines the run.</p>')
     out.append(_versions(results))
-    if cfg:
-        out.append(f"<details><summary>configuration</summary><pre><code>{e(json.dumps(cfg, indent=2, default=str))}"
-                   "</code></pre></details>")
+    out.append(f"<details><summary>configuration</summary><pre><code>{e(json.dumps(cfg, indent=2, default=str))}"
+               "</code></pre></details>")
     out.append("</section>")
     return "".join(out)
 
 
-def _versions(results: dict) -> str:
-    return ("<p>" + "; ".join(f"{k} <code>{e(results.get(k, 'unknown'))}</code>"
-                              for k in ("vitpos_version", "torch_version", "timm_version")) +
-            f"; seed <code>{e(results.get('seed', 'unknown'))}</code>; created "
-            f"<code>{e(results.get('created', 'unknown'))}</code></p>")
+def _versions(results: StudyResults) -> str:
+    versions = (("vitpos_version", results.vitpos_version), ("torch_version", results.torch_version),
+                ("timm_version", results.timm_version))
+    return ("<p>" + "; ".join(f"{k} <code>{e(v)}</code>" for k, v in versions) +
+            f"; seed <code>{e(results.seed)}</code>; created <code>{e(results.created)}</code></p>")
 
 
-def _footer(results: dict) -> str:
+def _footer(results: StudyResults) -> str:
     out = ["<footer>", _versions(results)]
-    t = results.get("timings")
-    if isinstance(t, dict) and t:
+    t = results.timings
+    if t:
         rows = [[str(k), f"{num(v):.1f} s" if num(v) is not None else fmt_value(v)] for k, v in t.items()]
         total = sum(num(v) or 0.0 for v in t.values())
         rows.append(["total", f"{total:.1f} s"])
@@ -280,9 +275,8 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
         results = StudyResults.from_json(results)
     out_dir = Path(out_dir)
     figs = _figure_paths(results, out_dir)
-    doc = results.to_json()
-    models = doc["models"]
-    datas = sorted({str(m.get("data")) for m in models.values()})
+    models = results.models
+    datas = sorted({m.data for m in models.values()})
     quick = ('<p class="na">quick mode: a seconds-long smoke run on tiny models; the numbers are not the study\'s.</p>'
              if results.quick else "")
     desc = (f"This report compares where {len(models)} Vision Transformer(s) keep spatial position: absolute "
@@ -296,15 +290,15 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
                     if HEADLINE_FIGURE in figs else "")
     body = [f"<header><h1>vitpos report: where ViTs keep position (APE vs RoPE)</h1><p>{e(desc)}</p>{quick}</header>",
             '<section id="claims"><h2>Claims C1–C5: APE vs RoPE</h2>', headline_fig, _headline(results.summary, models),
-            "</section>", _validation(dict_at(doc, "summary")),
+            "</section>", _validation(results.summary),
             '<section id="models"><h2>Models</h2>', models_table(models), "</section>"]
-    for spec, entry in results.models.items():
+    for spec, entry in models.items():
         body.append(model_section(spec, entry, figs, used))
     rest = [k for k in figs if k not in used]
     if rest:
         body.append('<section id="other-figures"><h2>Other figures</h2>'
                     + "".join(img(figs[k], k) for k in rest) + "</section>")
-    body += [_reproduce(doc), _footer(doc)]
+    body += [_reproduce(results), _footer(results)]
     page = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>vitpos report</title><style>{_CSS}</style></head><body>\n"

@@ -370,7 +370,7 @@ def draw_figures(results: StudyResults, out: Path, log: Callable[[str], None] = 
     rel: dict[str, str] = {}
     try:
         path = Path("figures") / f"{HEADLINE_FIGURE}.png"
-        plots.plot_headline({spec: e.to_json() for spec, e in results.models.items()}, out / path,
+        plots.plot_headline({spec: e.results for spec, e in results.models.items()}, out / path,
                             families={spec: model_family(spec) for spec in results.models})
         rel[HEADLINE_FIGURE] = path.as_posix()
     except VitposError as err:

@@ -1,0 +1,120 @@
+"""The report renders typed results: every experiment's result type, from real runs, renders its
+section and figures; a section that raises fails the render (nothing is masked as 'could not
+render'); a measurement a result lacks is a one-line reason."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from conftest import APE, GOLDEN, ROPE, XSS, make_results, tiny_own, toy_set
+from vitpos.experiments.base import Result, Skipped
+from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.experiments.rope_heads import RopeHeadsResult
+from vitpos.report import sections
+from vitpos.report.html import render_report
+from vitpos.study.results import StudyResults, figure_key
+
+EXTRA = "tiny:rope-mixed"  # the golden quick run has no rope_freq / extrapolate: a tiny model runs them
+
+
+@pytest.fixture(scope="module")
+def every_result() -> dict:
+    """make_results() (the golden quick run's results) plus a tiny RoPE model's rope_freq and
+    extrapolate results, so that every registered experiment has a real result in one file."""
+    from vitpos.experiments.extrapolate import run_extrapolate
+    from vitpos.experiments.rope_freq import run_rope_freq
+
+    s = tiny_own("rope-mixed")
+    results = make_results()
+    entry = {"describe": s.describe(), "data": "toy", "not_applicable": {}}
+    entry["rope_freq"] = run_rope_freq(s, toy_set(40), n_images=40, bands=2).to_json()
+    entry["extrapolate"] = run_extrapolate(s, toy_set(32), n_images=32).to_json()
+    results["models"][EXTRA] = entry
+    return results
+
+
+def test_every_experiment_renders_its_section_and_figures(every_result, tmp_path):
+    from vitpos.study.run import draw_figures
+
+    typed = StudyResults.from_json(copy.deepcopy(every_result))
+    have = {name for m in typed.models.values() for name, r in m.results.items() if isinstance(r, Result)}
+    assert have == {exp.name for exp in EXPERIMENTS}  # each result type is rendered below
+    assert set(sections.SECTIONS) == {exp.name for exp in EXPERIMENTS}  # each has a section of its own
+    figs = draw_figures(typed, tmp_path, log=pytest.fail)  # every declared figure draws from the typed result
+    page = render_report(typed.model_copy(update={"figures": figs}), tmp_path).read_text(encoding="utf-8")
+    assert "could not render" not in page and "could not summarise" not in page
+    for spec, entry in typed.models.items():
+        for exp in EXPERIMENTS:
+            result = entry.results.get(exp.name)
+            if not isinstance(result, Result):
+                continue
+            body = sections.SECTIONS[exp.name](result)
+            assert "<table" in body and body in page, (spec, exp.name)
+            for fig in exp.figures(result):
+                assert figure_key(spec, fig.name) in figs, (spec, fig.name)
+    assert page.count('src="data:image/png;base64,') == len(figs)
+
+
+def test_a_section_that_raises_fails_the_render(monkeypatch, tmp_path):
+    """A section reading a field its result does not have (a renamed field) raises out of
+    render_report instead of turning into a 'could not render' line."""
+
+    def renamed(r: RopeHeadsResult) -> str:
+        return str(r.primary_head)  # type: ignore[attr-defined]  # as if `primary_rebuilding_head` were renamed
+
+    monkeypatch.setitem(sections.SECTIONS, "rope_heads", sections.Section(RopeHeadsResult, renamed))
+    with pytest.raises(AttributeError, match="primary_head"):
+        render_report(make_results(), tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_summary_line_that_raises_fails_the_render(monkeypatch, tmp_path):
+    results = make_results()
+    both = copy.deepcopy(results["models"][ROPE])  # a RoPE model whose scheme also names APE: its summary
+    both["describe"]["scheme"] = "rope+ape"        # lines fill the APE claims' RoPE column
+    results["models"]["both"] = both
+
+    def boom(r, claim):
+        raise KeyError("renamed")
+
+    monkeypatch.setattr(sections, "_summary_axis", boom)
+    with pytest.raises(KeyError, match="renamed"):
+        render_report(results, tmp_path)
+
+
+def test_an_absent_measurement_is_one_line(tmp_path):
+    """Not applicable, skipped and not run each render as one reason line; a result without an
+    optional measurement renders without its rows."""
+    results = make_results()
+    results["models"][APE]["ape_permute"] = {"skipped": "no <positional> features"}
+    results["models"][ROPE]["rope_prefix"] = None
+    heads = results["models"][ROPE]["rope_heads"]
+    heads["top_heads"] = None
+    page = render_report(results, tmp_path).read_text(encoding="utf-8")
+    text = re.sub(r"<[^>]+>", "", page)
+    assert "not applicable: no &lt;positional&gt; features" in text
+    assert text.count("not applicable: no result in this run") >= 1
+    assert "top heads by fall in recovery" not in text
+    typed = StudyResults.from_json(results)
+    assert isinstance(typed.models[APE].results["ape_permute"], Skipped)
+    assert sections.reason(typed.models[XSS], "probe") == "no patches & <no> grid"
+    assert sections.reason(typed.models[ROPE], "rope_prefix") == "no result in this run"
+
+
+def test_old_results_render_with_their_numbers(tmp_path):
+    """The golden results.json (written by an earlier vitpos) renders with the numbers it holds."""
+    page = render_report(copy.deepcopy(GOLDEN), tmp_path).read_text(encoding="utf-8")
+    ev = GOLDEN["models"]["builtin:rope-mixed"]["eval"]
+    assert f"test top-1 <b>{100 * ev['top1']:.1f}%</b>" in page
+    rec = GOLDEN["models"]["builtin:rope-axial"]["rope_axis"]["recovery"]["row"]
+    assert all(f"{v['mean_rec']:.2f}" in page for v in rec.values() if v["mean_rec"] is not None)
+
+
+def test_an_experiment_without_a_section_shows_its_fields(monkeypatch, tmp_path):
+    monkeypatch.delitem(sections.SECTIONS, "eval")
+    page = render_report(make_results(), tmp_path).read_text(encoding="utf-8")
+    top1 = GOLDEN["models"]["builtin:ape"]["eval"]["top1"]
+    assert f"<tr><td>top1</td><td>{top1:.4g}</td></tr>" in page
