@@ -476,3 +476,15 @@ def test_rules_are_data_and_survive_python_OO():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == rules_text() == summarise({}).rules
     assert all(rule in proc.stdout for rule in CLAIM_RULES.values())
+
+
+def test_a_number_that_cannot_be_right_prints_as_na():
+    """NaN (e.g. Rec when removing the rotations removed nothing) and None never print as 'nan' / 'None'."""
+    import numpy as np
+
+    from vitpos.study import claims
+
+    assert claims._f(float("nan")) == "n/a" and claims._f(None) == "n/a" and claims._f(np.float32(0.5)) == "0.50"
+    assert claims._iv((float("nan"), float("nan"))) == "" and claims._iv((0.1, 0.2)) == " [0.10, 0.20]"
+    assert claims._pc(float("inf")) == "n/a" and claims._pc(0.25) == "25%"
+    assert claims._pc_iv((0.1, float("nan"))) == ""

@@ -294,8 +294,17 @@ def _as_json(model: BaseModel, name: str) -> Any:
     return model.model_dump(mode="json", include={name}).get(name)
 
 
+def _finite(*vs: Any) -> bool:
+    try:
+        return all(v is not None and math.isfinite(float(v)) for v in vs)
+    except (TypeError, ValueError):
+        return False
+
+
+# A number that cannot be right (NaN: e.g. Rec when removing the rotations removed nothing) prints as
+# n/a, never as "nan"; the rule already reads it as unknown.
 def _iv(iv: Interval | None, d: int = 2) -> str:
-    return "" if iv is None or iv[0] == iv[1] else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
+    return "" if iv is None or iv[0] == iv[1] or not _finite(*iv) else f" [{iv[0]:.{d}f}, {iv[1]:.{d}f}]"
 
 
 def _pts(v: Any) -> float | None:
@@ -314,7 +323,7 @@ def _measured_at_least(iv: Interval | None, threshold: float) -> Outcome:
 
 
 def _f(v, d: int = 2) -> str:
-    return "n/a" if v is None else f"{v:.{d}f}"
+    return f"{v:.{d}f}" if _finite(v) else "n/a"
 
 
 # --- C1 ---------------------------------------------------------------------------------------------
@@ -544,11 +553,11 @@ def matched_none(spec: str, models: Mapping[str, ClaimInputs]) -> ProbeSiteResul
 
 
 def _pc(v) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f}%"
+    return f"{100 * v:.0f}%" if _finite(v) else "n/a"
 
 
 def _pc_iv(iv: Interval | None) -> str:
-    return "" if iv is None or iv[0] == iv[1] else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
+    return "" if iv is None or iv[0] == iv[1] or not _finite(*iv) else f" [{_pc(iv[0])}, {_pc(iv[1])}]"
 
 
 # --- C4 ---------------------------------------------------------------------------------------------
@@ -595,7 +604,8 @@ def _c4(spec: str, ra: RopeAxisResult, rh: RopeHeadsResult | None) -> ModelClaim
         text += " (needs inside (0, 1))"
     if threshold is not None and rh is not None:
         text += (f"; primary rebuilding head {_head(prim)} (chosen in {_pc(rh.primary_selection_frequency)} of image "
-                 f"resamples) carries {rh.primary_axis}: its axis index where it rebuilds, signed to that axis, "
+                 f"resamples) carries {rh.primary_axis or 'n/a'}: its axis index where it rebuilds, signed to that "
+                 "axis, "
                  f"{_f(matched)}{_iv(matched_iv)} (needs >= the null's {_f(threshold, 3)}), and it explains "
                  f"{_pc(head_share)}{_pc_iv(head_share_iv)} of the recovery (needs >= {_pc(MIN_HEAD_SHARE)}); "
                  f"clean-attention axis index {_f(S)}{_iv(S_iv)}")
