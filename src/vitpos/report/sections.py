@@ -173,7 +173,7 @@ def _summary_heads(r: RopeHeadsResult) -> str:
     ph, lh = r.primary_rebuilding_head, r.largest_drop_head
     n = len(r.layers) * r.num_heads
     return (f"primary rebuilding head {head_name(ph)}: drop {_head_drop(r, ph)}, "
-            f"rank {r.primary_head_drop_rank} of {n}; largest drop {head_name(lh)}: {_head_drop(r, lh)}")
+            f"rank {fnum(r.primary_head_drop_rank)} of {n}; largest drop {head_name(lh)}: {_head_drop(r, lh)}")
 
 
 def _head_drop(r: RopeHeadsResult, lh: Sequence[int] | None) -> str:
@@ -547,7 +547,7 @@ def _sec_heads(r: RopeHeadsResult) -> str:
              ("its axis index S (+1 row, −1 col)", f"{fnum(at(r.axis_index, r.layers, ph), 2)} "
                                                    f"{ci(at(r.axis_index_ci95, r.layers, ph), digits=2)}".rstrip()),
              ("top-1 drop when its rotations are ablated", _head_drop(r, ph)),
-             ("its drop rank (1 = largest)", f"{r.primary_head_drop_rank} of {n}"),
+             ("its drop rank (1 = largest)", f"{fnum(r.primary_head_drop_rank)} of {n}"),
              ("largest-drop head", f"{head_name(lh)}: {_head_drop(r, lh)}"),
              ("closest rival (paired 95 % interval of the margin)", _closest_rival(r))]
     if r.top1_images_per_head is not None:  # adaptive top-1: say which drops rest on the screen only

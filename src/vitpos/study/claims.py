@@ -552,6 +552,10 @@ def matched_none(spec: str, models: Mapping[str, ClaimInputs]) -> ProbeSiteResul
     return None
 
 
+def _rank(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
+
+
 def _pc(v) -> str:
     return f"{100 * v:.0f}%" if _finite(v) else "n/a"
 
@@ -666,9 +670,10 @@ def _c5(spec: str, rh: RopeHeadsResult) -> ModelClaim:
             "closest_rival_margin_ci95": None if closest is None else closest[1], "n_heads": n_heads,
             **_c5_ablation_numbers(rh)}
     text = (f"{spec}: primary rebuilding head {_head(prim)} drops top-1 by {_f(drop, 1)} pts"
-            f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {rank} of "
+            f"{'' if not (cis and prim) else ' ' + _ci(cis[prim[0]][prim[1]])}, rank {_rank(rank)} of "
             f"{n_heads} (largest: L{big[0]}H{big[1]}, {rh.drop_points[big[0]][big[1]]:.1f} pts){rival}; "
-            f"rank {rh.primary_head_drop_rank_after_R} among the {n_late} heads of layers >= R={rh.restore_from}")
+            f"rank {_rank(rh.primary_head_drop_rank_after_R)} among the {n_late} heads of layers >= "
+            f"R={rh.restore_from}")
     return ModelClaim(_c5_result(rh, prim), nums, text)
 
 
