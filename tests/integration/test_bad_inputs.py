@@ -164,7 +164,7 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     # refused before the first stage, and by --plan (exit 2) alike
     "run --plan --out {out} --models builtin:ape --config {root}/k_big.yaml",
     "run --out {out} --models builtin:ape --config {root}/k_big.yaml",
-    "run --plan --out {out} --models builtin:ape --config {root}/half.yaml",
+    "run --plan --out {out} --models builtin:ape --data shapes --config {root}/half.yaml",
     "run --plan --out {out} --quick --config {root}/axis_null.yaml",
     "run --plan --out {out} --quick --config {root}/axis_list.yaml",
     "run --plan --out {out} --config {root}/no_models.yaml",

@@ -206,9 +206,9 @@ def test_sae_stage_settings_keep_their_old_keys_unless_the_new_ones_are_set():
     from vitpos.experiments.sae_run import _sae_settings
     from vitpos.study.config import RunConfig
 
-    plain = _sae_settings(RunConfig())
+    plain = _sae_settings(RunConfig().section("sae"))
     assert not {"data", "seeds", "expansions", "high_norm"} & set(plain)
     set_ = _sae_settings(RunConfig.model_validate({"sae": {"data": "natural", "seeds": 2, "expansions": [2, 4],
-                                                           "high_norm": 4.0}}))
+                                                           "high_norm": 4.0}}).section("sae"))
     assert {k: set_[k] for k in ("data", "seeds", "expansions", "high_norm")} == {
         "data": "natural", "seeds": 2, "expansions": [2, 4], "high_norm": 4.0}

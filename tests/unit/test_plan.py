@@ -270,7 +270,7 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
     from vitpos.study.run import plan_study, run_study
 
     spec = TIMM_TINY["vit"].replace("img_size=16", "img_size=32")
-    doc = {"models": [spec], "eval_images": 16, "probe": {"images": 16},
+    doc = {"models": [spec], "data": ["shapes"], "eval_images": 16, "probe": {"images": 16},
            "sae": {"images": 64, "eval_images": 16, "epochs": 1, "expansion": 1},
            "ape_permute": {"images": 8, "seeds": 1}, "extrapolate": {"images": 8}}
     config = tmp_path / "run.yaml"  # JSON is YAML

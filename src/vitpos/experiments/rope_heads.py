@@ -1139,7 +1139,7 @@ def plan_c5_ablations(settings: Mapping[str, Any], surface: ModelSurface, sizes:
     kinds = len(C5_ABLATIONS) - 1 if coordinate_edits(surface) else 1  # mean_output only without coordinates
     k = settings.get("c5_ablation_heads")
     means = StagePlan.full(n_t, L)
-    if k is None:
+    if k is None or k + 1 >= L * Hh:  # every head (a top k that covers them all is every head too)
         if not shared_prefix:
             return means + StagePlan.full(n_t, L, kinds * L * Hh)
         return means + StagePlan(forwards=n_t, blocks=n_t * ((L - 1) + kinds * Hh * L * (L + 1) // 2))

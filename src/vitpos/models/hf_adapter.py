@@ -482,7 +482,10 @@ def _family_of(cls_name: str, spec: str) -> HFFamily:
 
 def _build(cls_name: str, config: Any) -> nn.Module:
     tr = _transformers()
-    return getattr(tr, cls_name)(config)
+    # The same random init on every load (the stage cache keys a model by its spec; see models/spec.py).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return getattr(tr, cls_name)(config)
 
 
 def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:

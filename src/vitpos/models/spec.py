@@ -199,7 +199,12 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
             raise VitposError(f"checkpoint {checkpoint} does not exist")
         return _load_checkpoint(timm.create_model(name, pretrained=False, **kwargs), checkpoint, name)
     try:
-        return timm.create_model(name, pretrained=pretrained, **kwargs)
+        # A random-init model is the same model on every load (seed 0, the global generator left as it
+        # was): the study keys its stage cache by the spec alone, so a resumed run must not mix stages
+        # measured on two different random inits.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as e:
         raise VitposError(f"timm:{name} does not take these arguments {kwargs} ({e})") from e
     except Exception as e:  # hub / network failures come in many types
