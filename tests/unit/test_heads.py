@@ -25,8 +25,15 @@ FASHION_64 = "timm:vit_small_patch16_224?img_size=64&num_classes=10&depth=3"  # 
 
 
 def _headless(spec: str = TINY_HEADLESS, seed: int = 0):
-    torch.manual_seed(seed)
-    return load_model(spec)
+    """The spec's random-init model (the same on every load), its weights moved by `seed` when > 0:
+    another set of weights under the same spec."""
+    surface = load_model(spec)
+    if seed:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in surface.model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=g))
+    return surface
 
 
 def _random_head(surface, info, seed: int = 0) -> Head:
@@ -163,7 +170,7 @@ def test_study_fits_a_head_for_a_headless_model(tmp_path):
     # artifact paths are relative to the output folder (a copied folder reads its own files)
     assert not Path(entry["head"]["head_dir"]).is_absolute() and not Path(entry["sae"]["sae_dir"]).is_absolute()
     head = Head.load(tmp_path / entry["head"]["head_dir"])
-    surface = load_model(HEADLESS)  # same spec, other random weights: the head is refused for them
+    surface = _headless(HEADLESS, seed=1)  # same spec, other weights: the head is refused for them
     with pytest.raises(VitposError, match="weights digest"):
         surface.with_head(head)
     # eval's top-1 is the head's on the pooled features, never an argmax over the features themselves
