@@ -26,7 +26,12 @@ notes, details per model); `RENAMED` rebuilds the old string from them, so C5's 
 Per-CPU files (2026-12-04): on an AMD EPYC whose torch kernels are AVX2, the code at 96e268e, which
 passed CI against the default file, gave 41 differences from it (probe accuracies a token or two
 apart, largest 0.009 in an SAE selectivity interval end), and HEAD gave 0 differences from 96e268e;
-that run is run_quick_results.AVX2.json."""
+that run is run_quick_results.AuthenticAMD-AVX2.json.
+CPU vendor (2026-12-05): CI failed this test on a machine whose torch capability was AVX512 like the
+default file's, with 43 differences (probe accuracies a token apart, largest seen 0.0089); an Intel
+Xeon AVX-512 here gave the same 43 for the code before and after that session, and an AMD EPYC
+AVX-512 gives 0 differences from the default file. Files are now named by vendor and capability, and a
+family without a file is compared with the default at UNKNOWN_FAMILY_TOLERANCE."""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -123,21 +129,43 @@ def test_rule_changed_claims_keep_their_numbers_compared():
     assert differences(unchanged_claims(want), unchanged_claims(got)) == ["[0]/numbers/m/x: 1.0 != 2.0"]
 
 
-def golden_for_this_cpu() -> Path:
-    """The golden file for the CPU kernels torch dispatches to here, else the default one.
+DEFAULT_FAMILY = "AuthenticAMD-AVX512"  # the kernel family the default file was written on (CI, 2026-12-03)
+CPU_TOLERANCE = 0.01  # how far another kernel family's golden numbers may sit from the default file's
+# a family with no file of its own is compared with the default file at this tolerance: twice the largest
+# move seen between families (0.0089, an SAE selectivity interval end, Intel AVX-512 vs the default)
+UNKNOWN_FAMILY_TOLERANCE = 0.02
 
-    Float reductions differ between torch's AVX2 and AVX-512 kernels, and a probe accuracy then moves
-    by a token or two (1/3200): beyond 1e-6. A file written on another kernel family would fail
-    every refactor for the machine's sake, so each family the suite runs on gets its own file, made
-    by the same code (``run_quick_results.<capability>.json``; the default file is the family CI
-    ran on when it was written)."""
+
+def cpu_family() -> str:
+    """The CPU kernel family torch computes with here: vendor and capability. The vendor matters:
+    on AVX-512 an Intel Xeon and an AMD EPYC give different float reductions (MKL and oneDNN choose
+    code paths by vendor): 43 differences on the quick run, every probe accuracy within a token or two."""
     import torch
 
-    own = GOLDEN_PATH.with_name(f"{GOLDEN_PATH.stem}.{torch.backends.cpu.get_cpu_capability()}.json")
-    return own if own.exists() else GOLDEN_PATH
+    vendor = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip() or vendor
+                break
+    return f"{vendor}-{torch.backends.cpu.get_cpu_capability()}"
 
 
-CPU_TOLERANCE = 0.01  # how far another kernel family's golden numbers may sit from the default file's
+def golden_for_this_cpu() -> tuple[Path, float]:
+    """The golden file for this CPU's kernel family and the float tolerance to compare at.
+
+    Float reductions differ between kernel families, and a probe accuracy then moves by a token or
+    two (1/3200): beyond 1e-6. A file written on another family would fail every refactor for the
+    machine's sake, so each family the suite has run on gets its own file, made by the same code
+    (``run_quick_results.<vendor>-<capability>.json``; the default file is DEFAULT_FAMILY's) and is
+    compared at 1e-6. A family with no file (CI's machines vary) is compared with the default file
+    at UNKNOWN_FAMILY_TOLERANCE: every verdict, count, string and list length still exactly."""
+    family = cpu_family()
+    own = GOLDEN_PATH.with_name(f"{GOLDEN_PATH.stem}.{family}.json")
+    if own.exists():
+        return own, 1e-6
+    return GOLDEN_PATH, 1e-6 if family == DEFAULT_FAMILY else UNKNOWN_FAMILY_TOLERANCE
 
 
 def test_each_cpu_golden_differs_from_the_default_only_by_float_rounding():
@@ -161,8 +189,13 @@ def test_quick_run_equals_the_golden_file(tmp_path):
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "results.json").read_text())
-    golden = golden_for_this_cpu()
+    golden, tol = golden_for_this_cpu()
+    if tol > 1e-6:
+        warnings.warn(f"no golden file for CPU family {cpu_family()}: compared with {golden.name} at {tol}",
+                      stacklevel=1)
     want = json.loads(golden.read_text())
-    diffs = differences(want["models"], got["models"], "models") + differences(
-        unchanged_claims(want["summary"]), unchanged_claims(got["summary"]), "summary/claims")
-    assert not diffs, f"{len(diffs)} differences from {golden.name}:\n" + "\n".join(diffs[:30])
+    diffs = differences(want["models"], got["models"], "models", tol) + differences(
+        unchanged_claims(want["summary"]), unchanged_claims(got["summary"]), "summary/claims", tol)
+    # every difference, so a new family's file can be judged (and written) from the log alone
+    assert not diffs, f"{len(diffs)} differences from {golden.name} (CPU {cpu_family()}, tolerance {tol}):\n" + \
+        "\n".join(diffs)
