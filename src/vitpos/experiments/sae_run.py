@@ -174,6 +174,45 @@ class SAEFidelity(BaseModel):
     stability: SeedStability | None = None  # None: no second seed was trained
 
 
+class Eta2Count(BaseModel):
+    """How many features one pair of eta2 thresholds admits (row / col / mixed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    threshold: float
+    row: int
+    col: int
+    mixed: int
+
+
+class NullThresholds(BaseModel):
+    """The null-derived thresholds (`Eta2Null`'s quantile; axis: max of row and col) and what they admit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min_eta2: float
+    min_eta2_pos: float
+    row: int
+    col: int
+    mixed: int
+
+
+class Eta2Null(BaseModel):
+    """eta2 with positions shuffled within each image (`eta2_null`): its quantile and max over the
+    live latents per statistic (None: no live latent), the features each threshold admits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    quantile: float
+    n_live: int
+    null_row_q: float | None
+    null_row_max: float | None
+    null_col_q: float | None
+    null_col_max: float | None
+    null_pos_q: float | None
+    null_pos_max: float | None
+    admitted: list[Eta2Count]  # one per threshold of ETA2_GRID, used for both axis and pos
+    null_thresholds: NullThresholds
+    used_above_null: bool  # the thresholds the feature lists use are at or above the null's
+
+
 class SAEResult(Result):
     """sae.json: the run key, held-out metrics, the positional features and their causal check."""
 
@@ -208,7 +247,7 @@ class SAEResult(Result):
     n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
-    eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
+    eta2_null: Eta2Null | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
     sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
@@ -243,7 +282,7 @@ class GivenSAEResult(BaseModel):
     n_col_features: int
     n_mixed_features: int
     causal: CausalCheck | None
-    eta2_null: dict[str, Any] | None = None
+    eta2_null: Eta2Null | None = None
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -487,7 +526,7 @@ class HeldOut:
     top1_spliced: float | None
     top1_change_points: float | None
     causal: dict | None
-    eta2_null: dict[str, Any] | None = None
+    eta2_null: Eta2Null | None = None
     other_metrics: list[dict[str, float]] = field(default_factory=list)  # sae_metrics of each of `others`
 
 
@@ -570,7 +609,7 @@ NULL_QUANTILE = 0.99  # the null-derived threshold: this quantile of the live la
 
 @torch.no_grad()
 def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, seed: int = 0,
-              quantile: float = NULL_QUANTILE) -> dict[str, Any]:
+              quantile: float = NULL_QUANTILE) -> Eta2Null:
     """eta2 of every latent with the patch positions shuffled within each image (a fresh random
     permutation per image: position carries nothing, content and sample size stay), its `quantile`
     over live latents per statistic as the null-derived threshold, and how many features each
@@ -587,11 +626,11 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
 
     null = score_features(sae, shuffled(), grid, scores.thresholds)
     live = scores.fire_rate >= scores.thresholds.min_fire_rate
-    out: dict[str, Any] = {"quantile": quantile, "n_live": int(live.sum())}
+    stats: dict[str, float | None] = {}
     for stat in ("row", "col", "pos"):
         v = getattr(null, f"eta2_{stat}")[live]
-        out[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
-        out[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
+        stats[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
+        stats[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
 
     def counts(t_axis: float, t_pos: float) -> dict[str, int]:
         probe = FeatureScores(scores.grid, scores.n_images, scores.eta2_row, scores.eta2_col, scores.eta2_pos,
@@ -599,13 +638,13 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
         probe.classify(replace(scores.thresholds, min_eta2=t_axis, min_eta2_pos=t_pos))
         return {"row": len(probe.row_features), "col": len(probe.col_features), "mixed": len(probe.mixed_features)}
 
-    out["admitted"] = [{"threshold": t, **counts(t, t)} for t in ETA2_GRID]
-    t_axis = max(out["null_row_q"] or 0.0, out["null_col_q"] or 0.0)
-    t_pos = out["null_pos_q"] or 0.0
-    out["null_thresholds"] = {"min_eta2": t_axis, "min_eta2_pos": t_pos, **counts(t_axis, t_pos)}
+    t_axis = max(stats["null_row_q"] or 0.0, stats["null_col_q"] or 0.0)
+    t_pos = stats["null_pos_q"] or 0.0
     used = scores.thresholds
-    out["used_above_null"] = bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos)
-    return out
+    return Eta2Null(quantile=quantile, n_live=int(live.sum()), **stats,
+                    admitted=[Eta2Count(threshold=t, **counts(t, t)) for t in ETA2_GRID],
+                    null_thresholds=NullThresholds(min_eta2=t_axis, min_eta2_pos=t_pos, **counts(t_axis, t_pos)),
+                    used_above_null=bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos))
 
 
 @torch.no_grad()
