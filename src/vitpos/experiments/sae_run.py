@@ -48,7 +48,7 @@ from vitpos.experiments.base import (
     omit_unmeasured,
 )
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
-from vitpos.experiments.sae_seeds import SAESweep, run_sweep
+from vitpos.experiments.sae_seeds import SAESweep, run_sweep, sweep_grid
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -753,6 +753,10 @@ class Readout:
 
 
 CONTROL_STREAM = 70_000  # + seed: the removal controls' own generator
+# causal_check's removal passes (a held-out forward each), in order: each set's features, then each set's
+# matched random removal (only with a Readout); a set without features skips its passes
+REMOVALS = (("ablate", "row"), ("ablate", "col"), ("control", "row"), ("control", "col"))
+HELD_OUT_PASSES = 3  # evaluate_sae's held-out capture and spliced forward, and the special-token report's
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
@@ -806,20 +810,20 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
                 "selectivity": mine / denom if denom > 1e-9 else None,
                 **selectivity_intervals(clean_per_image, r["per_image"], kind, seed)}
 
-    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
-        if not ids:
-            out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
+    for what, kind in REMOVALS:
+        if what == "control" and readout is None:
             continue
-        r = remove(ids)
-        out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
-                                                                 readout.edit_norms.get(kind) if readout else None)}
-    if readout is None:
-        return out
-    live = scores.fire_rate >= scores.thresholds.min_fire_rate
-    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
+        ids = scores.row_features if kind == "row" else scores.col_features
         if not ids:
-            out[f"control_{kind}"] = {"skipped": f"no {kind} features"}
+            out[f"{what}_{kind}"] = {"skipped": f"no {kind} features"}
             continue
+        if what == "ablate":
+            r = remove(ids)
+            out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
+                                                                     readout.edit_norms.get(kind) if readout else None)}
+            continue
+        assert readout is not None
+        live = scores.fire_rate >= scores.thresholds.min_fire_rate
         g = torch.Generator().manual_seed(CONTROL_STREAM + (0 if kind == "row" else 1) + 10 * seed)
         ctrl, note = matched_control(readout.rms, ids, positional, live, g, what="RMS code")
         if not ctrl:
@@ -829,7 +833,7 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
         size = _edit_norm(surface, sae, clean, site, ctrl, batch_size)
         out[f"control_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ctrl), size),
                                   "features": ctrl, "note": note}
-    if readout.clean_correct is not None:
+    if readout is not None and readout.clean_correct is not None:
         out["clean_top1"] = float(readout.clean_correct.float().mean())
     return out
 
@@ -906,6 +910,28 @@ def _sae_settings(settings: SAESettings) -> dict:
     return {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
 
 
+def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:
+    """The seed of the stage's seed-stability SAE (None: `stability` off)."""
+    return seed + 1 if settings.get("stability", True) else None
+
+
+def is_sweep(settings: Mapping[str, Any]) -> bool:
+    """The stage trains the seeds x sizes grid (`sae.seeds` > 1 or `sae.expansions`)."""
+    return settings.get("seeds", 1) > 1 or bool(settings.get("expansions"))
+
+
+def stage_saes(settings: Mapping[str, Any], seed: int) -> list[tuple[int, int, str]]:
+    """(expansion, seed, role) of every SAE the sae stage trains, in order: run_sae's ("main") and its
+    seed-stability SAE ("stability"), then the sweep grid's others ("sweep", `sweep_grid`)."""
+    out = [(settings["expansion"], seed, "main")]
+    other = stability_seed(settings, seed)
+    if other is not None:
+        out.append((settings["expansion"], other, "stability"))
+    if is_sweep(settings):
+        out += [(exp, sd, "sweep") for exp, sd, main in sweep_grid(settings, seed) if not main]
+    return out
+
+
 class SAESettings(Settings):
     """`sae:` in the run config."""
 
@@ -979,36 +1005,33 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture (it stops after the SAE's layer: vitpos.store.capture), held-out capture, spliced
-        # forward, the special-token report's forward, the causal check's two ablations and their two
-        # matched random removals
-        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 3 + (4 if later else 0))
+        # train capture (it stops after the SAE's layer: vitpos.store.capture), the held-out passes and,
+        # with later layers, the causal check's removals
+        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, HELD_OUT_PASSES +
+                                                                  (len(REMOVALS) if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
         if settings.get("browse", True):  # the browser's two passes stop at the SAE's layer (the second: winners only)
             out += StagePlan(forwards=2 * n_eval, blocks=2 * n_eval * (layer + 1))
-        tokens = n_train * N * settings["epochs"] * (2 if settings.get("stability", True) else 1)
-        latents = settings["expansion"] * surface.width
-        seeds, sizes_ = settings.get("seeds", 1), settings.get("expansions") or [settings["expansion"]]
-        extra = [e for e in sizes_ for _ in range(seeds)]
-        if settings["expansion"] in extra:
-            extra.remove(settings["expansion"])  # the main SAE is one of the grid
+        saes = stage_saes(settings, 0)  # what run_stage trains, whatever its seed
+        extra = [exp for exp, _, role in saes if role == "sweep"]
         if extra:  # the sweep's other SAEs: trained on the same store, scored on a held-out capture to the layer
             out += StagePlan.full(n_eval, layer + 1)
             note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
-        work = tokens * (latents + sum(e * surface.width for e in extra))
-        return out + StagePlan(sae_tokens=tokens * (1 + len(extra)), sae_work=work, note=note)
+        tokens = n_train * N * settings["epochs"]  # per SAE: every training token of every epoch (an upper bound)
+        work = sum(tokens * exp * surface.width for exp, _, _ in saes)
+        return out + StagePlan(sae_tokens=tokens * len(saes), sae_work=work, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
         # sae.data: the SAE (its training, held-out metrics, feature scores and C1's causal check) may read
         # other images than the run's labelled data, e.g. natural crops for a model measured on fashion
         data = s.get("data") or stage.data
-        sweep = s.get("seeds", 1) > 1 or bool(s.get("expansions"))
+        sweep = is_sweep(s)
         result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
                               expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
                               epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
                               keep_acts=sweep, high_norm=s.get("high_norm"),
-                              stability_seed=stage.seed + 1 if s.get("stability", True) else None,
+                              stability_seed=stability_seed(s, stage.seed),
                               include_special=s.get("include_special", False))
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
