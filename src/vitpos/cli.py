@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from vitpos.errors import VitposError
 from vitpos.study.config import SEED_MAX
+
+if TYPE_CHECKING:
+    from vitpos.experiments.sae_run import SAEResult
 
 COUNT_MAX = 10**9  # the largest count (images, tokens, batch, layer) an option takes: huge values are refused
 
@@ -389,21 +392,11 @@ def sae(
     """Train an SAE on one layer's patch tokens, streamed from an activation store; OUT/sae.safetensors, sae.json,
     features.png."""
     from vitpos.experiments.sae_run import run_sae
-
-    if lr is not None and not lr > 0:
-        raise VitposError(f"--lr must be a positive number (got {lr})")
-    if batch_tokens < 1 or buffer_tokens < 0:
-        raise VitposError(f"--batch-tokens must be >= 1 and --buffer-tokens >= 0 (got {batch_tokens}, {buffer_tokens})")
-    if images < 1 or epochs < 1:
-        raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
     from vitpos.runtime.device import autocast_dtype
     from vitpos.runtime.dist import barrier, distributed
     from vitpos.runtime.options import RunOptions
 
-    if checkpoint_every < 0:
-        raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
-    if stability_seed is not None and stability_seed == seed:
-        raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
+    _check_sae_options(lr, batch_tokens, buffer_tokens, images, epochs, checkpoint_every, seed, stability_seed)
     with distributed(device) as (env, dev):
         autocast_dtype(amp, dev)
         state_dir = out / "train-state"
@@ -422,11 +415,30 @@ def sae(
                          progress=progress and env.is_main, force=force, store=store,
                          lr=lr, batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, options=options,
                          stability_seed=stability_seed, include_special=include_special)
-    if not env.is_main:
-        return
+    if env.is_main:
+        _print_sae(doc, out)
+
+
+def _check_sae_options(lr: float | None, batch_tokens: int, buffer_tokens: int, images: int, epochs: int,
+                       checkpoint_every: int, seed: int, stability_seed: int | None) -> None:
+    """`vitpos sae`'s numeric options, one VitposError each (typer's bounds do not reach library callers)."""
+    if lr is not None and not lr > 0:
+        raise VitposError(f"--lr must be a positive number (got {lr})")
+    if batch_tokens < 1 or buffer_tokens < 0:
+        raise VitposError(f"--batch-tokens must be >= 1 and --buffer-tokens >= 0 (got {batch_tokens}, {buffer_tokens})")
+    if images < 1 or epochs < 1:
+        raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
+    if checkpoint_every < 0:
+        raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    if stability_seed is not None and stability_seed == seed:
+        raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
+
+
+def _print_sae(doc: SAEResult, out: Path) -> None:
+    """`vitpos sae`'s summary: fit, splice, feature counts, and the fidelity numbers when measured."""
     splice = ("spliced top-1 not measured (no classifier for this data: fit one with `vitpos head` and pass --head)"
               if doc.top1_change_points is None else f"spliced top-1 change {doc.top1_change_points:+.1f} pts")
-    out_console.print(f"SAE L{layer} {site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
+    out_console.print(f"SAE L{doc.layer} {doc.site}: FVU {doc.fvu:.3f}, L0 {doc.l0:.1f}, dead {doc.dead_frac:.1%}, "
                       f"{splice}; {doc.n_row_features} row, "
                       f"{doc.n_col_features} col, {doc.n_mixed_features} mixed features -> {out}")
     fid = doc.fidelity

@@ -43,7 +43,8 @@ memory and is not written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -370,6 +371,217 @@ def _start_after(site: Site) -> int | None:
     return {"resid_pre": site.layer, "resid_post": site.layer + 1}.get(site.name)
 
 
+@dataclass(frozen=True)
+class PermuteRun:
+    """One intervened forward of run_ape_permute: a variant at a seed, edited at the SAE's site or, for
+    the APE-table shuffle, at the input."""
+
+    variant: str
+    seed: int
+
+    @property
+    def at_input(self) -> bool:
+        return self.variant == "pos_embed_shuffle"
+
+
+# the variants edited at the SAE's site once per seed, in the order they run (mean ablation runs once)
+SITE_VARIANTS = tuple(v for v in ALL_VARIANTS if v not in ("mean_ablate", "pos_embed_shuffle"))
+
+
+def permute_runs(seeds: Sequence[int]) -> list[PermuteRun]:
+    """Every intervened forward run_ape_permute makes, in its order (the clean baseline besides): per
+    seed every permuted set, control and null at the site; mean ablation once (deterministic: it
+    counts for every seed); per seed the APE-table shuffle. A site variant with nothing to move is
+    skipped when run, so for `plan_ape_permute` this is an upper bound."""
+    runs = [PermuteRun(v, seed) for seed in seeds for v in SITE_VARIANTS]
+    runs.append(PermuteRun("mean_ablate", seeds[0]))
+    return runs + [PermuteRun("pos_embed_shuffle", seed) for seed in seeds]
+
+
+def run_stream(variant: str, seed: int) -> int:
+    """The seed of a run's permutation draws: a permuted set and its controls share the seed (same
+    permutations); each null has its own stream, so adding them moved no older number."""
+    return _CONTROL_STREAM[variant] + 10_000 + seed if variant in NULLS else seed
+
+
+@dataclass(frozen=True)
+class FeatureSets:
+    """The SAE's latents that run_ape_permute moves, and what its matched controls are drawn by."""
+
+    sae: SAE
+    grid: tuple[int, int]
+    row: list[int]
+    col: list[int]
+    mixed: list[int]
+    mean_code: torch.Tensor  # (F,) mean activation over patch tokens: the controls match on it
+    live: torch.Tensor  # (F,) bool: the latents a control may draw
+    spread: torch.Tensor  # (F,) within-image spread of z: norm_all_positional matches on it
+
+    @property
+    def positional(self) -> list[int]:
+        return self.row + self.col + self.mixed
+
+    def sets(self) -> dict[str, tuple[list[int], str]]:
+        """Permuted set -> (its latents, the permutation kind)."""
+        return {"all": (self.row + self.col, "all"), "row_only": (self.row, "row"), "col_only": (self.col, "col"),
+                "all_positional": (self.positional, "all")}
+
+    def mass(self, ids: list[int]) -> float:
+        return float(self.mean_code[ids].sum()) if ids else 0.0
+
+    def moved(self, v: str, seed: int) -> tuple[list[int], str, str | None]:
+        """(latents, permutation kind, note) of site variant `v` at `seed`; without latents the note, when
+        there is one, says why."""
+        sets, pos = self.sets(), self.positional
+        if v in sets:
+            return (*sets[v], None)
+        if v == "random_features":
+            g = torch.Generator().manual_seed(10_000 + seed)
+            return matched_random_features(self.mean_code, self.row + self.col, self.live, g), "all", None
+        if v in CONTROL_VARIANTS:  # each control its own stream: the older variants' draws do not move
+            of = {c: s for s, c in CONTROLS.items()}[v]
+            targets, kind = sets[of]
+            if not targets:
+                return [], kind, f"no features in {of} to match"
+            g = torch.Generator().manual_seed(_CONTROL_STREAM[v] + 10_000 + seed)
+            ids, note = matched_control(self.mean_code, targets, pos, self.live, g)
+            return ids, kind, note
+        if v == "norm_all_positional":
+            if not pos:
+                return [], "all", None
+            g = torch.Generator().manual_seed(_CONTROL_STREAM[v] + seed)
+            ids, note = matched_control(self.spread, pos, pos, self.live, g, what="edit size")
+            return ids, "all", note
+        if v == "swap_all_positional":
+            return pos, "all", None
+        if v in ("crossed", "mean_ablate"):
+            return self.row + self.col, "all", None
+        raise ValueError(f"{v} is not a variant edited at the SAE's site")
+
+    def edit(self, v: str, ids: list[int], kind: str, stream: int) -> PatchEdit:
+        """Variant `v`'s edit of the site's patch tokens moving `ids`, its draws from a generator of
+        `stream`, advanced batch by batch."""
+        sae, grid = self.sae, self.grid
+        g = torch.Generator().manual_seed(stream)
+        if v == "swap_all_positional":
+            return lambda x, z: swap_features(x, z, sae, ids, image_rotation(x.shape[0], g))
+        if v == "crossed":
+            return lambda x, z: crossed_edit(x, z, sae, self.row, self.col, grid, g)
+        if v == "mean_ablate":
+            mean_c = sae.feature_contribution(self.mean_code, ids)  # mean contribution over patches, (D,)
+            return lambda x, z: x - sae.feature_contribution(z, ids) + mean_c
+        return lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], grid, g))
+
+
+def _why_none(v: str, note: str | None) -> str:
+    """Why site variant `v` has nothing to move (its note, when it has one)."""
+    if note:
+        return note
+    if v in NULLS:
+        return f"no features in {NULLS[v]}"
+    if v == "mean_ablate":
+        return "no positional features"
+    if v in ("all", "row_only", "col_only", "all_positional"):
+        return "no features of this kind"
+    return "not enough live non-positional latents"  # random_features and the matched controls
+
+
+@dataclass(frozen=True)
+class SiteEdits:
+    """The site runs of `permute_runs` that have latents to move: (variant, seed) -> its edit and what
+    it moves; why each other variant is skipped; the matching's notes (the last seed's)."""
+
+    fns: dict[tuple[str, int], PatchEdit]
+    moved: dict[tuple[str, int], tuple[list[int], str]]
+    skipped: dict[str, str]
+    notes: dict[str, str]
+
+
+def site_edits(feats: FeatureSets, runs: Sequence[PermuteRun]) -> SiteEdits:
+    """Every site run's edit, planned before the forwards."""
+    out = SiteEdits({}, {}, {}, {})
+    for r in runs:
+        if r.at_input:
+            continue
+        ids, kind, note = feats.moved(r.variant, r.seed)
+        if not ids:
+            out.skipped.setdefault(r.variant, _why_none(r.variant, note))
+            continue
+        if note:
+            out.notes[r.variant] = note
+        out.fns[(r.variant, r.seed)] = feats.edit(r.variant, ids, kind, run_stream(r.variant, r.seed))
+        out.moved[(r.variant, r.seed)] = (ids, kind)
+    return out
+
+
+def edit_sizes(feats: FeatureSets, edits: SiteEdits, acts: torch.Tensor, seed: int) -> dict[str, tuple[float, float]]:
+    """Each site variant's edit size at `seed` on the patch tokens `acts`, from fresh draws (their own
+    stream: the runs' draws do not move); mean ablation draws nothing, so its own edit."""
+    sizes: dict[str, tuple[float, float]] = {}
+    for v in ALL_VARIANTS:
+        key = (v, seed)
+        if key not in edits.fns:
+            continue
+        fn = edits.fns[key] if v == "mean_ablate" else feats.edit(v, *edits.moved[key], EDIT_STREAM + seed)
+        sizes[v] = edit_size(fn, feats.sae, acts)
+    return sizes
+
+
+def shuffle_pe(surface: ModelSurface, pe: torch.Tensor, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The APE-table shuffle's edit of the embedded tokens: each image's patch position embeddings
+    permuted (its own generator of `seed`, advanced batch by batch)."""
+    npt, g = surface.num_prefix_tokens, torch.Generator().manual_seed(20_000 + seed)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        moved = pe[random_perms("all", t.shape[0], surface.grid, g)]  # (B, N, D)
+        return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
+    return fn
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """What the forwards of run_ape_permute give: the labels, the clean predictions and each run's."""
+
+    labels: torch.Tensor  # (images,)
+    baseline: torch.Tensor  # (images,)
+    runs: dict[tuple[str, int], torch.Tensor]  # (variant, seed) -> (images,)
+
+
+def forward_runs(surface: ModelSurface, sae: SAE, site: Site, dataset, fns: Mapping[tuple[str, int], PatchEdit],
+                 runs: Sequence[PermuteRun], shared_prefix: bool, progress: bool) -> Predictions:
+    """The clean forward and every run's, batch by batch: the site runs in `fns` (from the clean stream
+    at the site when `shared_prefix`), then the input runs of `runs` (the APE-table shuffle)."""
+    resume = _start_after(site) if shared_prefix else None
+    npt, dev = surface.num_prefix_tokens, surface.device
+    pe = surface.patch_pos_embed()
+    inputs = {(r.variant, r.seed): shuffle_pe(surface, pe, r.seed) for r in runs if r.at_input}
+    preds: dict[tuple[str, int], list[torch.Tensor]] = {k: [] for k in [*fns, *inputs]}
+    base_preds, label_parts = [], []
+    with progress_bar(enabled=progress) as bar, torch.no_grad():
+        task = bar.add_task("ape-permute", total=len(dataset))
+        for x, y in dataset.batches(sweep_batch(surface)):
+            x = x.to(dev)
+            label_parts.append(y)
+            if resume is not None:  # the clean stream at the site and its codes, shared by every SAE variant
+                t = surface.run_blocks(surface.embed_tokens(x), 0, resume)
+                base_preds.append(surface.forward_from(resume, t).argmax(-1).cpu())
+                xp = t[:, npt:]
+                z = sae.encode(xp)
+                for key, fn in fns.items():
+                    new = torch.cat([t[:, :npt], fn(xp, z).to(t.dtype)], dim=1)
+                    preds[key].append(surface.forward_from(resume, new).argmax(-1).cpu())
+            else:
+                base_preds.append(surface(x).argmax(-1).cpu())
+                for key, fn in fns.items():
+                    with edit(surface, {site: sae_edit(surface, sae, fn)}):
+                        preds[key].append(surface(x).argmax(-1).cpu())
+            for key, shuffle in inputs.items():
+                with edit(surface, {Site(None, "embed"): shuffle}):
+                    preds[key].append(surface(x).argmax(-1).cpu())
+            bar.update(task, advance=len(y))
+    return Predictions(torch.cat(label_parts), torch.cat(base_preds), {k: torch.cat(v) for k, v in preds.items()})
+
+
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
                     progress: bool = False, shared_prefix: bool = True,
@@ -386,182 +598,52 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
     check_sae_weights(surface, sae, sae_doc)
-    layer, site_name = int(sae_doc["layer"]), sae_doc.get("site", "resid_post")
-    site = Site(layer, site_name)
-    row, col = list(sae_doc["row_features"]), list(sae_doc["col_features"])
-    mixed = list(sae_doc.get("mixed_features", []))
+    site = Site(int(sae_doc["layer"]), sae_doc.get("site", "resid_post"))
     dataset = dataset_for(surface, data, split, limit=n_images)
     surface.check_classifier(dataset.info, data_name(data))  # before any work: every number here is a top-1
     mean_code, fire = feature_mass(surface, sae, site, dataset)
-    live = fire >= 0.005
-    info = dataset.info
-    npt = surface.num_prefix_tokens
-    positional = row + col + mixed
-    sets = {"all": (row + col, "all"), "row_only": (row, "row"), "col_only": (col, "col"),
-            "all_positional": (positional, "all")}
-    control_of = {c: s for s, c in CONTROLS.items()}
-
-    def permuting(ids: list[int], kind: str, seed: int) -> PatchEdit:
-        g = torch.Generator().manual_seed(seed)  # one per (variant, seed), advanced batch by batch
-        return lambda x, z: permute_features(x, z, sae, ids, random_perms(kind, x.shape[0], surface.grid, g))
-
-    def swapping(ids: list[int], seed: int) -> PatchEdit:
-        g = torch.Generator().manual_seed(seed)
-        return lambda x, z: swap_features(x, z, sae, ids, image_rotation(x.shape[0], g))
-
-    def crossing(seed: int) -> PatchEdit:
-        g = torch.Generator().manual_seed(seed)
-        return lambda x, z: crossed_edit(x, z, sae, row, col, surface.grid, g)
-
-    def null_edit(v: str, seed: int, stream: int | None = None) -> PatchEdit | None:
-        """The null variant `v`'s edit for `seed` (its own stream unless `stream` is given), or None
-        when it has nothing to move."""
-        stream = _CONTROL_STREAM[v] + 10_000 + seed if stream is None else stream
-        if v == "swap_all_positional":
-            return swapping(positional, stream) if positional else None
-        if v == "crossed":
-            return crossing(stream) if row + col else None
-        matched = norm_ids.get(seed) or []
-        return permuting(matched, "all", stream) if matched else None
-
-    def mass_of(ids: list[int]) -> float:
-        return float(mean_code[ids].sum()) if ids else 0.0
-
-    notes: dict[str, str] = {}
-    plan_of: dict[str, tuple[list[int], str]] = {}
     mass_acts = site_tokens(surface, site, dataset)
-    spread = feature_spread(sae, mass_acts)
-    norm_ids: dict[int, list[int]] = {}  # seed -> the norm-matched control of all_positional
-    for seed in seeds:
-        if positional:
-            gc = torch.Generator().manual_seed(_CONTROL_STREAM["norm_all_positional"] + seed)
-            nids, note = matched_control(spread, positional, positional, live, gc, what="edit size")
-            norm_ids[seed] = nids
-            if note:
-                notes["norm_all_positional"] = note
-    # every run, planned before the forwards: (variant, seed) -> its edit of the site's patch tokens
-    sae_runs: dict[tuple[str, int], PatchEdit] = {}
-    masses: dict[str, list[float]] = {v: [] for v in ALL_VARIANTS}
-    n_moved: dict[str, int] = {}
-    skipped: dict[str, str] = {}
-    for seed in seeds:
-        g = torch.Generator().manual_seed(10_000 + seed)
-        plan = {**sets, "random_features": (matched_random_features(mean_code, row + col, live, g), "all")}
-        for v in CONTROL_VARIANTS:  # each control its own stream: the older variants' draws do not move
-            gc = torch.Generator().manual_seed(_CONTROL_STREAM[v] + 10_000 + seed)
-            targets, kind = sets[control_of[v]]
-            if not targets:
-                skipped[v] = f"no features in {control_of[v]} to match"
-                plan[v] = ([], kind)
-                continue
-            ids, note = matched_control(mean_code, targets, positional, live, gc)
-            if note:
-                notes[v] = note
-            plan[v] = (ids, kind)
-        if seed == seeds[0]:
-            plan_of.update(plan)
-        for v, (ids, kind) in plan.items():
-            if not ids:
-                skipped.setdefault(v, "no features of this kind" if v not in control_of
-                                   else notes.get(v, "not enough live non-positional latents"))
-            else:
-                sae_runs[(v, seed)] = permuting(ids, kind, seed)
-                masses[v].append(mass_of(ids))
-                n_moved[v] = len(ids)
-        if row + col:
-            masses["mean_ablate"].append(mass_of(row + col))
-        for v in NULL_VARIANTS:
-            fn = null_edit(v, seed)
-            if fn is None:
-                skipped[v] = notes.get(v) or f"no features in {NULLS[v]}"
-                continue
-            sae_runs[(v, seed)] = fn
-            moved = {"swap_all_positional": positional, "crossed": row + col}.get(v, norm_ids.get(seed) or [])
-            masses[v].append(mass_of(moved))
-            n_moved[v] = len(moved)
-    if row + col:
-        ids = row + col
-        mean_c = sae.feature_contribution(mean_code, ids)  # mean contribution over patches, (D,)
-        sae_runs[("mean_ablate", seeds[0])] = lambda x, z: x - sae.feature_contribution(z, ids) + mean_c
-    else:
-        skipped["mean_ablate"] = "no positional features"
-    pe = surface.patch_pos_embed()
-    pe_gens = {seed: torch.Generator().manual_seed(20_000 + seed) for seed in seeds}
-
-    def shuffle_pe(seed: int):
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            moved = pe[random_perms("all", t.shape[0], surface.grid, pe_gens[seed])]  # (B, N, D)
-            return torch.cat([t[:, :npt], t[:, npt:] - pe + moved], dim=1)
-        return fn
-
-    # each variant's edit size, from fresh draws on the first MASS_IMAGES images (its own stream)
-    sizes: dict[str, tuple[float, float]] = {}
-    for v in ALL_VARIANTS:
-        key = (v, seeds[0])
-        if key not in sae_runs:
-            continue
-        if v == "mean_ablate":
-            sizes[v] = edit_size(sae_runs[key], sae, mass_acts)
-            continue
-        v_ids, v_kind = plan_of.get(v, ([], "all"))
-        fresh = (null_edit(v, seeds[0], EDIT_STREAM + seeds[0]) if v in NULLS
-                 else permuting(v_ids, v_kind, EDIT_STREAM + seeds[0]))
-        if fresh is not None:
-            sizes[v] = edit_size(fresh, sae, mass_acts)
+    feats = FeatureSets(sae, surface.grid, list(sae_doc["row_features"]), list(sae_doc["col_features"]),
+                        list(sae_doc.get("mixed_features", [])), mean_code, fire >= 0.005,
+                        feature_spread(sae, mass_acts))
+    runs = permute_runs(seeds)  # the work list plan_ape_permute counts
+    edits = site_edits(feats, runs)
+    sizes = edit_sizes(feats, edits, mass_acts, seeds[0])
     del mass_acts
+    preds = forward_runs(surface, sae, site, dataset, edits.fns, runs, shared_prefix, progress)
+    result = permute_result(surface, site, data, dataset, seeds, feats, edits, sizes, preds, keep_correct)
+    if out is not None:
+        ApePermuteExperiment().write(result, out)
+    return result
 
-    resume = _start_after(site) if shared_prefix else None
-    dev = surface.device
-    preds: dict[tuple[str, int], list[torch.Tensor]] = {k: [] for k in sae_runs}
-    preds.update({("pos_embed_shuffle", seed): [] for seed in seeds})
-    base_preds, label_parts = [], []
-    with progress_bar(enabled=progress) as bar, torch.no_grad():
-        task = bar.add_task("ape-permute", total=len(dataset))
-        for x, y in dataset.batches(sweep_batch(surface)):
-            x = x.to(dev)
-            label_parts.append(y)
-            if resume is not None:  # the clean stream at the site and its codes, shared by every SAE variant
-                t = surface.run_blocks(surface.embed_tokens(x), 0, resume)
-                base_preds.append(surface.forward_from(resume, t).argmax(-1).cpu())
-                xp = t[:, npt:]
-                z = sae.encode(xp)
-                for key, fn in sae_runs.items():
-                    new = torch.cat([t[:, :npt], fn(xp, z).to(t.dtype)], dim=1)
-                    preds[key].append(surface.forward_from(resume, new).argmax(-1).cpu())
-            else:
-                base_preds.append(surface(x).argmax(-1).cpu())
-                for key, fn in sae_runs.items():
-                    with edit(surface, {site: sae_edit(surface, sae, fn)}):
-                        preds[key].append(surface(x).argmax(-1).cpu())
-            for seed in seeds:
-                with edit(surface, {Site(None, "embed"): shuffle_pe(seed)}):
-                    preds[("pos_embed_shuffle", seed)].append(surface(x).argmax(-1).cpu())
-            bar.update(task, advance=len(y))
-    labels = torch.cat(label_parts)
-    base = accuracy_report(torch.cat(base_preds), labels, info)
-    base_correct = torch.cat(base_preds) == labels
+
+def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tuple[int, ...], feats: FeatureSets,
+                   edits: SiteEdits, sizes: Mapping[str, tuple[float, float]], preds: Predictions,
+                   keep_correct: dict[str, torch.Tensor] | None) -> ApePermuteResult:
+    """Top-1 per variant (mean and spread over seeds, per class group, paired interval over images)
+    beside the clean top-1; `keep_correct` gets the per-image correctness."""
+    info, labels = dataset.info, preds.labels
+    base = accuracy_report(preds.baseline, labels, info)
+    base_correct = preds.baseline == labels
     if keep_correct is not None:
         keep_correct["baseline"] = base_correct
-    per_variant: dict[str, list[tuple[dict, torch.Tensor]]] = {v: [] for v in ALL_VARIANTS}
-    for seed in seeds:
-        for v in ALL_VARIANTS:
-            key = (v, seeds[0]) if v == "mean_ablate" else (v, seed)  # mean ablation: one run for every seed
-            if key in preds:
-                p = torch.cat(preds[key])
-                per_variant[v].append((accuracy_report(p, labels, info), p == labels))
-
-    doc = {"model": surface.spec, "layer": layer, "site": site_name, "data": data_name(data), "n_images": len(dataset),
-           "seeds": list(seeds), "baseline_top1": base["top1"], "baseline_per_group": base["per_group"],
-           "baseline_top1_ci95": accuracy_interval(base_correct),
-           "variants": list(VARIANTS), "controls": dict(CONTROLS), "nulls": dict(NULLS),
-           "feature_counts": {"row": len(row), "col": len(col), "mixed": len(mixed)}}
-    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col), "all_positional": len(positional),
-               "random_features": len(row + col), "mean_ablate": len(row + col), "pos_embed_shuffle": None}
+    row, col = feats.row, feats.col
+    doc: dict[str, Any] = {
+        "model": surface.spec, "layer": site.layer, "site": site.name, "data": data_name(data),
+        "n_images": len(dataset), "seeds": list(seeds), "baseline_top1": base["top1"],
+        "baseline_per_group": base["per_group"], "baseline_top1_ci95": accuracy_interval(base_correct),
+        "variants": list(VARIANTS), "controls": dict(CONTROLS), "nulls": dict(NULLS),
+        "feature_counts": {"row": len(row), "col": len(col), "mixed": len(feats.mixed)}}
+    n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col),
+               "all_positional": len(feats.positional), "random_features": len(row + col),
+               "mean_ablate": len(row + col), "pos_embed_shuffle": None}
     for v in ALL_VARIANTS:
-        runs = per_variant[v]
-        if not runs:
-            doc[v] = {"skipped": skipped.get(v, "not run")}
+        # mean ablation: one run for every seed
+        keys = [k for k in ((v, seeds[0]) if v == "mean_ablate" else (v, seed) for seed in seeds) if k in preds.runs]
+        if not keys:
+            doc[v] = {"skipped": edits.skipped.get(v, "not run")}
             continue
+        runs = [(accuracy_report(preds.runs[k], labels, info), preds.runs[k] == labels) for k in keys]
         t = torch.tensor([r["top1"] for r, _ in runs])
         groups = {}
         for gname in base["per_group"]:
@@ -571,18 +653,17 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
         correct = torch.stack([c for _, c in runs]).float()  # (seeds, images)
         if keep_correct is not None:
             keep_correct[v] = correct.bool()
+        masses = [feats.mass(edits.moved[k][0]) for k in keys if k in edits.moved]
         doc[v] = {"top1": float(t.mean()), "top1_std": float(t.std()) if len(t) > 1 else 0.0,
                   "drop_points": 100 * (base["top1"] - float(t.mean())),
                   "drop_std": 100 * float(t.std()) if len(t) > 1 else 0.0,
-                  "per_seed_top1": t.tolist(), "n_features": n_feats.get(v, n_moved.get(v)), "per_group": groups,
+                  "per_seed_top1": t.tolist(), "per_group": groups,
+                  "n_features": n_feats[v] if v in n_feats else len(edits.moved[keys[-1]][0]),
                   "drop_ci95": scaled(paired_bootstrap_diff(base_correct.float(), correct), 100.0),
-                  "activation_mass": sum(masses[v]) / len(masses[v]) if masses[v] else None,
-                  "note": notes.get(v),
+                  "activation_mass": sum(masses) / len(masses) if masses else None,
+                  "note": edits.notes.get(v),
                   **({"edit_norm": sizes[v][0], "edit_rel": sizes[v][1]} if v in sizes else {})}
-    result = ApePermuteResult.model_validate(doc)
-    if out is not None:
-        ApePermuteExperiment().write(result, out)
-    return result
+    return ApePermuteResult.model_validate(doc)
 
 
 def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes,
@@ -594,13 +675,14 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     layer = sae.get("layer")
     layer = L // 2 if layer is None else int(layer)
     resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
-    sae_runs = (len(ALL_VARIANTS) - 2) * seeds + 1  # every permuted set, control and null per seed; mean ablation once
-    # feature mass and edit sizes, then per seed the APE-table shuffle (a full forward: it edits the input)
-    plan = StagePlan.full(min(MASS_IMAGES, n), L, 2) + StagePlan.full(n, L, seeds)  # + the edit-size capture
+    runs = permute_runs(range(seeds))  # the work list run_ape_permute iterates
+    at_site = sum(1 for r in runs if not r.at_input)
+    # feature mass and edit sizes, then the input runs (the APE-table shuffle: a full forward, it edits the input)
+    plan = StagePlan.full(min(MASS_IMAGES, n), L, 2) + StagePlan.full(n, L, len(runs) - at_site)
     if resume is None:
-        plan = plan + StagePlan.full(n, L, 1 + sae_runs)
-    else:  # the clean prefix once, then the blocks after the site for the baseline and every SAE variant
-        plan = plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + sae_runs))
+        plan = plan + StagePlan.full(n, L, 1 + at_site)
+    else:  # the clean prefix once, then the blocks after the site for the baseline and every site run
+        plan = plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + at_site))
     return plan + StagePlan(note="upper bound: every variant has features")
 
 

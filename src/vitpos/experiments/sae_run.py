@@ -48,7 +48,7 @@ from vitpos.experiments.base import (
     omit_unmeasured,
 )
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
-from vitpos.experiments.sae_seeds import SAESweep, run_sweep
+from vitpos.experiments.sae_seeds import SAESweep, run_sweep, sweep_grid
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -174,6 +174,45 @@ class SAEFidelity(BaseModel):
     stability: SeedStability | None = None  # None: no second seed was trained
 
 
+class Eta2Count(BaseModel):
+    """How many features one pair of eta2 thresholds admits (row / col / mixed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    threshold: float
+    row: int
+    col: int
+    mixed: int
+
+
+class NullThresholds(BaseModel):
+    """The null-derived thresholds (`Eta2Null`'s quantile; axis: max of row and col) and what they admit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min_eta2: float
+    min_eta2_pos: float
+    row: int
+    col: int
+    mixed: int
+
+
+class Eta2Null(BaseModel):
+    """eta2 with positions shuffled within each image (`eta2_null`): its quantile and max over the
+    live latents per statistic (None: no live latent), the features each threshold admits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    quantile: float
+    n_live: int
+    null_row_q: float | None
+    null_row_max: float | None
+    null_col_q: float | None
+    null_col_max: float | None
+    null_pos_q: float | None
+    null_pos_max: float | None
+    admitted: list[Eta2Count]  # one per threshold of ETA2_GRID, used for both axis and pos
+    null_thresholds: NullThresholds
+    used_above_null: bool  # the thresholds the feature lists use are at or above the null's
+
+
 class SAEResult(Result):
     """sae.json: the run key, held-out metrics, the positional features and their causal check."""
 
@@ -208,7 +247,7 @@ class SAEResult(Result):
     n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
-    eta2_null: dict[str, Any] | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
+    eta2_null: Eta2Null | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
     sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
@@ -243,7 +282,7 @@ class GivenSAEResult(BaseModel):
     n_col_features: int
     n_mixed_features: int
     causal: CausalCheck | None
-    eta2_null: dict[str, Any] | None = None
+    eta2_null: Eta2Null | None = None
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -322,6 +361,147 @@ def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: i
     return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
 
 
+@dataclass(frozen=True)
+class SAEJob:
+    """What one `run_sae` trains: the checked settings, the SAE's config and the given store (None:
+    run_sae captures the train split itself)."""
+
+    surface: ModelSurface
+    site: Site
+    data: Any
+    cfg: SAEConfig
+    lr: float
+    epochs: int
+    batch_tokens: int
+    buffer_tokens: int | None
+    seed: int
+    n_train_images: int
+    high_norm: float | None
+    include_special: bool
+    stability_seed: int | None
+    given: Any  # the ActivationStore of `store=`, or None
+    with_prefix: bool  # prefix tokens are mixed into the training batches
+
+    def run_key(self) -> dict[str, Any]:
+        """The settings that identify this SAE: a finished run under the same key is reused."""
+        s, given, high_norm = self.surface, self.given, self.high_norm
+        return {"version": SAE_VERSION, "model": s.spec, "weights": s.weights_digest(), "layer": self.site.layer,
+                "site": self.site.name, "data": data_name(self.data), "sae": self.cfg.model_dump(),
+                "n_train_images": given.num_images if given is not None else self.n_train_images,
+                "epochs": self.epochs, "batch_tokens": self.batch_tokens, "lr": self.lr,
+                "buffer_tokens": self.buffer_tokens,
+                "train_store": str(given.dir.resolve()) if given is not None else "own capture",
+                **({"high_norm": high_norm} if high_norm is not None else {}),
+                **({"head": s.head.digest()} if s.head is not None else {}),
+                "special_tokens": "included" if self.include_special else
+                f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
+                **({"stability_seed": self.stability_seed} if self.stability_seed is not None else {})}
+
+
+def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: int, expansion: int,
+            n_train_images: int, epochs: int, batch_tokens: int, seed: int, store: str | Path | None,
+            buffer_tokens: int | None, lr: float | None, high_norm: float | None, stability_seed: int | None,
+            include_special: bool) -> SAEJob:
+    """run_sae's settings checked (one VitposError each) into the job it trains."""
+    if site not in EDITABLE_SAE_SITES:
+        raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
+    if not 0 <= layer < surface.depth:
+        raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
+    cfg = sae_config(surface, arch, k, expansion, seed)
+    lr = default_lr(cfg.d_sae) if lr is None else float(lr)
+    s = Site(layer, site)
+    given = open_train_store(store, surface, s, data) if store is not None else None
+    with_prefix = include_special and surface.num_prefix_tokens > 0
+    if with_prefix and given is not None and not given.has_prefix:
+        raise VitposError(f"--include-special trains on the prefix tokens too, but --store {given.dir} has none; "
+                          "recapture it with `vitpos capture ... --keep-prefix` or drop --include-special")
+    n_images = given.num_images if given is not None else n_train_images
+    if n_images * surface.num_patches < batch_tokens:
+        need = -(-batch_tokens // surface.num_patches)
+        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
+                          f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
+                          "smaller --batch-tokens")
+    return SAEJob(surface, s, data, cfg, lr, epochs, batch_tokens, buffer_tokens, seed, n_train_images, high_norm,
+                  include_special, stability_seed, given, with_prefix)
+
+
+def _finished(out: Path | None, job: SAEJob) -> tuple[SAEResult, SAE] | None:
+    """The result and SAE a finished run under `job`'s key left in `out` (None: none there, or damaged)."""
+    if out is None or not (out / "sae.json").exists() or not (out / "sae.safetensors").exists():
+        return None
+    try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
+        doc = read_json(out / "sae.json")
+        if isinstance(doc, dict) and doc.get("run") == job.run_key():
+            sae_prev = SAE.load(out)
+            if sae_prev.model_weights in (None, job.surface.weights_digest()):
+                return SAEResult.model_validate(doc), sae_prev
+    except (VitposError, ValueError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What `train_job` leaves: the SAE (and the stability seed's), its training log and how it streamed."""
+
+    sae: SAE
+    other: SAE | None  # the stability seed's SAE (None: not trained)
+    tokens: int
+    seconds: float
+    training: SAETraining
+    outlier_threshold: float  # norm above which a patch token is an outlier
+    cut: float | None  # the threshold training and the splice apply (None: outliers included)
+    excluded: int  # training tokens left out as outliers (per epoch)
+
+
+def train_job(job: SAEJob, out: Path | None, keep_acts: bool, progress: bool, force: bool,
+              options: RunOptions | None) -> Trained:
+    """Train `job`'s SAE (and its stability seed's) streaming from its store, or from the train split
+    captured into out/acts (kept when `keep_acts`) or a temp folder."""
+    s, given, seed = str(job.site), job.given, job.seed
+    with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
+        if given is not None:
+            train_store = given
+        else:
+            acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
+            train_store = _capture_train_store(job.surface, job.site, job.data, job.n_train_images, acts_dir,
+                                               progress, force, options, keep_prefix=job.with_prefix)
+        batches = store_batches(train_store, s, job.batch_tokens, seed=seed, buffer_tokens=job.buffer_tokens)
+        norms = store_norms(train_store, s)
+        thr = norm_threshold(norms, k=job.high_norm or OUTLIER_K)
+        cut = None if job.include_special else thr
+        excluded = 0 if job.include_special else int((norms > thr).sum())
+        del norms
+        passes = itertools.count()
+
+        def train_batches(b=batches):
+            out = drop_outliers(b(), cut, [0])
+            return mix_prefix(out, train_store, s, seed + next(passes)) if job.with_prefix else out
+
+        t0 = time.time()
+        settings = TrainSettings(epochs=job.epochs, lr=job.lr)
+        sae, log = train_sae(train_batches, job.cfg, settings, progress=progress, options=options)
+        seconds = time.time() - t0
+        other = None
+        if job.stability_seed is not None:
+            b2 = store_batches(train_store, s, job.batch_tokens, seed=job.stability_seed,
+                               buffer_tokens=job.buffer_tokens)
+            opts = options if options is not None else RunOptions()
+            # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
+            with torch.random.fork_rng(devices=[]):
+                other, _ = train_sae(lambda: train_batches(b2), job.cfg.model_copy(update={"seed": job.stability_seed}),
+                                     settings, progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
+    high = job.high_norm
+    training = SAETraining(
+        train_store=str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
+        train_images=train_store.num_images, lr=job.lr, buffer_tokens=job.buffer_tokens,
+        reader_peak_bytes=batches.peak_reader_bytes, reader_bound_bytes=batches.bound_bytes(),
+        max_batch_tokens=batches.max_batch_tokens, dropped_tail_tokens=batches.dropped_tokens,
+        high_norm_factor=high, high_norm_threshold=thr if high is not None else None,
+        excluded_high_norm_tokens=excluded if high is not None else None)
+    return Trained(sae, other, log.tokens, seconds, training, thr, cut, excluded)
+
+
 def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
             k: int = 32, expansion: int = 8, n_train_images: int = 4000, n_eval_images: int = 1000, epochs: int = 4,
             batch_tokens: int = 4096, seed: int = 0, out: str | Path | None = None, progress: bool = False,
@@ -346,120 +526,54 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     the held-out images go to sae.json. `stability_seed`: a
     second SAE is trained with that seed on the same tokens and its decoder matched to this one's
     (`seed_stability`); it is not saved."""
-    if site not in EDITABLE_SAE_SITES:
-        raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
-    if not 0 <= layer < surface.depth:
-        raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
-    # model_validate: `arch` is a CLI string, checked against SAEConfig's Literal here.
-    cfg = sae_config(surface, arch, k, expansion, seed)
-    lr = default_lr(cfg.d_sae) if lr is None else float(lr)
-    s = Site(layer, site)
-    given = open_train_store(store, surface, s, data) if store is not None else None
-    with_prefix = include_special and surface.num_prefix_tokens > 0
-    if with_prefix and given is not None and not given.has_prefix:
-        raise VitposError(f"--include-special trains on the prefix tokens too, but --store {given.dir} has none; "
-                          "recapture it with `vitpos capture ... --keep-prefix` or drop --include-special")
-    n_images = given.num_images if given is not None else n_train_images
-    if n_images * surface.num_patches < batch_tokens:
-        need = -(-batch_tokens // surface.num_patches)
-        raise VitposError(f"{n_images} training images give {n_images * surface.num_patches} patch tokens, fewer "
-                          f"than one training batch (--batch-tokens {batch_tokens}); use at least {need} images or a "
-                          "smaller --batch-tokens")
-    run_key = {"version": SAE_VERSION, "model": surface.spec, "weights": surface.weights_digest(), "layer": layer,
-               "site": site,
-               "data": data_name(data), "sae": cfg.model_dump(),
-               "n_train_images": given.num_images if given is not None else n_train_images, "epochs": epochs,
-               "batch_tokens": batch_tokens, "lr": lr, "buffer_tokens": buffer_tokens,
-               "train_store": str(given.dir.resolve()) if given is not None else "own capture",
-               **({"high_norm": high_norm} if high_norm is not None else {}),
-               **({"head": surface.head.digest()} if surface.head is not None else {}),
-               "special_tokens": "included" if include_special else
-               f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
-               **({"stability_seed": stability_seed} if stability_seed is not None else {})}
+    job = sae_job(surface, layer, site, data, arch, k, expansion, n_train_images, epochs, batch_tokens, seed, store,
+                  buffer_tokens, lr, high_norm, stability_seed, include_special)
     out = Path(out) if out is not None else None
-    if out is not None and not force and (out / "sae.json").exists() and (out / "sae.safetensors").exists():
-        try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
-            doc = read_json(out / "sae.json")
-            if isinstance(doc, dict) and doc.get("run") == run_key:
-                sae_prev = SAE.load(out)
-                if sae_prev.model_weights in (None, surface.weights_digest()):
-                    return SAEResult.model_validate(doc), sae_prev
-        except (VitposError, ValueError):
-            pass
+    if not force and (done := _finished(out, job)) is not None:
+        return done
     eval_set = dataset_for(surface, data, "test", limit=n_eval_images)
-    with tempfile.TemporaryDirectory(prefix="vitpos-sae-acts-") as tmp:
-        if given is not None:
-            train_store = given
-        else:
-            acts_dir = out / "acts" if out is not None and keep_acts else Path(tmp) / "acts"
-            train_store = _capture_train_store(surface, s, data, n_train_images, acts_dir, progress, force, options,
-                                               keep_prefix=with_prefix)
-        batches = store_batches(train_store, str(s), batch_tokens, seed=seed, buffer_tokens=buffer_tokens)
-        norms = store_norms(train_store, str(s))
-        thr = norm_threshold(norms, k=high_norm or OUTLIER_K)
-        cut = None if include_special else thr
-        excluded = 0 if include_special else int((norms > thr).sum())
-        del norms
-        passes = itertools.count()
-
-        def train_batches(b=batches):
-            out = drop_outliers(b(), cut, [0])
-            return mix_prefix(out, train_store, str(s), seed + next(passes)) if with_prefix else out
-
-        t0 = time.time()
-        sae, log = train_sae(train_batches, cfg, TrainSettings(epochs=epochs, lr=lr), progress=progress,
-                             options=options)
-        seconds = time.time() - t0
-        other = None
-        if stability_seed is not None:
-            b2 = store_batches(train_store, str(s), batch_tokens, seed=stability_seed, buffer_tokens=buffer_tokens)
-            opts = options if options is not None else RunOptions()
-            # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
-            with torch.random.fork_rng(devices=[]):
-                other, _ = train_sae(lambda: train_batches(b2), cfg.model_copy(update={"seed": stability_seed}),
-                                     TrainSettings(epochs=epochs, lr=lr), progress=progress,
-                                     options=RunOptions(device=opts.device, amp=opts.amp))
-    streamed = {"train_store": str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
-                "train_images": train_store.num_images, "lr": lr, "buffer_tokens": buffer_tokens,
-                "reader_peak_bytes": batches.peak_reader_bytes, "reader_bound_bytes": batches.bound_bytes(),
-                "max_batch_tokens": batches.max_batch_tokens, "dropped_tail_tokens": batches.dropped_tokens,
-                **({"high_norm_factor": high_norm, "high_norm_threshold": thr,
-                    "excluded_high_norm_tokens": excluded} if high_norm is not None else {})}
+    trained = train_job(job, out, keep_acts, progress, force, options)
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
-    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=no_logits is None, outlier_threshold=cut,
-                        others=[other] if other is not None else [])
+    held = evaluate_sae(surface, trained.sae, job.site, eval_set, seed=seed, logits=no_logits is None,
+                        outlier_threshold=trained.cut, others=[trained.other] if trained.other is not None else [])
+    special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
+    result = sae_result(job, trained, held, special)
+    if out is not None:
+        trained.sae.save(out, model_weights=surface.weights_digest())
+        write_json(out / "feature_scores.json", held.scores.to_json())
+        write_json(out / "sae.json", result.to_json())
+        plots.plot_feature_maps(held.scores, out / "features.png")
+    return result, trained.sae
+
+
+def sae_result(job: SAEJob, trained: Trained, held: HeldOut, special: SpecialTokens) -> SAEResult:
+    """sae.json of a trained SAE from what was measured on the held-out images."""
+    sae, other, scores = trained.sae, trained.other, held.scores
     stability = None
     if other is not None:
-        stability = {**seed_stability(sae, other), "seed": seed, "other_seed": stability_seed,
+        stability = {**seed_stability(sae, other), "seed": job.seed, "other_seed": job.stability_seed,
                      "other_fvu": held.other_metrics[0]["fvu"]}
-    fire = held.scores.fire_rate
+    fire = scores.fire_rate
     fidelity = {"dense_threshold": DENSE_THRESHOLD, "dense_frac": float((fire > DENSE_THRESHOLD).float().mean()),
                 "dense_frac_by_threshold": {f"{t:g}": float((fire > t).float().mean()) for t in DENSE_SENSITIVITY},
                 "stability": stability}
-    special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
-    metrics, scores, causal = held.metrics, held.scores, held.causal
-    kl, top1, top1_spliced, change = held.logit_kl, held.top1, held.top1_spliced, held.top1_change_points
-    result = SAEResult.model_validate({
-        "run": run_key, "model": surface.spec, "layer": layer, "site": site, "data": data_name(data), "arch": arch,
-        "k": k, "expansion": expansion, "d_sae": cfg.d_sae, **metrics, "logit_kl": kl, "top1": top1,
-        "top1_spliced": top1_spliced,
-        "top1_change_points": change, "train_tokens": log.tokens, "train_seconds": round(seconds, 1),
-        "training": streamed,
+    cfg = job.cfg
+    return SAEResult.model_validate({
+        "run": job.run_key(), "model": job.surface.spec, "layer": job.site.layer, "site": job.site.name,
+        "data": data_name(job.data), "arch": cfg.arch, "k": cfg.k, "expansion": cfg.expansion, "d_sae": cfg.d_sae,
+        **held.metrics, "logit_kl": held.logit_kl, "top1": held.top1, "top1_spliced": held.top1_spliced,
+        "top1_change_points": held.top1_change_points, "train_tokens": trained.tokens,
+        "train_seconds": round(trained.seconds, 1), "training": trained.training,
         "row_features": scores.row_features, "col_features": scores.col_features,
         "mixed_features": scores.mixed_features,
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
-        "causal": causal, "eta2_null": held.eta2_null, "fidelity": fidelity, "special_tokens": special,
-        "outlier_threshold": thr, "include_special": include_special, "excluded_outlier_tokens": excluded,
+        "causal": held.causal, "eta2_null": held.eta2_null, "fidelity": fidelity, "special_tokens": special,
+        "outlier_threshold": trained.outlier_threshold, "include_special": job.include_special,
+        "excluded_outlier_tokens": trained.excluded,
     })
-    if out is not None:
-        sae.save(out, model_weights=surface.weights_digest())
-        write_json(out / "feature_scores.json", scores.to_json())
-        write_json(out / "sae.json", result.to_json())
-        plots.plot_feature_maps(scores, out / "features.png")
-    return result, sae
 
 
 def sae_doc_from_held(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int = 0) -> dict[str, Any]:
@@ -487,7 +601,7 @@ class HeldOut:
     top1_spliced: float | None
     top1_change_points: float | None
     causal: dict | None
-    eta2_null: dict[str, Any] | None = None
+    eta2_null: Eta2Null | None = None
     other_metrics: list[dict[str, float]] = field(default_factory=list)  # sae_metrics of each of `others`
 
 
@@ -570,7 +684,7 @@ NULL_QUANTILE = 0.99  # the null-derived threshold: this quantile of the live la
 
 @torch.no_grad()
 def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, seed: int = 0,
-              quantile: float = NULL_QUANTILE) -> dict[str, Any]:
+              quantile: float = NULL_QUANTILE) -> Eta2Null:
     """eta2 of every latent with the patch positions shuffled within each image (a fresh random
     permutation per image: position carries nothing, content and sample size stay), its `quantile`
     over live latents per statistic as the null-derived threshold, and how many features each
@@ -587,11 +701,11 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
 
     null = score_features(sae, shuffled(), grid, scores.thresholds)
     live = scores.fire_rate >= scores.thresholds.min_fire_rate
-    out: dict[str, Any] = {"quantile": quantile, "n_live": int(live.sum())}
+    stats: dict[str, float | None] = {}
     for stat in ("row", "col", "pos"):
         v = getattr(null, f"eta2_{stat}")[live]
-        out[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
-        out[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
+        stats[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
+        stats[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
 
     def counts(t_axis: float, t_pos: float) -> dict[str, int]:
         probe = FeatureScores(scores.grid, scores.n_images, scores.eta2_row, scores.eta2_col, scores.eta2_pos,
@@ -599,13 +713,13 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
         probe.classify(replace(scores.thresholds, min_eta2=t_axis, min_eta2_pos=t_pos))
         return {"row": len(probe.row_features), "col": len(probe.col_features), "mixed": len(probe.mixed_features)}
 
-    out["admitted"] = [{"threshold": t, **counts(t, t)} for t in ETA2_GRID]
-    t_axis = max(out["null_row_q"] or 0.0, out["null_col_q"] or 0.0)
-    t_pos = out["null_pos_q"] or 0.0
-    out["null_thresholds"] = {"min_eta2": t_axis, "min_eta2_pos": t_pos, **counts(t_axis, t_pos)}
+    t_axis = max(stats["null_row_q"] or 0.0, stats["null_col_q"] or 0.0)
+    t_pos = stats["null_pos_q"] or 0.0
     used = scores.thresholds
-    out["used_above_null"] = bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos)
-    return out
+    return Eta2Null(quantile=quantile, n_live=int(live.sum()), **stats,
+                    admitted=[Eta2Count(threshold=t, **counts(t, t)) for t in ETA2_GRID],
+                    null_thresholds=NullThresholds(min_eta2=t_axis, min_eta2_pos=t_pos, **counts(t_axis, t_pos)),
+                    used_above_null=bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos))
 
 
 @torch.no_grad()
@@ -639,6 +753,10 @@ class Readout:
 
 
 CONTROL_STREAM = 70_000  # + seed: the removal controls' own generator
+# causal_check's removal passes (a held-out forward each), in order: each set's features, then each set's
+# matched random removal (only with a Readout); a set without features skips its passes
+REMOVALS = (("ablate", "row"), ("ablate", "col"), ("control", "row"), ("control", "col"))
+HELD_OUT_PASSES = 3  # evaluate_sae's held-out capture and spliced forward, and the special-token report's
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
@@ -692,20 +810,20 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
                 "selectivity": mine / denom if denom > 1e-9 else None,
                 **selectivity_intervals(clean_per_image, r["per_image"], kind, seed)}
 
-    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
-        if not ids:
-            out[f"ablate_{kind}"] = {"skipped": f"no {kind} features"}
+    for what, kind in REMOVALS:
+        if what == "control" and readout is None:
             continue
-        r = remove(ids)
-        out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
-                                                                 readout.edit_norms.get(kind) if readout else None)}
-    if readout is None:
-        return out
-    live = scores.fire_rate >= scores.thresholds.min_fire_rate
-    for kind, ids in (("row", scores.row_features), ("col", scores.col_features)):
+        ids = scores.row_features if kind == "row" else scores.col_features
         if not ids:
-            out[f"control_{kind}"] = {"skipped": f"no {kind} features"}
+            out[f"{what}_{kind}"] = {"skipped": f"no {kind} features"}
             continue
+        if what == "ablate":
+            r = remove(ids)
+            out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
+                                                                     readout.edit_norms.get(kind) if readout else None)}
+            continue
+        assert readout is not None
+        live = scores.fire_rate >= scores.thresholds.min_fire_rate
         g = torch.Generator().manual_seed(CONTROL_STREAM + (0 if kind == "row" else 1) + 10 * seed)
         ctrl, note = matched_control(readout.rms, ids, positional, live, g, what="RMS code")
         if not ctrl:
@@ -715,7 +833,7 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
         size = _edit_norm(surface, sae, clean, site, ctrl, batch_size)
         out[f"control_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ctrl), size),
                                   "features": ctrl, "note": note}
-    if readout.clean_correct is not None:
+    if readout is not None and readout.clean_correct is not None:
         out["clean_top1"] = float(readout.clean_correct.float().mean())
     return out
 
@@ -792,6 +910,28 @@ def _sae_settings(settings: SAESettings) -> dict:
     return {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
 
 
+def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:
+    """The seed of the stage's seed-stability SAE (None: `stability` off)."""
+    return seed + 1 if settings.get("stability", True) else None
+
+
+def is_sweep(settings: Mapping[str, Any]) -> bool:
+    """The stage trains the seeds x sizes grid (`sae.seeds` > 1 or `sae.expansions`)."""
+    return settings.get("seeds", 1) > 1 or bool(settings.get("expansions"))
+
+
+def stage_saes(settings: Mapping[str, Any], seed: int) -> list[tuple[int, int, str]]:
+    """(expansion, seed, role) of every SAE the sae stage trains, in order: run_sae's ("main") and its
+    seed-stability SAE ("stability"), then the sweep grid's others ("sweep", `sweep_grid`)."""
+    out = [(settings["expansion"], seed, "main")]
+    other = stability_seed(settings, seed)
+    if other is not None:
+        out.append((settings["expansion"], other, "stability"))
+    if is_sweep(settings):
+        out += [(exp, sd, "sweep") for exp, sd, main in sweep_grid(settings, seed) if not main]
+    return out
+
+
 class SAESettings(Settings):
     """`sae:` in the run config."""
 
@@ -865,36 +1005,33 @@ class SAEExperiment(Experiment[SAEResult]):
         n_train = sizes.n("train", settings["images"])
         n_eval = sizes.n("test", settings["eval_images"])
         later = L - layer - 1
-        # train capture (it stops after the SAE's layer: vitpos.store.capture), held-out capture, spliced
-        # forward, the special-token report's forward, the causal check's two ablations and their two
-        # matched random removals
-        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, 3 + (4 if later else 0))
+        # train capture (it stops after the SAE's layer: vitpos.store.capture), the held-out passes and,
+        # with later layers, the causal check's removals
+        out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, HELD_OUT_PASSES +
+                                                                  (len(REMOVALS) if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
         if settings.get("browse", True):  # the browser's two passes stop at the SAE's layer (the second: winners only)
             out += StagePlan(forwards=2 * n_eval, blocks=2 * n_eval * (layer + 1))
-        tokens = n_train * N * settings["epochs"] * (2 if settings.get("stability", True) else 1)
-        latents = settings["expansion"] * surface.width
-        seeds, sizes_ = settings.get("seeds", 1), settings.get("expansions") or [settings["expansion"]]
-        extra = [e for e in sizes_ for _ in range(seeds)]
-        if settings["expansion"] in extra:
-            extra.remove(settings["expansion"])  # the main SAE is one of the grid
+        saes = stage_saes(settings, 0)  # what run_stage trains, whatever its seed
+        extra = [exp for exp, _, role in saes if role == "sweep"]
         if extra:  # the sweep's other SAEs: trained on the same store, scored on a held-out capture to the layer
             out += StagePlan.full(n_eval, layer + 1)
             note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
-        work = tokens * (latents + sum(e * surface.width for e in extra))
-        return out + StagePlan(sae_tokens=tokens * (1 + len(extra)), sae_work=work, note=note)
+        tokens = n_train * N * settings["epochs"]  # per SAE: every training token of every epoch (an upper bound)
+        work = sum(tokens * exp * surface.width for exp, _, _ in saes)
+        return out + StagePlan(sae_tokens=tokens * len(saes), sae_work=work, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
         # sae.data: the SAE (its training, held-out metrics, feature scores and C1's causal check) may read
         # other images than the run's labelled data, e.g. natural crops for a model measured on fashion
         data = s.get("data") or stage.data
-        sweep = s.get("seeds", 1) > 1 or bool(s.get("expansions"))
+        sweep = is_sweep(s)
         result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
                               expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
                               epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
                               keep_acts=sweep, high_norm=s.get("high_norm"),
-                              stability_seed=stage.seed + 1 if s.get("stability", True) else None,
+                              stability_seed=stability_seed(s, stage.seed),
                               include_special=s.get("include_special", False))
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),

@@ -61,13 +61,25 @@ def _eval_store(surface: ModelSurface, site: Site, data, n_eval: int, folder: Pa
     return ActivationStore(folder)
 
 
+def sweep_axes(settings: Mapping[str, Any], seed: int) -> tuple[list[int], list[int]]:
+    """The grid's seeds (seed..seed+seeds-1) and dictionary sizes (`expansions`, else [expansion])."""
+    seeds = [seed + j for j in range(int(settings.get("seeds", 1)))]
+    return seeds, list(dict.fromkeys(settings.get("expansions") or [settings["expansion"]]))
+
+
+def sweep_grid(settings: Mapping[str, Any], seed: int) -> list[tuple[int, int, bool]]:
+    """(expansion, seed, main) of every SAE of the grid, in the order run_sweep trains them; main: the
+    study's SAE (seed `seed`, size `expansion`), trained by run_sae and not again."""
+    seeds, sizes = sweep_axes(settings, seed)
+    return [(exp, sd, (exp, sd) == (settings["expansion"], seed)) for exp, sd in itertools.product(sizes, seeds)]
+
+
 def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_store: Callable[[], Any], *,
               settings: Mapping[str, Any], seed: int, out: Path | None = None, progress: bool = False,
               batch_tokens: int = 4096, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS) -> SAESweep:
     """Train the grid's other SAEs (seeds seed..seed+seeds-1 x expansions) on `train_store()`, score
     them on `settings["eval_images"]` held-out images, and match seeds per size."""
-    seeds = [seed + j for j in range(int(settings.get("seeds", 1)))]
-    sizes = list(dict.fromkeys(settings.get("expansions") or [settings["expansion"]]))
+    seeds, sizes = sweep_axes(settings, seed)
     if len(seeds) < 2 and len(sizes) < 2:
         raise VitposError("an SAE sweep needs sae.seeds >= 2 or two sae.expansions")
     store = train_store()
@@ -86,8 +98,7 @@ def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_stor
             feats = score_features(sae, (a for a, _, _ in held.iter_images(key, 64)), surface.grid)
             return metrics, feats
 
-        for exp, sd in itertools.product(sizes, seeds):
-            main = (exp, sd) == (settings["expansion"], seed)
+        for exp, sd, main in sweep_grid(settings, seed):
             t0 = time.time()
             if main:
                 sae = main_sae
@@ -119,4 +130,4 @@ def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_stor
     return SAESweep(seeds=seeds, expansions=sizes, eval_images=n_eval, runs=runs, stability=stability)
 
 
-__all__ = ["SAESweep", "SweepRun", "run_sweep"]
+__all__ = ["SAESweep", "SweepRun", "run_sweep", "sweep_axes", "sweep_grid"]

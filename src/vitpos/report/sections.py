@@ -283,16 +283,15 @@ def _sec_sae(r: SAEResult) -> str:
             if ctl is not None:
                 pairs += _removal_pairs(kind, eff, ctl)
     null = r.eta2_null
-    if null is not None:  # untyped in SAEResult (dict[str, Any]): read as written by sae_run.eta2_null
-        adm = "; ".join(f"{a.get('threshold')}: {a.get('row')} row / {a.get('col')} col / {a.get('mixed')} mixed"
-                        for a in null.get("admitted") or [] if isinstance(a, dict))
-        nt = null.get("null_thresholds") or {}
+    if null is not None:
+        adm = "; ".join(f"{a.threshold}: {a.row} row / {a.col} col / {a.mixed} mixed" for a in null.admitted)
+        nt = null.null_thresholds
         pairs += [("η² null (positions shuffled within image): q99 row / col / pos",
-                   f"{fnum(null.get('null_row_q'), 4)} / {fnum(null.get('null_col_q'), 4)} / "
-                   f"{fnum(null.get('null_pos_q'), 4)}; the thresholds used lie "
-                   f"{'above' if null.get('used_above_null') else 'NOT above'} the null"),
+                   f"{fnum(null.null_row_q, 4)} / {fnum(null.null_col_q, 4)} / "
+                   f"{fnum(null.null_pos_q, 4)}; the thresholds used lie "
+                   f"{'above' if null.used_above_null else 'NOT above'} the null"),
                   ("features admitted at the null-derived thresholds",
-                   f"{nt.get('row')} row / {nt.get('col')} col / {nt.get('mixed')} mixed"),
+                   f"{nt.row} row / {nt.col} col / {nt.mixed} mixed"),
                   ("features admitted per η² threshold", adm)]
     return kv_table(pairs + _sae_fidelity_pairs(r)) + _sae_browser_link(r)
 

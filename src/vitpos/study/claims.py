@@ -354,7 +354,7 @@ def _c1(spec: str, sae: SAEReading, t: Mapping[str, float] | None = None) -> Mod
         conds.extend((at_least(iv[k], t["C1.selective"]), at_least(own[k], t["C1.min_probe_drop"]),
                       exceeds(own[k], own_ctl[k], t["C1.control_factor"]),  # a missing own drop is false
                       _measured_at_least(top1[k], t["C1.min_top1_drop"])))
-    null = _as_json(sae, "eta2_null") or {}
+    null = sae.eta2_null
     nums: dict[str, Any] = {"layer": sae.layer, "n_row": sae.n_row_features, "n_col": sae.n_col_features,
                             "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae.fvu,
                             "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
@@ -372,8 +372,8 @@ def _c1(spec: str, sae: SAEReading, t: Mapping[str, float] | None = None) -> Mod
         nums[f"{k}_edit_norm"] = None if e is None else e.edit_norm
         nums[f"{k}_control_edit_norm"] = None if c is None else c.edit_norm
         nums[f"{k}_control_note"] = None if c is None else c.note
-    nums["eta2_null_thresholds"] = null.get("null_thresholds")
-    nums["eta2_thresholds_above_null"] = null.get("used_above_null")
+    nums["eta2_null_thresholds"] = None if null is None else null.null_thresholds.model_dump(mode="json")
+    nums["eta2_thresholds_above_null"] = None if null is None else null.used_above_null
 
     def axis(k: str) -> str:
         return (f"{k} set: selectivity {_f(sel[k])}{_iv(iv[k])}, {k}-probe drop {_f(nums[f'{k}_probe_drop'], 1)}"
