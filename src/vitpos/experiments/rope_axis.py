@@ -235,9 +235,35 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if restore_points is not None:
         check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
-    plan = schedule(Rs, shared_prefix)
+    done, fitted = probe_conditions(surface, dataset, Rs, shared_prefix, seed, batch_size, progress)
+    conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
+    rec, medians, matched, shares = recoveries(conditions, fitted, Rs, layers)
+    H, W = surface.grid
+    chance = {"row": 1 / H, "col": 1 / W}
+    result = RopeAxisResult.model_validate({
+        "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
+        "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
+        "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
+        "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares,
+        "removal_floored": {f"no_{a}": floored_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "content_floor": {a: [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]] for a in ("row", "col")},
+        "readouts": None if not readout_images else run_readouts(
+            surface, dataset, readout_layers(surface.depth, readout_layer_list, False), readout_images, seed,
+            batch_size)})
+    if out is not None:
+        RopeAxisExperiment().write(result, out)
+    return result
+
+
+def probe_conditions(surface: ModelSurface, dataset, Rs: list[int], shared_prefix: bool, seed: int,
+                     batch_size: int | None, progress: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The baseline, then every condition of `schedule(Rs, shared_prefix)` probed: each one's result
+    doc (with its axis and restore point) and its fitted probes ({layer: ProbeResult}: per-image
+    accuracies for the intervals), by name."""
     done: dict[str, dict] = {}
-    fitted: dict[str, dict] = {}  # condition -> {layer: ProbeResult}: per-image accuracies for the intervals
+    fitted: dict[str, dict] = {}
+    plan = schedule(Rs, shared_prefix)
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)
         base = probe_condition(surface, dataset, None, seed=seed, batch_size=batch_size)
@@ -267,7 +293,14 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
             fitted[name] = res["probes"]
             bar.update(task, advance=1, description=f"rope-axis {name}")
     no_axis.clear()
-    conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
+    return done, fitted
+
+
+def recoveries(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], Rs: list[int],
+               layers: list[int]) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict], dict[str, dict]]:
+    """Per axis and restore point the recovery and the count-matched rebuilt share, and per axis
+    their medians over the restore points with paired intervals (C4): recovery, median_recovery,
+    count_matched, median_rebuilt_share as the result holds them."""
     rec: dict[str, dict] = {"row": {}, "col": {}}
     medians: dict[str, dict] = {}
     matched: dict[str, dict] = {"row": {}, "col": {}}
@@ -287,22 +320,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         shares[a] = {"median_share": median_rebuilt_share(matched[a]),
                      "median_share_ci95": sample_interval(median_samples(share_samples)),
                      "restore_points": [R for R in Rs if matched[a][str(R)]["mean_share"] is not None]}
-    H, W = surface.grid
-    chance = {"row": 1 / H, "col": 1 / W}
-    result = RopeAxisResult.model_validate({
-        "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
-        "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
-        "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
-        "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares,
-        "removal_floored": {f"no_{a}": floored_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "content_floor": {a: [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]] for a in ("row", "col")},
-        "readouts": None if not readout_images else run_readouts(
-            surface, dataset, readout_layers(surface.depth, readout_layer_list, False), readout_images, seed,
-            batch_size)})
-    if out is not None:
-        RopeAxisExperiment().write(result, out)
-    return result
+    return rec, medians, matched, shares
 
 
 def axis_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], axis: str,
