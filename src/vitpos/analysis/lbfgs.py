@@ -29,7 +29,7 @@ checks that each head lands on scikit-learn's optimum.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -306,21 +306,11 @@ def lbfgs_heads(
     exact under a new l2 after y += (l2_new - l2_old) * s. Warm starts then skip L-BFGS's slow
     first iterations.
     """
-    nh = len(obj.slices)
     states = [
         HeadLBFGS(theta[:, sl].clone(memory_format=torch.contiguous_format), history, obj.design) for sl in obj.slices
     ]
-    old = memory.get("heads") if memory else None
-    if old is not None and [m["k"] for m in old] == obj.num_classes:
-        for st, m, l2 in zip(states, old, obj.l2s, strict=True):
-            if m["s"].shape[0]:
-                weights = torch.ones(st.theta.shape, device=st.theta.device, dtype=torch.float64)
-                weights[-1] = 0.0  # the bias is unpenalised
-                st.s = m["s"]
-                st.y = m["y"] + (l2 - m["l2"]) * m["s"] * weights.reshape(1, -1)
-                keep = (st.s * st.y).sum(1) > 1e-10
-                st.s, st.y = st.s[keep][-history:], st.y[keep][-history:]
-    heads = list(range(nh))
+    _warm_start(states, obj, memory, history)
+    heads = list(range(len(obj.slices)))
     fs, resid = obj.head_values([st.theta for st in states], heads)
     for st, f, g in zip(states, fs, obj.head_grads([st.theta for st in states], heads, resid), strict=True):
         st.f, st.g = f, g
@@ -328,37 +318,8 @@ def lbfgs_heads(
     it = 0
     while active and it < max_iter:
         it += 1
-        steps, slopes, t = {}, {}, {}
-        for h in active:
-            st = states[h]
-            m_diag = obj.head_precondition_diag(h) if precondition else None
-            q = st.direction(m_diag)
-            gd = float(st.g.reshape(-1) @ q.reshape(-1))
-            if not gd < 0:  # not a descent direction (numerical trouble): drop the history
-                st.forget()
-                q = st.direction(m_diag)
-                gd = float(st.g.reshape(-1) @ q.reshape(-1))
-            steps[h], slopes[h] = q, gd
-            # Unpreconditioned first steps are scaled like torch's LBFGS; else try the full step.
-            t[h] = 1.0 if (st.s.shape[0] or precondition) else min(1.0, 1.0 / float(st.g.abs().sum()))
-        # Backtracking, per head; heads whose trial point is accepted drop out of the retries.
-        accepted: dict[int, tuple[torch.Tensor, float, torch.Tensor]] = {}
-        pending = list(active)
-        for _ in range(30):
-            trial = [torch.add(states[h].theta, steps[h], alpha=t[h]) for h in pending]
-            new_fs, new_resid = obj.head_values(trial, pending)
-            retry, start = [], 0
-            for h, th, f in zip(pending, trial, new_fs, strict=True):
-                k = obj.num_classes[h]
-                if f <= states[h].f + 1e-4 * t[h] * slopes[h]:
-                    accepted[h] = (th, f, new_resid[start : start + k])
-                else:
-                    t[h] *= 0.5
-                    retry.append(h)
-                start += k
-            pending = retry
-            if not pending:
-                break
+        steps, slopes, t = _directions(obj, states, active, precondition)
+        accepted = _line_search(obj, states, active, steps, slopes, t)
         # A head left pending has no representable decrease left: converged as far as float
         # precision allows, it leaves the batch.
         moved = [h for h in active if h in accepted]
@@ -382,6 +343,67 @@ def lbfgs_heads(
             for k, l2, st in zip(obj.num_classes, obj.l2s, states, strict=False)
         ]
     return torch.cat([st.theta for st in states], 1), it
+
+
+def _warm_start(states: list[HeadLBFGS], obj: SoftmaxHeads, memory: dict | None, history: int) -> None:
+    """Each head's curvature pairs from `memory` (a previous fit on the path), moved to the new l2:
+    y += (l2_new - l2_old) * s on the weights (the bias is unpenalised); pairs left without
+    positive curvature are dropped."""
+    old = memory.get("heads") if memory else None
+    if old is None or [m["k"] for m in old] != obj.num_classes:
+        return
+    for st, m, l2 in zip(states, old, obj.l2s, strict=True):
+        if m["s"].shape[0]:
+            weights = torch.ones(st.theta.shape, device=st.theta.device, dtype=torch.float64)
+            weights[-1] = 0.0  # the bias is unpenalised
+            st.s = m["s"]
+            st.y = m["y"] + (l2 - m["l2"]) * m["s"] * weights.reshape(1, -1)
+            keep = (st.s * st.y).sum(1) > 1e-10
+            st.s, st.y = st.s[keep][-history:], st.y[keep][-history:]
+
+
+def _directions(obj: SoftmaxHeads, states: list[HeadLBFGS], active: list[int],
+                precondition: bool) -> tuple[dict[int, torch.Tensor], dict[int, float], dict[int, float]]:
+    """Per active head its L-BFGS step, the slope along it and the first step length to try."""
+    steps, slopes, t = {}, {}, {}
+    for h in active:
+        st = states[h]
+        m_diag = obj.head_precondition_diag(h) if precondition else None
+        q = st.direction(m_diag)
+        gd = float(st.g.reshape(-1) @ q.reshape(-1))
+        if not gd < 0:  # not a descent direction (numerical trouble): drop the history
+            st.forget()
+            q = st.direction(m_diag)
+            gd = float(st.g.reshape(-1) @ q.reshape(-1))
+        steps[h], slopes[h] = q, gd
+        # Unpreconditioned first steps are scaled like torch's LBFGS; else try the full step.
+        t[h] = 1.0 if (st.s.shape[0] or precondition) else min(1.0, 1.0 / float(st.g.abs().sum()))
+    return steps, slopes, t
+
+
+def _line_search(obj: SoftmaxHeads, states: list[HeadLBFGS], active: list[int], steps: Mapping[int, torch.Tensor],
+                 slopes: Mapping[int, float],
+                 t: dict[int, float]) -> dict[int, tuple[torch.Tensor, float, torch.Tensor]]:
+    """Armijo backtracking, per head: {head: (trial theta, its objective, its residual rows)} for
+    the heads whose trial point was accepted; those accepted drop out of the retries (at most 30)."""
+    accepted: dict[int, tuple[torch.Tensor, float, torch.Tensor]] = {}
+    pending = list(active)
+    for _ in range(30):
+        trial = [torch.add(states[h].theta, steps[h], alpha=t[h]) for h in pending]
+        new_fs, new_resid = obj.head_values(trial, pending)
+        retry, start = [], 0
+        for h, th, f in zip(pending, trial, new_fs, strict=True):
+            k = obj.num_classes[h]
+            if f <= states[h].f + 1e-4 * t[h] * slopes[h]:
+                accepted[h] = (th, f, new_resid[start : start + k])
+            else:
+                t[h] *= 0.5
+                retry.append(h)
+            start += k
+        pending = retry
+        if not pending:
+            break
+    return accepted
 
 
 def fit_softmax_heads(

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -507,75 +507,122 @@ def fit_probe_tokens(
     """`fit_position_probes` from the tokens it reads (`ProbeTokens`; split, seed and token cap are
     the sample's): the same result, bit for bit, as the fit on the full features."""
     h, w = _check_grid(grid)
-    sample, split = tokens.sample, tokens.sample.split
-    n_patch = sample.num_patches
-    _check_patches(n_patch, h, w)
+    sample = tokens.sample
+    _check_patches(sample.num_patches, h, w)
     for name, part in (("train", tokens.train), ("val", tokens.val), ("test", tokens.test)):
         _check_features(part, f"{name} tokens")
     l2_grid = _check_l2_grid(l2_grid)
-    ids, seed = sample.ids, sample.seed
     dev = resolve_device(device) if device is not None else tokens.train.device  # accepts auto|cpu|cuda
-    img_idx, patch_idx = sample.train_images, sample.train_patches
-    # the val / test tensors hold exactly the split's images, in split order
-    val_rows, test_rows = torch.arange(split.val.numel()), torch.arange(split.test.numel())
-    targets = {"row": position_labels(grid, "row"), "col": position_labels(grid, "col")}
-    ctrl = {"row": control_labels(grid, "row", seed), "col": control_labels(grid, "col", seed)}
+    best, val_by_l2 = _choose_l2(tokens, (h, w), l2_grid, dev, max_iter, tol)
+    fit = _refit(tokens, (h, w), best, control, dev, max_iter, tol)
+    return _probe_result(sample, fit, (h, w), best, val_by_l2, l2_grid, max_iter, tol)
 
+
+def _train_features(tokens: ProbeTokens, dev: torch.device) -> torch.Tensor:
+    """The training tokens as float32 on `dev` (the tokens themselves when they already are: each
+    step converts its own, so no step holds a copy the next one does not need)."""
     x_train = tokens.train.to(dev, torch.float32)
     if not all_finite(x_train):
         raise VitposError("features contain NaN or inf; fix the activations before probing")
-    patch_dev = patch_idx.to(dev)
-    in_fit = torch.isin(img_idx, split.fit)
+    return x_train
 
-    # 1) choose l2 per probe on the validation images, fitting on the rest of the train images
-    x_fit = x_train[in_fit.to(dev)]
+
+_L2Choice = dict[str, tuple[float, float, tuple[torch.Tensor, torch.Tensor]]]  # target -> (val acc, l2, head)
+
+
+def _choose_l2(tokens: ProbeTokens, grid: tuple[int, int], l2_grid: tuple[float, ...], dev: torch.device,
+               max_iter: int, tol: float) -> tuple[_L2Choice, dict[str, dict[float, float]]]:
+    """Step 1 of `fit_probe_tokens`: the L2 of each probe chosen on the validation images, fitting on
+    the rest of the training images; the best (val accuracy, l2, head) per target and every l2's
+    val accuracy."""
+    h, w = grid
+    sample = tokens.sample
+    split, n_patch = sample.split, sample.num_patches
+    val_rows = torch.arange(split.val.numel())  # the val tensor holds exactly the split's images, in split order
+    targets = [position_labels(grid, "row"), position_labels(grid, "col")]
+    patch_dev = sample.train_patches.to(dev)
+    in_fit = torch.isin(sample.train_images, split.fit)
+    x_fit = _train_features(tokens, dev)[in_fit.to(dev)]
     mean_fit, std_fit = standardise_stats(x_fit)
     xs_fit = Design(standardised_design(x_fit, mean_fit, std_fit))
     del x_fit
-    y_fit = [targets[t].to(dev)[patch_dev[in_fit.to(dev)]] for t in ("row", "col")]
+    y_fit = [t.to(dev)[patch_dev[in_fit.to(dev)]] for t in targets]
     val_by_l2: dict[str, dict[float, float]] = {"row": {}, "col": {}}
-    best: dict[str, tuple[float, float, tuple[torch.Tensor, torch.Tensor]]] = {}
+    best: _L2Choice = {}
     heads, memory = None, {}
     # Largest l2 first: each fit warm-starts the next, weaker-regularised one (a path).
     for l2 in sorted(set(l2_grid), reverse=True):
         heads = fit_softmax_heads(
             xs_fit, y_fit, [h, w], [l2, l2], heads, max_iter=max_iter, tol=tol, memory=memory
         )
-        correct = _head_correct(tokens.val, val_rows, heads, [targets["row"], targets["col"]], mean_fit, std_fit, dev)
+        correct = _head_correct(tokens.val, val_rows, heads, targets, mean_fit, std_fit, dev)
         accs = (correct.sum(0).double() / (val_rows.numel() * n_patch)).tolist()
         for t, acc, head in zip(("row", "col"), accs, heads, strict=True):
             val_by_l2[t][l2] = acc
             # Strict '>' keeps the larger (safer) l2 on ties.
             if t not in best or acc > best[t][0]:
                 best[t] = (acc, l2, head)
-    del xs_fit, y_fit
+    return best, val_by_l2
 
-    # 2) refit on all training images with the chosen l2; controls share the chosen l2
+
+class _Refit(NamedTuple):
+    """Step 2 of `fit_probe_tokens`: the final heads and what reads them."""
+
+    names: list[str]
+    heads: list[tuple[torch.Tensor, torch.Tensor]]
+    labels: list[torch.Tensor]
+    sizes: list[int]
+    l2s: list[float]
+    mean: torch.Tensor
+    std: torch.Tensor
+    test_correct: torch.Tensor  # (test images, heads)
+    test_acc: dict[str, float]
+
+
+def _refit(tokens: ProbeTokens, grid: tuple[int, int], best: _L2Choice, control: bool, dev: torch.device,
+           max_iter: int, tol: float) -> _Refit:
+    """Step 2 of `fit_probe_tokens`: refit on all training images with the chosen l2 (the control
+    probes share it), scored on the test images."""
+    h, w = grid
+    sample = tokens.sample
+    x_train = _train_features(tokens, dev)
     mean, std = standardise_stats(x_train)
     xs_train = Design(standardised_design(x_train, mean, std))
     del x_train
+    targets = {"row": position_labels(grid, "row"), "col": position_labels(grid, "col")}
+    ctrl = {"row": control_labels(grid, "row", sample.seed), "col": control_labels(grid, "col", sample.seed)}
     names = ["row", "col"] + (["row_control", "col_control"] if control else [])
     labels = [targets["row"], targets["col"]] + ([ctrl["row"], ctrl["col"]] if control else [])
     l2s = [best["row"][1], best["col"][1]] * (2 if control else 1)
     sizes = [h, w] * (2 if control else 1)
     init = [best["row"][2], best["col"][2]] + ([None, None] if control else [])
+    patch_dev = sample.train_patches.to(dev)
     final = fit_softmax_heads(
         xs_train, [y.to(dev)[patch_dev] for y in labels], sizes, l2s, init, max_iter=max_iter, tol=tol
     )
     del xs_train
+    test_rows = torch.arange(sample.split.test.numel())
     test_correct = _head_correct(tokens.test, test_rows, final, labels, mean, std, dev)  # (test images, heads)
-    accs = (test_correct.sum(0).double() / (test_rows.numel() * n_patch)).tolist()
-    test_acc = dict(zip(names, accs, strict=True))
+    accs = (test_correct.sum(0).double() / (test_rows.numel() * sample.num_patches)).tolist()
+    return _Refit(names, final, labels, sizes, l2s, mean, std, test_correct, dict(zip(names, accs, strict=True)))
 
+
+def _probe_result(sample: ProbeSample, fit: _Refit, grid: tuple[int, int], best: _L2Choice,
+                  val_by_l2: Mapping[str, Mapping[float, float]], l2_grid: tuple[float, ...], max_iter: int,
+                  tol: float) -> ProbeResult:
+    """Step 3 of `fit_probe_tokens`: the fitted heads as probes, and the result."""
+    h, w = grid
+    split, ids = sample.split, sample.ids
     probes = {}
-    for name, (wt, bs), y, k, l2 in zip(names, final, labels, sizes, l2s, strict=True):
+    for name, (wt, bs), y, k, l2 in zip(fit.names, fit.heads, fit.labels, fit.sizes, fit.l2s, strict=True):
         probe = LinearProbe(k, l2, position_labels=y, max_iter=max_iter, tol=tol)
-        probe._set(wt, bs, mean, std)
+        probe._set(wt, bs, fit.mean, fit.std)
         probes[name] = probe
 
     def ids_of(rows: torch.Tensor) -> list[Any]:
         return list(dict.fromkeys(ids[r] for r in rows.tolist()))
 
+    test_acc = fit.test_acc
     rc, cc = test_acc.get("row_control"), test_acc.get("col_control")
     return ProbeResult(
         row_acc=test_acc["row"],
@@ -590,7 +637,7 @@ def fit_probe_tokens(
         l2_col=best["col"][1],
         n_train_images=len(ids_of(split.train)),
         n_test_images=len(ids_of(split.test)),
-        n_train_tokens=int(patch_idx.numel()),
+        n_train_tokens=int(sample.train_patches.numel()),
         grid=(h, w),
         l2_grid=l2_grid,
         row_val_acc=[val_by_l2["row"][v] for v in l2_grid],
@@ -602,7 +649,7 @@ def fit_probe_tokens(
         col_probe=probes["col"],
         row_control_probe=probes.get("row_control"),
         col_control_probe=probes.get("col_control"),
-        test_correct={"row": test_correct[:, 0], "col": test_correct[:, 1]},
+        test_correct={"row": fit.test_correct[:, 0], "col": fit.test_correct[:, 1]},
     )
 
 

@@ -158,6 +158,42 @@ def capture_condition(surface: ModelSurface, dataset, context: ContextFactory | 
     return keeper.finish(), labels_t, torch.cat(logits), kept_start
 
 
+PROBE_KEYS = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe", "row_acc_ci95", "col_acc_ci95")
+
+
+def _base_test(base_probes: Mapping[int, Any] | None, layer: int) -> torch.Tensor | None:
+    """The baseline probes' test images of `layer` (None without them)."""
+    if base_probes is None or layer not in base_probes:
+        return None
+    return torch.as_tensor(base_probes[layer].test_image_ids, dtype=torch.long)
+
+
+def _fit_layer(surface: ModelSurface, sample, kept: KeptTokens, keep: Mapping[Site, Keep], layer: int,
+               base_probes: Mapping[int, Any] | None) -> tuple[dict[str, Any], Any]:
+    """One layer of `probe_condition`: its probes retrained on the kept tokens (with the baseline's
+    L2 choices when given) and its entries of PROBE_KEYS (the baseline's probes read on the
+    baseline's test images; without them the retrained accuracies), and the fit."""
+    site = Site(layer, "resid_post")
+    rows = keep[site].images
+    whole = kept.images(str(site))  # this layer's val / test images (and the base probes' test images)
+    kw = {}
+    if base_probes is not None and layer in base_probes:
+        kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
+    toks = ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows)
+    res = fit_probe_tokens(toks, surface.grid, control=False, **kw)
+    del toks
+    entry: dict[str, Any] = {"row_acc": res.row_acc, "col_acc": res.col_acc, "row_acc_ci95": res.acc_ci95("row"),
+                             "col_acc_ci95": res.acc_ci95("col")}
+    test = _base_test(base_probes, layer)
+    if base_probes is not None and test is not None:
+        feats = whole[rows_in(rows, test)]
+        entry["row_acc_orig_probe"] = base_probes[layer].row_probe.accuracy(feats)
+        entry["col_acc_orig_probe"] = base_probes[layer].col_probe.accuracy(feats)
+    else:
+        entry["row_acc_orig_probe"], entry["col_acc_orig_probe"] = res.row_acc, res.col_acc
+    return entry, res
+
+
 def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, seed: int = 0,
                     layers: list[int] | None = None, max_train_tokens: int | None = SWEEP_TRAIN_TOKENS, *,
                     start: Start | None = None, reuse: Mapping[str, Any] | None = None,
@@ -190,54 +226,27 @@ def probe_condition(surface: ModelSurface, dataset, context, base_probes=None, s
                           "(reuse=, over the same layers)")
     n_images = len(start.labels) if start is not None else len(dataset)
     sample = probe_sample(n_images, surface.num_patches, seed=seed, max_train_tokens=max_train_tokens)
-
-    def base_test(layer: int) -> torch.Tensor | None:
-        if base_probes is None or layer not in base_probes:
-            return None
-        return torch.as_tensor(base_probes[layer].test_image_ids, dtype=torch.long)
-
-    keep = {Site(layer, "resid_post"): Keep.probe(sample, base_test(layer)) for layer in fitted}
+    keep = {Site(layer, "resid_post"): Keep.probe(sample, _base_test(base_probes, layer)) for layer in fitted}
     kept, labels, logits, kept_start = capture_condition(surface, dataset, context, keep, start=start,
                                                          keep_pre=keep_pre, batch_size=batch_size)
-    keys = ("row_acc", "col_acc", "row_acc_orig_probe", "col_acc_orig_probe", "row_acc_ci95", "col_acc_ci95")
-    doc: dict = {k: [] for k in keys}
+    doc: dict = {k: [] for k in PROBE_KEYS}
     probes = {}
     images: dict[int, dict[str, torch.Tensor]] = {}
     with kept:
         for i, layer in enumerate(layers):
-            if layer < first:
+            if layer < first:  # a fit on identical activations: `reuse`'s
                 assert reuse is not None
-                for k in keys:
-                    doc[k].append(reuse["doc"][k][i])
+                entry = {k: reuse["doc"][k][i] for k in PROBE_KEYS}
                 probes[layer] = reuse["probes"][layer]
                 if per_image:
                     images[layer] = reuse["per_image"][layer]
-                continue
-            site = Site(layer, "resid_post")
-            rows = keep[site].images
-            whole = kept.images(str(site))  # this layer's val / test images (and the base probes' test images)
-            kw = {}
-            if base_probes is not None and layer in base_probes:
-                kw["l2_grid"] = tuple(sorted({base_probes[layer].l2_row, base_probes[layer].l2_col}))
-            toks = ProbeTokens.from_whole(sample, kept.tokens(str(site)), whole, rows)
-            res = fit_probe_tokens(toks, surface.grid, control=False, **kw)
-            probes[layer] = res
-            if per_image:  # the per-image accuracies row_acc / col_acc average (ProbeResult.per_image_acc)
-                images[layer] = {a: acc for a in ("row", "col") if (acc := res.per_image_acc(a)) is not None}
-            del toks
-            doc["row_acc"].append(res.row_acc)
-            doc["col_acc"].append(res.col_acc)
-            doc["row_acc_ci95"].append(res.acc_ci95("row"))
-            doc["col_acc_ci95"].append(res.acc_ci95("col"))
-            test = base_test(layer)
-            if base_probes is not None and test is not None:
-                feats = whole[rows_in(rows, test)]
-                doc["row_acc_orig_probe"].append(base_probes[layer].row_probe.accuracy(feats))
-                doc["col_acc_orig_probe"].append(base_probes[layer].col_probe.accuracy(feats))
             else:
-                doc["row_acc_orig_probe"].append(res.row_acc)
-                doc["col_acc_orig_probe"].append(res.col_acc)
-            del whole
+                entry, res = _fit_layer(surface, sample, kept, keep, layer, base_probes)
+                probes[layer] = res
+                if per_image:  # the per-image accuracies row_acc / col_acc average (ProbeResult.per_image_acc)
+                    images[layer] = {a: acc for a in ("row", "col") if (acc := res.per_image_acc(a)) is not None}
+            for k in PROBE_KEYS:
+                doc[k].append(entry[k])
     rep = accuracy_report(logits.argmax(-1), labels, dataset.info)
     correct = logits.argmax(-1).cpu() == labels.cpu()
     doc["top1"] = rep["top1"]

@@ -127,6 +127,12 @@ def rope_grid(base: ModelSurface, resized: ModelSurface) -> Literal["extended", 
     return "extended" if same else "rescaled"
 
 
+def size_schedule(surface: ModelSurface, scales: Sequence[float]) -> list[tuple[float, tuple[int, int]]]:
+    """The sizes run_extrapolate runs and plan_extrapolate counts, in order: (scale, grid), the
+    training size first, then each scale by size."""
+    return [(scale, grid_at(surface, scale)) for scale in (1.0, *sorted(scales))]
+
+
 def measure_size(surface: ModelSurface, dataset, seed: int = 0, top1: bool = True,
                  max_train_tokens: int | None = SWEEP_TRAIN_TOKENS) -> dict:
     """Row / column probe accuracy per layer (resid_post patch tokens, retrained on this grid) and,
@@ -168,9 +174,9 @@ def run_extrapolate(surface: ModelSurface, data: str = "shapes", n_images: int =
     rows: list[dict] = []
     grid_kind: Literal["extended", "rescaled"] | None = None
     with progress_bar(enabled=progress) as bar:
-        task = bar.add_task("extrapolate", total=1 + len(scales))
-        for scale in (1.0, *scales):
-            g = grid_at(surface, scale)
+        schedule = size_schedule(surface, scales)
+        task = bar.add_task("extrapolate", total=len(schedule))
+        for scale, g in schedule:
             # shapes at the grid ratio: the shapes keep their pixels per patch
             data_px = None if native is None else round(native[0] * g[0] / surface.grid[0])
             if scale == 1.0:
@@ -196,15 +202,14 @@ def run_extrapolate(surface: ModelSurface, data: str = "shapes", n_images: int =
 
 
 def plan_extrapolate(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-    """What run_extrapolate(n_images=settings['images'], scales=settings['scales']) computes: one
-    forward of the images per size and a probe fit per layer and size (larger grids: more tokens per
-    image, counted as image x block evaluations all the same)."""
+    """What run_extrapolate(n_images=settings['images'], scales=settings['scales']) computes, walking
+    its `size_schedule`: one forward of the images per size and a probe fit per layer and size (larger
+    grids: more tokens per image, counted as image x block evaluations all the same)."""
     n, L = sizes.n("test", settings["images"]), surface.depth
     scales = surface.extrapolation_scales if settings.get("scales") is None else settings["scales"]
     # block evaluations are timed at the training grid's cost; larger grids have more tokens per image
     plan = StagePlan(note="the larger grids' blocks take longer than the estimate")
-    for scale in (1.0, *scales):
-        H, W = grid_at(surface, scale)
+    for _, (H, W) in size_schedule(surface, scales):
         plan += StagePlan.full(n, L) + StagePlan.probe_fits(L, n, H * W, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
     return plan
 

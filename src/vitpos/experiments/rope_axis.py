@@ -32,7 +32,7 @@ from statistics import median
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
@@ -149,6 +149,22 @@ class MedianShare(BaseModel):
     restore_points: list[int]  # the Rs with a mean rebuilt share
 
 
+class ReadoutRemoval(BaseModel):
+    """C3's fractions of one no_<axis> condition for one read-out kind (linear or MLP), over the
+    read-outs' layers: of the removed axis (and of its offset Δ<axis>) the share removed, of the
+    other axis (and its offset) the share kept; each with its paired bootstrap interval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    removed: float | None
+    removed_ci95: list[float] | None
+    kept: float | None
+    kept_ci95: list[float] | None
+    removed_pair: float | None
+    removed_pair_ci95: list[float] | None
+    kept_pair: float | None
+    kept_pair_ci95: list[float] | None
+
+
 class Readouts(BaseModel):
     """The MLP and relative-position read-outs (`vitpos.analysis.readout`) under baseline, no_row,
     no_col and no_both, at a few layers, on their own image split (the same test images under
@@ -159,7 +175,7 @@ class Readouts(BaseModel):
     n_test_images: int
     chance: dict[str, float]  # row, col, drow, dcol: majority-class rate
     accuracy: dict[str, dict[str, dict[str, dict[str, float]]]]  # condition -> str(layer) -> kind -> target
-    removal: dict[str, dict[str, dict[str, Any]]]  # no_<axis> -> kind -> {removed, kept, removed_pair, kept_pair}+_ci95
+    removal: dict[str, dict[str, ReadoutRemoval]]  # no_<axis> -> kind (linear, mlp) -> fractions
 
 
 class FlooredRemoval(BaseModel):
@@ -219,9 +235,35 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
     if restore_points is not None:
         check_restore_points(surface, list(restore_points))
     Rs = list(range(1, surface.depth)) if restore_points is None else sorted(set(restore_points))
-    plan = schedule(Rs, shared_prefix)
+    done, fitted = probe_conditions(surface, dataset, Rs, shared_prefix, seed, batch_size, progress)
+    conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
+    rec, medians, matched, shares = recoveries(conditions, fitted, Rs, layers)
+    H, W = surface.grid
+    chance = {"row": 1 / H, "col": 1 / W}
+    result = RopeAxisResult.model_validate({
+        "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
+        "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
+        "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
+        "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares,
+        "removal_floored": {f"no_{a}": floored_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
+        "content_floor": {a: [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]] for a in ("row", "col")},
+        "readouts": None if not readout_images else run_readouts(
+            surface, dataset, readout_layers(surface.depth, readout_layer_list, False), readout_images, seed,
+            batch_size)})
+    if out is not None:
+        RopeAxisExperiment().write(result, out)
+    return result
+
+
+def probe_conditions(surface: ModelSurface, dataset, Rs: list[int], shared_prefix: bool, seed: int,
+                     batch_size: int | None, progress: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The baseline, then every condition of `schedule(Rs, shared_prefix)` probed: each one's result
+    doc (with its axis and restore point) and its fitted probes ({layer: ProbeResult}: per-image
+    accuracies for the intervals), by name."""
     done: dict[str, dict] = {}
-    fitted: dict[str, dict] = {}  # condition -> {layer: ProbeResult}: per-image accuracies for the intervals
+    fitted: dict[str, dict] = {}
+    plan = schedule(Rs, shared_prefix)
     with progress_bar(enabled=progress) as bar:
         task = bar.add_task("rope-axis conditions", total=len(plan) + 1)
         base = probe_condition(surface, dataset, None, seed=seed, batch_size=batch_size)
@@ -251,7 +293,14 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
             fitted[name] = res["probes"]
             bar.update(task, advance=1, description=f"rope-axis {name}")
     no_axis.clear()
-    conditions = {name: done[name] for name in sorted(done, key=_order(Rs))}
+    return done, fitted
+
+
+def recoveries(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], Rs: list[int],
+               layers: list[int]) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict], dict[str, dict]]:
+    """Per axis and restore point the recovery and the count-matched rebuilt share, and per axis
+    their medians over the restore points with paired intervals (C4): recovery, median_recovery,
+    count_matched, median_rebuilt_share as the result holds them."""
     rec: dict[str, dict] = {"row": {}, "col": {}}
     medians: dict[str, dict] = {}
     matched: dict[str, dict] = {"row": {}, "col": {}}
@@ -271,22 +320,7 @@ def run_rope_axis(surface: ModelSurface, data: str = "shapes", n_images: int = 1
         shares[a] = {"median_share": median_rebuilt_share(matched[a]),
                      "median_share_ci95": sample_interval(median_samples(share_samples)),
                      "restore_points": [R for R in Rs if matched[a][str(R)]["mean_share"] is not None]}
-    H, W = surface.grid
-    chance = {"row": 1 / H, "col": 1 / W}
-    result = RopeAxisResult.model_validate({
-        "model": surface.spec, "data": data_name(data), "split": split, "n_images": len(dataset), "site": "resid_post",
-        "layers": layers, "chance_row": chance["row"], "chance_col": chance["col"],
-        "rope": surface.rope_axis_map().to_json(), "conditions": conditions, "recovery": rec, "min_gap": MIN_GAP,
-        "removal": {f"no_{a}": axis_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "median_recovery": medians, "count_matched": matched, "median_rebuilt_share": shares,
-        "removal_floored": {f"no_{a}": floored_removal(conditions, fitted, a, chance, layers) for a in ("row", "col")},
-        "content_floor": {a: [max(chance[a], f) for f in conditions["no_both"][f"{a}_acc"]] for a in ("row", "col")},
-        "readouts": None if not readout_images else run_readouts(
-            surface, dataset, readout_layers(surface.depth, readout_layer_list, False), readout_images, seed,
-            batch_size)})
-    if out is not None:
-        RopeAxisExperiment().write(result, out)
-    return result
+    return rec, medians, matched, shares
 
 
 def axis_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], axis: str,
@@ -351,7 +385,7 @@ READOUT_CONDITIONS: dict[str, tuple[Axis, ...]] = {"baseline": (), "no_row": ("r
 
 @torch.no_grad()
 def run_readouts(surface: ModelSurface, dataset, layers: list[int], n_images: int, seed: int = 0,
-                 batch_size: int | None = None) -> dict:
+                 batch_size: int | None = None) -> Readouts:
     """`Readouts` on the first n_images of `dataset`: per condition one forward capturing the patch
     tokens of `layers`, then the read-outs of each layer."""
     from vitpos.analysis import readout
@@ -370,23 +404,26 @@ def run_readouts(surface: ModelSurface, dataset, layers: list[int], n_images: in
                      for layer, site in zip(layers, sites, strict=True)}
     chance = readout.chance(surface.grid, seed)
     n_test = len(next(iter(next(iter(acc["baseline"].values())).values()))["row"])
-    removal: dict[str, dict[str, dict[str, Any]]] = {}
-    for axis, other in (("row", "col"), ("col", "row")):
-        removal[f"no_{axis}"] = {}
-        for kind in readout.KINDS:
-            entry: dict[str, Any] = {}
-            for key, target in (("removed", axis), ("kept", other), ("removed_pair", "d" + axis),
-                                ("kept_pair", "d" + other)):
-                point, samples = _readout_kept(acc, f"no_{axis}", kind, target, chance[target], layers)
-                if key.startswith("removed"):
-                    point = None if point is None else 1 - point
-                    samples = None if samples is None else 1 - samples
-                entry[key], entry[f"{key}_ci95"] = point, sample_interval(samples)
-            removal[f"no_{axis}"][kind] = entry
+    removal = {f"no_{axis}": {kind: readout_removal(acc, axis, kind, chance, layers) for kind in readout.KINDS}
+               for axis in AXES}
     accuracy = {name: {lay: {kind: {t: float(v.mean()) for t, v in per.items()} for kind, per in kinds.items()}
                        for lay, kinds in by_layer.items()} for name, by_layer in acc.items()}
-    return {"layers": layers, "n_images": len(data), "n_test_images": n_test, "chance": chance, "accuracy": accuracy,
-            "removal": removal}
+    return Readouts(layers=layers, n_images=len(data), n_test_images=n_test, chance=chance, accuracy=accuracy,
+                    removal=removal)
+
+
+def readout_removal(acc: Mapping[str, Any], axis: str, kind: str, chance: Mapping[str, float],
+                    layers: Sequence[int]) -> ReadoutRemoval:
+    """`ReadoutRemoval` of condition no_<axis> for read-out `kind`, against the baseline."""
+    other = "col" if axis == "row" else "row"
+    entry: dict[str, list[float] | float | None] = {}
+    for key, target in (("removed", axis), ("kept", other), ("removed_pair", "d" + axis), ("kept_pair", "d" + other)):
+        point, samples = _readout_kept(acc, f"no_{axis}", kind, target, chance[target], layers)
+        if key.startswith("removed"):
+            point = None if point is None else 1 - point
+            samples = None if samples is None else 1 - samples
+        entry[key], entry[f"{key}_ci95"] = point, sample_interval(samples)
+    return ReadoutRemoval.model_validate(entry)
 
 
 def _readout_kept(acc: Mapping[str, Any], cond: str, kind: str, target: str, chance: float,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +60,7 @@ from vitpos.rope import CoordEdit, remove_axial_channels
 EPS = 1e-12
 SPECIALISED = 0.5  # |S| at or above which a head is axis-specialised
 AXES = ("row", "col", "both")
+T = TypeVar("T")
 
 
 class C5Ablation(BaseModel):
@@ -677,6 +678,203 @@ def sweep_points(L: int, R: int, sweep: list[int] | None, quick: bool) -> list[i
     return sorted({r for r in sweep if 1 <= r <= L - 1} - {R})
 
 
+# the top-k lists; each list is also ablated jointly
+TOP_METHODS: tuple[str, ...] = ("rebuild", "mean_ablate", "direct_effect")
+# per head of layers >= R, one fall in mean Rec each: its rotations kept removed, its output mean-ablated
+REBUILD_KINDS = ("rotations", "mean_output")
+
+
+class HeadsWork(NamedTuple):
+    """What run_rope_heads iterates and plan_rope_heads counts (`heads_work`)."""
+
+    R: int  # the restore point: axes removed in layers < R
+    heads: list[tuple[int, int]]  # every (layer, head): the axis index and the top-1 drops
+    rebuild: list[tuple[int, int]]  # the heads of layers >= R, in order: one fall per REBUILD_KINDS
+    sweep: list[int]  # further restore points of `rebuild_sweep` (R's own left out)
+
+    @property
+    def later(self) -> list[int]:
+        """The layers >= R: the recovery probes' layers."""
+        return sorted({li for li, _ in self.rebuild})
+
+
+def heads_work(L: int, Hh: int, restore_from: int | None, sweep_restore: list[int] | None) -> HeadsWork:
+    R = restore_from if restore_from is not None else max(1, L // 2)
+    return HeadsWork(R, [(li, h) for li in range(L) for h in range(Hh)],
+                     [(li, h) for li in range(R, L) for h in range(Hh)], sorted(set(sweep_restore or []) - {R}))
+
+
+class RestoreCondition:
+    """run_rope_heads' recovery references over the layers >= R: the clean model (its probes are the
+    base probes), `axes` removed in every layer, and the restore condition (removed in layers < R;
+    its stream at R kept as `start` when shared_prefix). `fall` measures an intervention against it."""
+
+    def __init__(self, surface: ModelSurface, probe_set, axes: tuple[Axis, ...], work: HeadsWork, seed: int,
+                 shared_prefix: bool):
+        R = work.R
+        self.surface, self.probe_set, self.axes, self.R, self.seed = surface, probe_set, axes, R, seed
+        self.later = work.later
+        self.clean = probe_condition(surface, probe_set, None, seed=seed, layers=self.later)
+        self.base_probes = self.clean["probes"]
+        self.off = probe_condition(surface, probe_set, condition_context(surface, axes), self.base_probes, seed=seed,
+                                   layers=self.later)
+        self.restored = probe_condition(surface, probe_set, condition_context(surface, axes, R), self.base_probes,
+                                        seed=seed, layers=self.later, keep_pre=R if shared_prefix else None)
+        self.rec, self.rec_samples, self.rec_axis = self.mean_rec(self.restored)
+        self.start: Start | None = self.restored.pop("start", None)
+
+    def mean_rec(self, fit: Mapping[str, Any]) -> tuple[float, torch.Tensor | None, dict[str, float]]:
+        """Mean Rec over the axes with one, its bootstrap samples (paired across conditions), and
+        each axis' mean Rec."""
+        vals, samples, per_axis = [], [], {}
+        for a in self.axes:
+            r = recovery(self.clean["doc"][f"{a}_acc"], self.off["doc"][f"{a}_acc"], fit["doc"][f"{a}_acc"], self.R,
+                         self.later)
+            if r["mean_rec"] is not None:
+                vals.append(r["mean_rec"])
+                per_axis[a] = r["mean_rec"]
+                samples.append(recovery_samples(self.clean["probes"], self.off["probes"], fit["probes"], a, r))
+        paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
+        return (sum(vals) / len(vals) if vals else float("nan")), paired, per_axis
+
+    def fall(self, intervention: ContextFactory, at: Start | None) -> Fall:
+        """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
+        condition: from a restore stream at or before its first hooked block, or from the input;
+        with its paired bootstrap interval and samples, and the fall per axis."""
+        if at is None:
+            context = _stacked(condition_context(self.surface, self.axes, self.R), intervention)
+            fit = probe_condition(self.surface, self.probe_set, context, self.base_probes, seed=self.seed,
+                                  layers=self.later)
+        else:
+            fit = probe_condition(self.surface, self.probe_set, intervention, self.base_probes, seed=self.seed,
+                                  layers=self.later, start=at, reuse=self.restored)
+        value, samples, per_axis = self.mean_rec(fit)
+        by_axis = {a: self.rec_axis[a] - v for a, v in per_axis.items() if a in self.rec_axis}
+        if self.rec_samples is None or samples is None:
+            return Fall(self.rec - value, None, None, by_axis)
+        diff = self.rec_samples - samples
+        return Fall(self.rec - value, sample_interval(diff), diff, by_axis)
+
+
+def _intervention(surface: ModelSurface, kind: str, heads: Mapping[int, list[int]], axes: tuple[Axis, ...],
+                  means: Mapping[int, torch.Tensor]) -> ContextFactory:
+    """One of REBUILD_KINDS on these heads ({layer: heads})."""
+    return _rotations_off(surface, heads, axes) if kind == "rotations" else _mean_ablated(surface, heads, means)
+
+
+def _head_grid(L: int, Hh: int, values: Mapping[tuple[int, int], T]) -> list[list[T | None]]:
+    """[layer][head] of `values` ({(layer, head): value}), None where a head has none."""
+    return [[values.get((li, h)) for h in range(Hh)] for li in range(L)]
+
+
+class Rebuild(NamedTuple):
+    """The restore condition's numbers of run_rope_heads; per-head grids [layer][head], None before R."""
+
+    recovery: float
+    recovery_samples: torch.Tensor | None
+    score: list[list[float | None]]  # the fall in mean Rec with the head's rotations kept removed
+    score_ci95: list[list[list[float] | None]]
+    score_samples: dict[tuple[int, int], torch.Tensor | None]
+    score_axis: dict[str, list[list[float | None]]]
+    mean_ablate: list[list[float | None]]  # ... with the head's output mean-ablated
+    mean_ablate_ci95: list[list[list[float] | None]]
+    direct: list[list[float | None]]
+    direct_ci95: list[list[list[float] | None]]
+    top: dict[str, list[tuple[int, int]]]  # TOP_METHODS -> the top heads
+    explained: dict[str, float | None]  # the top heads' joint fall / Rec
+    explained_ci95: dict[str, list[float] | None]
+    primary: tuple[int, int] | None  # the largest fall
+
+
+def measure_rebuild(surface: ModelSurface, probe_set, axes: tuple[Axis, ...], work: HeadsWork, seed: int,
+                    shared_prefix: bool, tick: Callable[[str | None], None]) -> Rebuild:
+    """The recovery references, then per head of layers >= R its falls (REBUILD_KINDS; from the restore
+    stream moved on to the head's layer under shared_prefix), the direct effects, and the top heads
+    of each method ablated jointly."""
+    L, Hh = surface.depth, surface.num_heads
+    rc = RestoreCondition(surface, probe_set, axes, work, seed, shared_prefix)
+    tick(None)
+    stats = _restore_stats(surface, probe_set, condition_context(surface, axes, work.R), rc.start, rc.later,
+                           rc.base_probes, axes)
+    falls: dict[tuple[int, int], dict[str, Fall]] = {}
+    start = rc.start
+    for li, h in work.rebuild:
+        if start is not None and li > start.layer:  # the restore condition has no hooks from R on
+            start = advance(surface, start, li)
+        falls[li, h] = {kind: rc.fall(_intervention(surface, kind, {li: [h]}, axes, stats.z_means), start)
+                        for kind in REBUILD_KINDS}
+        tick(f"rope-heads: rebuild L{li}H{h}")
+    del start
+    rot = {k: f["rotations"] for k, f in falls.items()}
+    score = _head_grid(L, Hh, {k: f.value for k, f in rot.items()})
+    mean_abl = _head_grid(L, Hh, {k: f["mean_output"].value for k, f in falls.items()})
+    direct, direct_ci = _direct_effects(stats, rc.later, L, Hh)
+    k = min(TOP_K, len(work.rebuild))
+    top = dict(zip(TOP_METHODS, (_top(score, k), _top(mean_abl, k), _top(direct, k)), strict=True))
+    explained: dict[str, float | None] = {}
+    explained_ci: dict[str, list[float] | None] = {}
+    for method, heads in top.items():
+        by_layer: dict[int, list[int]] = {}
+        for li, h in heads:
+            by_layer.setdefault(li, []).append(h)
+        # rotation-removal heads lose their rotations, the others their output (mean-ablated)
+        kind = "rotations" if method == "rebuild" else "mean_output"
+        joint = rc.fall(_intervention(surface, kind, by_layer, axes, stats.z_means), rc.start)
+        # no recovery: nothing to explain
+        explained[method] = joint.value / rc.rec if rc.rec > 0 else None
+        explained_ci[method] = _share_interval(joint.samples, rc.rec_samples) if rc.rec > 0 else None
+    tick("rope-heads: top heads jointly")
+    flat = [(f.value, li, h) for (li, h), f in rot.items() if f.value == f.value]  # NaN: no primary
+    return Rebuild(rc.rec, rc.rec_samples, score, _head_grid(L, Hh, {k: f.ci95 for k, f in rot.items()}),
+                   {k: f.samples for k, f in rot.items()},
+                   {a: _head_grid(L, Hh, {k: f.by_axis[a] for k, f in rot.items() if a in f.by_axis}) for a in axes},
+                   mean_abl, _head_grid(L, Hh, {k: f["mean_output"].ci95 for k, f in falls.items()}), direct,
+                   direct_ci, top, explained, explained_ci, (max(flat)[1], max(flat)[2]) if flat else None)
+
+
+def _direct_effects(stats: RestoreStats, later: list[int], L: int,
+                    Hh: int) -> tuple[list[list[float | None]], list[list[list[float] | None]]]:
+    """Each head's mean direct effect over the probe images and its bootstrap interval (None before R)."""
+    direct_mean = stats.direct.mean(0)  # (later layers, heads)
+    direct: list[list[float | None]] = [[None] * Hh for _ in range(L)]
+    direct_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
+    cis = _column_intervals(bootstrap_means(stats.direct.reshape(len(stats.direct), -1)), LEVEL, factor=1.0)
+    for i, li in enumerate(later):
+        direct[li] = [float(v) for v in direct_mean[i]]
+        direct_ci[li] = list(cis[i * Hh:(i + 1) * Hh])
+    return direct, direct_ci
+
+
+class PrimaryAxis(NamedTuple):
+    """The axis the primary rebuilding head carries (its larger fall), its restore-condition S
+    signed to that axis, and its share of the recovery; all None without a primary."""
+
+    carried: str | None = None
+    matched: float | None = None
+    matched_ci95: list[float] | None = None
+    share: float | None = None
+    share_ci95: list[float] | None = None
+
+
+def primary_axis(rb: Rebuild, restore_S: RestoreAxisIndex, axes: tuple[Axis, ...]) -> PrimaryAxis:
+    if rb.primary is None:
+        return PrimaryAxis()
+    pl, ph = rb.primary
+    by = {a: v for a in axes if (v := rb.score_axis[a][pl][ph]) is not None}
+    carried = axes[0] if len(axes) == 1 else (max(by, key=by.__getitem__) if by else None)
+    matched = matched_ci = share = share_ci = None
+    s_r, s_ci = restore_S.S[pl][ph], restore_S.ci95[pl][ph]
+    if carried is not None and s_r is not None:
+        sign = 1.0 if carried == "row" else -1.0
+        matched = sign * s_r
+        matched_ci = None if s_ci is None else sorted([sign * s_ci[0], sign * s_ci[1]])
+    score = rb.score[pl][ph]
+    if rb.recovery > 0 and score is not None:
+        share = score / rb.recovery
+        share_ci = _share_interval(rb.score_samples.get(rb.primary), rb.recovery_samples)
+    return PrimaryAxis(carried, matched, matched_ci, share, share_ci)
+
+
 def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "both", restore_from: int | None = None,
                    n_probe_images: int = 500, n_top1_images: int = 2000, n_attn_images: int = 64,
                    split: str = "test", seed: int = 0, out: str | Path | None = None,
@@ -701,232 +899,145 @@ def run_rope_heads(surface: ModelSurface, data: str = "shapes", axis: str = "bot
     require_rope(surface)
     if axis not in AXES:
         raise VitposError(f"unknown --axis {axis!r}; use row, col or both")
-    L, Hh = surface.depth, surface.num_heads
     if restore_from is not None:
         check_restore_points(surface, [restore_from], "--restore-from")
-    R = restore_from if restore_from is not None else max(1, L // 2)
+    if sweep_restore:
+        check_restore_points(surface, list(sweep_restore), "sweep_restore")
+    work = heads_work(surface.depth, surface.num_heads, restore_from, sweep_restore)
     axes = AXIS_SETS[axis]
     probe_set = dataset_for(surface, data, split, limit=n_probe_images)
     top1_set = dataset_for(surface, data, split, limit=n_top1_images)
     surface.check_classifier(top1_set.info, data_name(data))  # before any work: the drops are top-1
     attn_images = next(iter(dataset_for(surface, data, split, limit=n_attn_images).batches(n_attn_images)))[0]
-    later = list(range(R, L))
-    steps = 3 + L * Hh + len(later) * Hh + 1 + 1
     with progress_bar(enabled=progress) as bar:
-        task = bar.add_task("rope-heads", total=steps)
+        task = bar.add_task("rope-heads", total=4 + len(work.heads) + len(work.rebuild))
+
+        def tick(description: str | None) -> None:
+            if description is None:
+                bar.update(task, advance=1)
+            else:
+                bar.update(task, advance=1, description=description)
+
         S, kl = axis_index(surface, attn_images, shared_prefix)
         S_ci = kl.pop("ci95")
-        bar.update(task, advance=1, description="rope-heads: baseline probes")
-        # recovery reference points: clean, axis off everywhere, and the plain restore setting
-        clean_fit = probe_condition(surface, probe_set, None, seed=seed, layers=later)
-        clean, base_probes = clean_fit["doc"], clean_fit["probes"]
-        off_fit = probe_condition(surface, probe_set, condition_context(surface, axes), base_probes, seed=seed,
-                                  layers=later)
-        off = off_fit["doc"]
-        restored_fit = probe_condition(surface, probe_set, condition_context(surface, axes, R), base_probes, seed=seed,
-                                       layers=later, keep_pre=R if shared_prefix else None)
-        bar.update(task, advance=1)
-
-        def mean_rec(fit: Mapping[str, Any]) -> tuple[float, torch.Tensor | None, dict[str, float]]:
-            """Mean Rec over the axes with one, its bootstrap samples (paired across conditions), and
-            each axis' mean Rec."""
-            vals, samples, per_axis = [], [], {}
-            for a in axes:
-                r = recovery(clean[f"{a}_acc"], off[f"{a}_acc"], fit["doc"][f"{a}_acc"], R, later)
-                if r["mean_rec"] is not None:
-                    vals.append(r["mean_rec"])
-                    per_axis[a] = r["mean_rec"]
-                    samples.append(recovery_samples(clean_fit["probes"], off_fit["probes"], fit["probes"], a, r))
-            paired = torch.stack(samples).mean(0) if samples and all(x is not None for x in samples) else None
-            return (sum(vals) / len(vals) if vals else float("nan")), paired, per_axis
-
-        rec_restore, rec_restore_samples, rec_restore_axis = mean_rec(restored_fit)
-        rebuild: list[list[float | None]] = [[None] * Hh for _ in range(L)]
-        mean_abl: list[list[float | None]] = [[None] * Hh for _ in range(L)]
-        rebuild_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
-        mean_abl_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
-        rebuild_samples: dict[tuple[int, int], torch.Tensor | None] = {}
-        rebuild_axis: dict[str, list[list[float | None]]] = {a: [[None] * Hh for _ in range(L)] for a in axes}
-        start_r = restored_fit.pop("start", None)
-        stats = _restore_stats(surface, probe_set, condition_context(surface, axes, R), start_r, later, base_probes,
-                               axes)
-        means = stats.z_means
-
-        def fall(intervention: ContextFactory, at: Start | None) -> Fall:
-            """Fall in mean recovery when `intervention` (hooks on blocks >= R only) joins the restore
-            condition: from a restore stream at or before its first hooked block, or from the input;
-            with its paired bootstrap interval and samples, and the fall per axis."""
-            if at is None:
-                context = _stacked(condition_context(surface, axes, R), intervention)
-                fit = probe_condition(surface, probe_set, context, base_probes, seed=seed, layers=later)
-            else:
-                fit = probe_condition(surface, probe_set, intervention, base_probes, seed=seed, layers=later,
-                                      start=at, reuse=restored_fit)
-            value, samples, per_axis = mean_rec(fit)
-            by_axis = {a: rec_restore_axis[a] - v for a, v in per_axis.items() if a in rec_restore_axis}
-            if rec_restore_samples is None or samples is None:
-                return Fall(rec_restore - value, None, None, by_axis)
-            diff = rec_restore_samples - samples
-            return Fall(rec_restore - value, sample_interval(diff), diff, by_axis)
-
-        start = start_r
-        for li in later:
-            if start is not None and li > start.layer:  # the restore condition has no hooks from R on
-                start = advance(surface, start, li)
-            for h in range(Hh):
-                f = fall(_rotations_off(surface, {li: [h]}, axes), start)
-                rebuild[li][h], rebuild_ci[li][h], rebuild_samples[li, h] = f.value, f.ci95, f.samples
-                for a, v in f.by_axis.items():
-                    rebuild_axis[a][li][h] = v
-                mean_abl[li][h], mean_abl_ci[li][h] = fall(_mean_ablated(surface, {li: [h]}, means), start)[:2]
-                bar.update(task, advance=1, description=f"rope-heads: rebuild L{li}H{h}")
-        del start
-        k = min(TOP_K, len(later) * Hh)
-        direct_mean = stats.direct.mean(0)  # (later layers, heads)
-        direct: list[list[float | None]] = [[None] * Hh for _ in range(L)]
-        direct_ci: list[list[list[float] | None]] = [[None] * Hh for _ in range(L)]
-        cis = _column_intervals(bootstrap_means(stats.direct.reshape(len(stats.direct), -1)), LEVEL, factor=1.0)
-        for i, li in enumerate(later):
-            direct[li] = [float(v) for v in direct_mean[i]]
-            direct_ci[li] = list(cis[i * Hh:(i + 1) * Hh])
-        top = {"rebuild": _top(rebuild, k), "mean_ablate": _top(mean_abl, k), "direct_effect": _top(direct, k)}
-        explained: dict[str, float | None] = {}
-        explained_ci: dict[str, list[float] | None] = {}
-        for method, heads in top.items():
-            by_layer: dict[int, list[int]] = {}
-            for li, h in heads:
-                by_layer.setdefault(li, []).append(h)
-            # rotation-removal heads lose their rotations, the others their output (mean-ablated)
-            make = _rotations_off(surface, by_layer, axes) if method == "rebuild" else _mean_ablated(
-                surface, by_layer, means)
-            joint = fall(make, start_r)
-            # no recovery: nothing to explain
-            explained[method] = joint.value / rec_restore if rec_restore > 0 else None
-            explained_ci[method] = _share_interval(joint.samples, rec_restore_samples) if rec_restore > 0 else None
-        bar.update(task, advance=1, description="rope-heads: top heads jointly")
-        del start_r
-        flat = [(rebuild[li][h], li, h) for li in later for h in range(Hh) if rebuild[li][h] == rebuild[li][h]]
-        primary = (max(flat)[1], max(flat)[2]) if flat else None
-        sweep = {str(R): {"recovery_restore": rec_restore, "rebuild_score": rebuild,
-                          "primary": None if primary is None else list(primary),
-                          "selection_frequency": selection_frequency(rebuild_samples)}}
-        if sweep_restore:
-            check_restore_points(surface, list(sweep_restore), "sweep_restore")
-            sweep.update(rebuild_sweep(surface, probe_set, axes, sorted(set(sweep_restore) - {R}), seed=seed))
+        tick("rope-heads: baseline probes")
+        rb = measure_rebuild(surface, probe_set, axes, work, seed, shared_prefix, tick)
+        sweep = {str(work.R): {"recovery_restore": rb.recovery, "rebuild_score": rb.score,
+                               "primary": None if rb.primary is None else list(rb.primary),
+                               "selection_frequency": selection_frequency(rb.score_samples)}}
+        if work.sweep:
+            sweep.update(rebuild_sweep(surface, probe_set, axes, work.sweep, seed=seed))
         # where it rebuilds: S in the restore condition, its null, the axis the primary carries
-        restore_S = restore_axis_index(surface, attn_images, axes, R, seed=seed)
-        freq = sweep[str(R)]["selection_frequency"]
-        carried = matched = matched_ci = share = share_ci = None
-        if primary is not None:
-            pl, ph = primary
-            by = {a: v for a in axes if (v := rebuild_axis[a][pl][ph]) is not None}
-            carried = axes[0] if len(axes) == 1 else (max(by, key=by.__getitem__) if by else None)
-            s_r, s_ci = restore_S.S[pl][ph], restore_S.ci95[pl][ph]
-            if carried is not None and s_r is not None:
-                sign = 1.0 if carried == "row" else -1.0
-                matched = sign * s_r
-                matched_ci = None if s_ci is None else sorted([sign * s_ci[0], sign * s_ci[1]])
-            rb = rebuild[pl][ph]
-            if rec_restore > 0 and rb is not None:
-                share = rb / rec_restore
-                share_ci = _share_interval(rebuild_samples.get(primary), rec_restore_samples)
-        null_q = ({f"{q:g}": float(torch.quantile(torch.tensor(restore_S.null, dtype=torch.float64), q))
-                   for q in NULL_SENSITIVITY} if restore_S.null else None)
-        measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: bar.update(
-            task, advance=1, description=f"rope-heads: ablate L{li}H{h}"), screen=top1_screen,
-            keep=[primary] if primary else [])
+        restore_S = restore_axis_index(surface, attn_images, axes, work.R, seed=seed)
+        measured = head_drops(surface, top1_set, shared_prefix, on_head=lambda li, h: tick(
+            f"rope-heads: ablate L{li}H{h}"), screen=top1_screen, keep=[rb.primary] if rb.primary else [])
         c5 = c5_under_ablations(
-            surface, top1_set, measured, primary, c5_heads(measured, primary, c5_ablation_heads), seed=seed,
+            surface, top1_set, measured, rb.primary, c5_heads(measured, rb.primary, c5_ablation_heads), seed=seed,
             shared_prefix=shared_prefix)
-        bar.update(task, advance=1, description="rope-heads: C5 under counterfactual ablations")
-    base_top1, drops = measured.base_top1, measured.drops()
-    order = sorted(((drops[li][h], li, h) for li in range(L) for h in range(Hh)), reverse=True)
+        tick("rope-heads: C5 under counterfactual ablations")
+    result = _heads_result(surface, data_name(data), axis, work, len(probe_set), len(top1_set), S, S_ci, kl, rb,
+                           sweep, restore_S, primary_axis(rb, restore_S, axes), measured, c5, c5_ablation_heads)
+    if out is not None:
+        RopeHeadsExperiment().write(result, out)
+    return result
+
+
+def _heads_result(surface: ModelSurface, data: str, axis: str, work: HeadsWork, n_probe: int, n_top1: int,
+                  S: list[list[float]], S_ci: Any, kl: dict, rb: Rebuild, sweep: dict[str, Any],
+                  restore_S: RestoreAxisIndex, pa: PrimaryAxis, measured: HeadDrops, c5: dict[str, C5Ablation],
+                  c5_ablation_heads: int | None) -> RopeHeadsResult:
+    """The result of run_rope_heads from its measurements: the drops ranked, the primary's place."""
+    L, Hh, R, primary, top = surface.depth, surface.num_heads, work.R, rb.primary, rb.top
+    drops = measured.drops()
+    order = sorted(((drops[li][h], li, h) for li, h in work.heads), reverse=True)
     largest = order[0][1:]
     rank = None if primary is None else 1 + [o[1:] for o in order].index(primary)
     order_late = [o for o in order if o[1] >= R]  # heads that can rebuild (layers >= R) only
     rank_late = None if primary is None else 1 + [o[1:] for o in order_late].index(primary)
-    result = RopeHeadsResult.model_validate({
-        "model": surface.spec, "data": data_name(data), "axis": axis, "layers": list(range(L)), "num_heads": Hh,
-        "restore_from": R, "baseline_top1": base_top1, "baseline_top1_ci95": accuracy_interval(measured.clean),
-        "n_top1_images": len(top1_set),
+    freq = sweep[str(R)]["selection_frequency"]
+    null_q = ({f"{q:g}": float(torch.quantile(torch.tensor(restore_S.null, dtype=torch.float64), q))
+               for q in NULL_SENSITIVITY} if restore_S.null else None)
+    return RopeHeadsResult.model_validate({
+        "model": surface.spec, "data": data, "axis": axis, "layers": list(range(L)), "num_heads": Hh,
+        "restore_from": R, "baseline_top1": measured.base_top1,
+        "baseline_top1_ci95": accuracy_interval(measured.clean), "n_top1_images": n_top1,
         "top1_screen_images": measured.screened,
         "top1_images_per_head": None if measured.measured is None else measured.counts(),
-        "n_probe_images": len(probe_set), "recovery_restore": rec_restore,
-        "recovery_restore_ci95": sample_interval(rec_restore_samples),
-        "rebuild_score_ci95": rebuild_ci, "mean_ablate_score_ci95": mean_abl_ci,
-        "axis_index": S, "axis_index_ci95": S_ci, "kl": kl, "rebuild_score": rebuild, "drop_points": drops,
+        "n_probe_images": n_probe, "recovery_restore": rb.recovery,
+        "recovery_restore_ci95": sample_interval(rb.recovery_samples),
+        "rebuild_score_ci95": rb.score_ci95, "mean_ablate_score_ci95": rb.mean_ablate_ci95,
+        "axis_index": S, "axis_index_ci95": S_ci, "kl": kl, "rebuild_score": rb.score, "drop_points": drops,
         "drop_ci95": measured.drop_intervals(),
-        "mean_ablate_score": mean_abl, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},
+        "mean_ablate_score": rb.mean_ablate, "top_heads": {m: [list(x) for x in v] for m, v in top.items()},
         "top_heads_overlap": len(set(top["rebuild"]) & set(top["mean_ablate"])),
-        "direct_effect_score": direct, "direct_effect_ci95": direct_ci,
+        "direct_effect_score": rb.direct, "direct_effect_ci95": rb.direct_ci95,
         "top_heads_agreement": {f"{m1}~{m2}": len(set(top[m1]) & set(top[m2]))
                                 for i, m1 in enumerate(top) for m2 in list(top)[i + 1:]},
-        "top_heads_recovery_fraction": explained,
+        "top_heads_recovery_fraction": rb.explained,
         "primary_margin_ci95": None if primary is None else measured.margin_intervals(primary),
         "primary_rebuilding_head": None if primary is None else list(primary),
         "primary_head_drop_rank": rank, "largest_drop_head": list(largest),
         "primary_head_drop_rank_after_R": rank_late,
         "largest_drop_head_after_R": list(order_late[0][1:]) if order_late else None,
         "primary_is_largest_drop": primary is not None and tuple(primary) == tuple(largest),
-        "specialised_heads": [[li, h] for li in range(L) for h in range(Hh) if abs(S[li][h]) >= SPECIALISED],
-        "rebuild_score_axis": rebuild_axis, "selection_frequency": freq,
+        "specialised_heads": [[li, h] for li, h in work.heads if abs(S[li][h]) >= SPECIALISED],
+        "rebuild_score_axis": rb.score_axis, "selection_frequency": freq,
         "primary_selection_frequency": None if primary is None or freq is None else freq.get(
             f"L{primary[0]}H{primary[1]}", 0.0),
         "axis_index_restore": restore_S.S, "axis_index_restore_ci95": restore_S.ci95,
         "axis_index_null_threshold": restore_S.threshold, "axis_index_null_n": len(restore_S.null),
-        "axis_index_null_quantiles": null_q, "primary_axis": carried, "primary_axis_index_matched": matched,
-        "primary_axis_index_matched_ci95": matched_ci, "primary_recovery_share": share,
-        "primary_recovery_share_ci95": share_ci, "top_heads_recovery_fraction_ci95": explained_ci,
+        "axis_index_null_quantiles": null_q, "primary_axis": pa.carried, "primary_axis_index_matched": pa.matched,
+        "primary_axis_index_matched_ci95": pa.matched_ci95, "primary_recovery_share": pa.share,
+        "primary_recovery_share_ci95": pa.share_ci95, "top_heads_recovery_fraction_ci95": rb.explained_ci95,
         "restore_sweep": {k: sweep[k] for k in sorted(sweep, key=int)},
         "c5_ablations": c5, "c5_rests_on": C5_RESTS_ON, "c5_ablation_heads_rule": c5_heads_rule(c5_ablation_heads),
     })
-    if out is not None:
-        RopeHeadsExperiment().write(result, out)
-    return result
 
 
 def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
                     shared_prefix: bool = True) -> StagePlan:
     """What run_rope_heads computes with the study's settings (axis, restore_from, probe_images,
-    top1_images, attn_images). Refits under a condition search at most 2 L2 values."""
+    top1_images, attn_images, sweep_restore), walking the same `heads_work`. Refits under a
+    condition search at most 2 L2 values."""
     L, Hh, N = surface.depth, surface.num_heads, surface.num_patches
-    R = settings["restore_from"] if settings.get("restore_from") is not None else max(1, L // 2)
+    work = heads_work(L, Hh, settings.get("restore_from"), settings.get("sweep_restore"))
+    R, later = work.R, work.later
     n_a = sizes.n("test", settings["attn_images"])
     n_p = sizes.n("test", settings["probe_images"])
     n_t = sizes.n("test", settings["top1_images"])
-    later = range(R, L)
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n_p, N, SWEEP_TRAIN_TOKENS, l2_values)
 
     # clean / off / restored references
     probes = StagePlan.full(n_p, L, 3) + fits(len(later), len(DEFAULT_L2_GRID)) + fits(2 * len(later))
-    if not shared_prefix:
-        # per later head two conditions (rotations off, output mean-ablated), plus the z means /
-        # direct effects and the three joint top-k conditions, each a full forward fitting every later layer
-        return (StagePlan.full(n_a, L, 1 + 2 * L * Hh) + probes
-                + StagePlan.full(n_p, L, 2 * len(later) * Hh + 4) + fits(2 * len(later) ** 2 * Hh + 3 * len(later))
-                + StagePlan.full(n_t, L, 1 + L * Hh) + restore_index_plan(n_a, L, Hh, R)
-                + sweep_plan(n_p, L, Hh, N, sorted(set(settings.get("sweep_restore") or []) - {R}))
-                + plan_c5_ablations(settings, surface, sizes, False))
-    # axis index: clean patterns, then per layer 2 * heads single blocks from the clean stream
-    attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * Hh * L + L - 1))
-    # rebuild: the restore stream moved from R to each later layer, blocks >= l per head
-    tails = sum(L - li for li in later)
-    # and the mean-ablation cross-check alike; the z means / direct effects and the three joint top-k conditions run
-    # blocks >= R from the restore stream
-    rebuild = (StagePlan(blocks=n_p * ((L - 1 - R) + 2 * Hh * tails + 4 * (L - R))) + fits(2 * Hh * tails)
-               + fits(3 * len(later)))
+    # the restore statistics (z means, direct effects) and the joint top-k conditions
+    joint = 1 + len(TOP_METHODS)
+    tail = (restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, work.sweep)
+              + plan_c5_ablations(settings, surface, sizes, shared_prefix))
+    if not shared_prefix:  # every condition a full forward, each rebuild condition fitting every later layer
+        conditions = len(REBUILD_KINDS) * len(work.rebuild) + len(TOP_METHODS)
+        return (StagePlan.full(n_a, L, 1 + 2 * len(work.heads)) + probes
+                + StagePlan.full(n_p, L, conditions + 1) + fits(conditions * len(later))
+                + StagePlan.full(n_t, L, 1 + len(work.heads)) + tail)
+    # axis index: clean patterns, then per layer one block per head and removed axis from the clean stream
+    attn = StagePlan.full(n_a, L) + StagePlan(forwards=n_a, blocks=n_a * (2 * len(work.heads) + L - 1))
+    # rebuild: the restore stream moved on to each head's layer l, then per kind blocks >= l fitting layers >= l;
+    # the statistics and the joint conditions run blocks >= R from the restore stream
+    rebuild, at = StagePlan(blocks=n_p * joint * (L - R)) + fits(len(TOP_METHODS) * len(later)), R
+    for li, _ in work.rebuild:
+        rebuild += StagePlan(blocks=n_p * (li - at))
+        at = li
+        for _ in REBUILD_KINDS:
+            rebuild += StagePlan(blocks=n_p * (L - li)) + fits(L - li)
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
     n_s = _screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images"))
-    drops = StagePlan(forwards=n_t, blocks=n_s * (L + Hh * L * (L + 1) // 2))
+    drops = StagePlan(forwards=n_t, blocks=n_s * (L + sum(L - li for li, _ in work.heads)))
     if n_s < n_t:  # adaptive top-1: after the screen, the clean pass and the heads in the race
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
                            note=f"adaptive top-1: after the screen counted for {RACE_GUESS} heads of layer 0 in the "
                                 "race (data-dependent)")
-    Rs = sorted(set(settings.get("sweep_restore") or []) - {R})
-    return (attn + probes + rebuild + drops + restore_index_plan(n_a, L, Hh, R) + sweep_plan(n_p, L, Hh, N, Rs)
-            + plan_c5_ablations(settings, surface, sizes, shared_prefix))
+    return attn + probes + rebuild + drops + tail
 
 
 def restore_index_plan(n_images: int, L: int, Hh: int, R: int, n_null: int = NULL_SPLITS) -> StagePlan:

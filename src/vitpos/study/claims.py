@@ -468,7 +468,7 @@ def _c3(spec: str, ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None
     chance = {"row": ra.chance_row, "col": ra.chance_col}
     removal = ra.removal or {}
     floored = ra.removal_floored  # issue 29: per-layer content floors; None in older results
-    mlp = (_as_json(ra.readouts, "removal") if ra.readouts is not None else None) or None
+    mlp = (ra.readouts.removal if ra.readouts is not None else None) or None
     nums: dict[str, Any] = {}
     outcomes: list[Outcome] = []
     ivs: dict[str, Interval | None] = {}
@@ -497,11 +497,14 @@ def _c3(spec: str, ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None
         nums[f"{kp}_interaction"] = bool(fl is not None and fl.interaction)
         outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
         if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
-            m = (mlp.get(f"no_{a}") or {}).get("mlp") or {}
-            for key, num in (("removed", f"{rm}_mlp"), ("kept", f"{kp}_mlp"), ("removed_pair", f"{rm}_pair_mlp"),
-                             ("kept_pair", f"{kp}_pair_mlp")):
-                nums[num], nums[f"{num}_ci95"] = m.get(key), m.get(f"{key}_ci95")
-                ivs[num] = None if m.get(key) is None else bounds(m.get(key), m.get(f"{key}_ci95"))
+            m = (mlp.get(f"no_{a}") or {}).get("mlp")
+            fracs: list[tuple[float | None, list[float] | None]] = [(None, None)] * 4 if m is None else [
+                (m.removed, m.removed_ci95), (m.kept, m.kept_ci95), (m.removed_pair, m.removed_pair_ci95),
+                (m.kept_pair, m.kept_pair_ci95)]
+            for num, (point, ci) in zip((f"{rm}_mlp", f"{kp}_mlp", f"{rm}_pair_mlp", f"{kp}_pair_mlp"), fracs,
+                                        strict=True):
+                nums[num], nums[f"{num}_ci95"] = point, ci
+                ivs[num] = None if point is None else bounds(point, ci)
             outcomes.append(at_least(ivs[f"{rm}_mlp"], MIN_REMOVED))
         if none_probe is not None and len(_acc(none_probe, a)) == len(_acc(base, a)):
             # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
