@@ -164,6 +164,11 @@ class ReadoutRemoval(BaseModel):
     kept_pair: float | None
     kept_pair_ci95: list[float] | None
 
+    def fractions(self) -> list[tuple[float | None, list[float] | None]]:
+        """(point, interval) of removed, kept, removed_pair, kept_pair, in that order."""
+        return [(self.removed, self.removed_ci95), (self.kept, self.kept_ci95),
+                (self.removed_pair, self.removed_pair_ci95), (self.kept_pair, self.kept_pair_ci95)]
+
 
 class Readouts(BaseModel):
     """The MLP and relative-position read-outs (`vitpos.analysis.readout`) under baseline, no_row,

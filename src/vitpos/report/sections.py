@@ -529,9 +529,8 @@ def _axis_calibrated(r: RopeAxisResult) -> str:
         rem_rows = []
         for c, kinds in ro.removal.items():
             for kind, v in kinds.items():
-                rem_rows.append([str(c), str(kind)] + [f"{pct(p)} {ci(iv, 100, 1, '%')}".rstrip() for p, iv in (
-                    (v.removed, v.removed_ci95), (v.kept, v.kept_ci95), (v.removed_pair, v.removed_pair_ci95),
-                    (v.kept_pair, v.kept_pair_ci95))])
+                rem_rows.append([str(c), str(kind)] + [f"{pct(p)} {ci(iv, 100, 1, '%')}".rstrip()
+                                                       for p, iv in v.fractions()])
         out += table(["condition", "probe", "removed (own axis)", "kept (other axis)", "removed (own offset)",
                       "kept (other offset)"], rem_rows)
     return out

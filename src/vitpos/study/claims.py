@@ -498,9 +498,7 @@ def _c3(spec: str, ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None
         outcomes.extend((at_least(ivs[f"{rm}_floored"], MIN_REMOVED), at_least(ivs[f"{kp}_floored"], MIN_KEPT)))
         if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
             m = (mlp.get(f"no_{a}") or {}).get("mlp")
-            fracs: list[tuple[float | None, list[float] | None]] = [(None, None)] * 4 if m is None else [
-                (m.removed, m.removed_ci95), (m.kept, m.kept_ci95), (m.removed_pair, m.removed_pair_ci95),
-                (m.kept_pair, m.kept_pair_ci95)]
+            fracs = [(None, None)] * 4 if m is None else m.fractions()
             for num, (point, ci) in zip((f"{rm}_mlp", f"{kp}_mlp", f"{rm}_pair_mlp", f"{kp}_pair_mlp"), fracs,
                                         strict=True):
                 nums[num], nums[f"{num}_ci95"] = point, ci
