@@ -3,8 +3,8 @@
 Every member is the same timm `Eva` (vitpos' own ViT, models/own.py) at one size: width 128,
 6 layers, 4 heads of dimension 32 (8 rotary pairs per axis for axial RoPE), an 8x8 grid of 4-px
 patches on 32-px `pairs` scenes. Only the positional encoding differs, and the training recipe
-(data, optimiser, schedule, seed handling) is one for all; the epochs too, but for the learned APE
-from a random init, which is still rising after them and trains 3x as long (stated in docs/zoo.md). A
+(data, optimiser, schedule, epochs, seed handling) is one for all: 12 epochs, because under 4 the
+random-init learned APE and three of six RoPE seeds were still far from converged (docs/zoo.md). A
 member is shipped as
 `builtin:pairs-<encoding>` (seed 0) and `builtin:pairs-<encoding>-seed<N>`; `recipe(name)` gives the
 exact `train` call that reproduced it, and `vitpos zoo train NAME` runs it.
@@ -20,7 +20,7 @@ from vitpos.errors import VitposError
 DATA = "pairs"
 SEEDS = (0, 1, 2)
 MODEL = dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, patch_size=4)
-TRAIN = dict(epochs=4, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5)
+TRAIN = dict(epochs=12, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5)
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,10 @@ class Encoding:
     ape_init: str  # "trunc_normal" | "sincos" (ignored without a learned table)
     family: str  # "ape" | "rope" | "none": how the report groups it
     text: str
-    # None: the common TRAIN epochs. The random-init learned APE is at 70 % and rising after 4 epochs
-    # (val +7 points in the last): it gets 12, so every member is compared converged.
-    epochs: int | None = None
 
 
 ENCODINGS: tuple[Encoding, ...] = (
-    Encoding("ape", "ape", "trunc_normal", "ape", "learned APE from a truncated-normal init (std 0.02, timm's)",
-             epochs=12),
+    Encoding("ape", "ape", "trunc_normal", "ape", "learned APE from a truncated-normal init (std 0.02, timm's)"),
     Encoding("ape-sinit", "ape", "sincos", "ape", "learned APE initialised from the 2D sin-cos table"),
     Encoding("sincos", "ape-sincos", "sincos", "ape", "fixed 2D sin-cos APE (frozen)"),
     Encoding("rope-axial", "rope-axial", "sincos", "rope", "axial 2D RoPE (naver's rope_axial layout)"),
@@ -71,8 +67,7 @@ def recipe(name: str) -> dict:
     """The keyword arguments of `vitpos.train.train` that reproduce member `name`."""
     enc, seed = parse(name)
     overrides = {**MODEL, "ape_init": enc.ape_init}
-    train = {**TRAIN, "epochs": enc.epochs or TRAIN["epochs"]}
-    return dict(pe=enc.pe, data=DATA, seed=seed, model_overrides=overrides, **train)
+    return dict(pe=enc.pe, data=DATA, seed=seed, model_overrides=overrides, **TRAIN)
 
 
 def train_member(name: str, out: str | Path, progress: bool = True, force: bool = False) -> dict:

@@ -95,11 +95,12 @@ def test_zoo_recipes_build_the_matched_models():
     r0, r1 = zoo.recipe("pairs-rope-axial"), zoo.recipe("builtin:pairs-rope-axial-seed1")
     assert {k: v for k, v in r0.items() if k != "seed"} == {k: v for k, v in r1.items() if k != "seed"}
     assert (r0["seed"], r1["seed"]) == (0, 1)
-    # One recipe for all but the epochs of the random-init learned APE (3x, to converge).
+    # One training recipe for all encodings, epochs included.
     common = {k: v for k, v in r0.items() if k not in ("pe", "model_overrides")}
+    assert common["epochs"] == 12
     for enc in zoo.ENCODINGS:
         r = {k: v for k, v in zoo.recipe(f"pairs-{enc.key}").items() if k not in ("pe", "model_overrides")}
-        assert r == {**common, "epochs": 12 if enc.key == "ape" else 4}, enc.key
+        assert r == common, enc.key
     with pytest.raises(VitposError, match="not a zoo member"):
         zoo.recipe("pairs-rope-2d")
 
