@@ -136,12 +136,14 @@ def train(
 
 @zoo_app.command("list")
 def zoo_list():
-    """Every zoo member: its encoding, whether it ships, and its test top-1 (per class group)."""
+    """Every zoo member: its encoding, whether it ships, its test top-1 (per class group), and whether
+    it was trained with the current recipe."""
     from vitpos import zoo
     from vitpos.io import read_json
     from vitpos.models.spec import BUILTIN_DIR
 
-    t = Table("model", "encoding", "shipped", "test top-1", "top-1 content / vertical / horizontal")
+    t = Table("model", "encoding", "shipped", "test top-1", "top-1 content / vertical / horizontal",
+              "recipe (shipped vs current)")
     t.columns[0].no_wrap = True  # a member's name is what users copy
     for name in zoo.members():
         enc, _ = zoo.parse(name)
@@ -152,7 +154,8 @@ def zoo_list():
         t.add_row(f"builtin:{name}", enc.pe + init,
                   "yes" if m else "no",
                   f"{m['test_top1']:.4f}" if m else "-",
-                  " / ".join(f"{groups[g]:.3f}" for g in ("content", "vertical", "horizontal") if g in groups) or "-")
+                  " / ".join(f"{groups[g]:.3f}" for g in ("content", "vertical", "horizontal") if g in groups) or "-",
+                  ("; ".join(zoo.recipe_differences(name, BUILTIN_DIR / name)) or "current") if m else "-")
     out_console.print(t)
 
 

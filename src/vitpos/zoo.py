@@ -75,3 +75,36 @@ def train_member(name: str, out: str | Path, progress: bool = True, force: bool 
     from vitpos.train import train
 
     return train(out=out, progress=progress, force=force, **recipe(name))
+
+
+def recipe_differences(name: str, member_dir: str | Path) -> list[str]:
+    """Where the `train_config.json` in `member_dir` departs from `recipe(name)`, as "key: shipped
+    (recipe)" strings; [] when the member was trained with the current recipe. A member shipped
+    under an earlier recipe (4 epochs before 2026-12-05) is then visible, not silently compared."""
+    from vitpos.io import read_json_object
+
+    cfg = read_json_object(Path(member_dir) / "train_config.json", fix="retrain the member with `vitpos zoo train`")
+    r = recipe(name)
+    want = {**{k: r[k] for k in TRAIN}, "seed": r["seed"], "data": r["data"], "quick": False,
+            **{f"model.{k}": v for k, v in r["model_overrides"].items()}, "model.pe": r["pe"]}
+    got = {**{k: cfg.get("train", {}).get(k) for k in ("seed", "data", "quick", *TRAIN)},
+           **{f"model.{k}": cfg.get("model", {}).get(k) for k in (*r["model_overrides"], "pe")}}
+    return [f"{k}: {got[k]} ({want[k]})" for k in want if got[k] != want[k]]
+
+
+def older_recipe_note(spec: str) -> str | None:
+    """A one-line warning when `spec` names a shipped zoo member trained under another recipe."""
+    from vitpos.models.spec import BUILTIN_DIR
+
+    try:
+        enc, seed = parse(spec)
+    except VitposError:
+        return None
+    name = member_name(enc.key, seed)
+    if not (BUILTIN_DIR / name / "train_config.json").is_file():
+        return None
+    diff = recipe_differences(name, BUILTIN_DIR / name)
+    if not diff:
+        return None
+    return (f"warning: builtin:{name} was trained with an earlier zoo recipe ({'; '.join(diff)}, shipped "
+            f"(current)); its numbers describe that model. Retrain it: vitpos zoo train {name} --out DIR")

@@ -119,3 +119,22 @@ def test_random_init_ape_is_not_axis_split():
         torch.manual_seed(0)
         model = build_own_vit(OwnViTConfig(pe=r["pe"], num_classes=8, **r["model_overrides"]))
         assert axis_split_share(model.pos_embed.detach()[0]) == want
+
+
+def test_a_member_trained_under_another_recipe_is_named(tmp_path):
+    """`zoo list` and `vitpos run` flag a shipped member whose train_config departs from the recipe."""
+    import json
+    import shutil
+
+    from vitpos.models.spec import BUILTIN_DIR
+
+    shipped = BUILTIN_DIR / "pairs-ape"
+    assert zoo.recipe_differences("pairs-ape", shipped) == []  # trained with the current recipe
+    old = tmp_path / "pairs-ape"
+    shutil.copytree(shipped, old)
+    cfg = json.loads((old / "train_config.json").read_text())
+    cfg["train"]["epochs"], cfg["model"]["embed_dim"] = 4, 96
+    (old / "train_config.json").write_text(json.dumps(cfg))
+    assert zoo.recipe_differences("pairs-ape", old) == ["epochs: 4 (12)", "model.embed_dim: 96 (128)"]
+    assert zoo.older_recipe_note("builtin:rope-axial") is None  # not a zoo member
+    assert zoo.older_recipe_note("builtin:pairs-ape") is None

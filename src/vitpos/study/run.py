@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import vitpos
+from vitpos import zoo
 from vitpos.data import dataset_info
 from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
@@ -136,6 +137,8 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
         t_start = time.time()
         entries: dict[str, ModelEntry] = {}
         log(summary)
+        for note in filter(None, (zoo.older_recipe_note(r.spec) for r in runners)):
+            log(note)
         for runner in runners:
             entries[runner.key_spec] = runner.run_all()
         return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
