@@ -259,6 +259,22 @@ def test_plan_summary_and_time_estimate():
 def test_measure_throughput_is_positive():
     tp = measure_throughput(tiny_own("rope-mixed"), images=2, repeats=1)
     assert tp.block_s > 0 and tp.embed_s > 0 and tp.fit_work_s > 0 and tp.sae_token_s_per_latent > 0
+    assert 0 < tp.cpu_share <= 1
+
+
+def test_a_timing_taken_on_a_busy_cpu_is_said_to_be():
+    """The estimate is only as good as the timing: when the timed process got a small share of its
+    threads' time (other work on the CPU), the plan line says so; an idle timing adds nothing."""
+    from vitpos.study.plan import PlannedStage, StudyPlan
+
+    def summary(share: float) -> str:
+        tp = Throughput("cpu", embed_s=1e-3, block_s=1e-3, fit_work_s=1e-6, sae_token_s_per_latent=1e-9,
+                        cpu_share=share)
+        stage = PlannedStage("m", "shapes", "eval", StagePlan(forwards=10, blocks=60), "run", seconds=0.07)
+        return StudyPlan(stages=[stage], throughput={"m": tp}).summary()
+
+    assert "busy CPU" not in summary(0.95)
+    assert "timed on a busy CPU (this process got 12% of its threads' time)" in summary(0.12)
 
 
 def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, monkeypatch, capsys):

@@ -32,6 +32,7 @@ class Throughput:
     block_s: float  # per image and block
     fit_work_s: float  # per training token and softmax head of a probe fit
     sae_token_s_per_latent: float  # per SAE training token and latent (FLOP ratio to the block)
+    cpu_share: float = 1.0  # CPU time / (wall x threads) of the fastest block timing; 1 on GPU
 
     def seconds(self, plan: StagePlan) -> float:
         return (plan.forwards * self.embed_s + plan.blocks * self.block_s + plan.fit_work * self.fit_work_s
@@ -45,33 +46,47 @@ def _block_flops_per_token(surface: ModelSurface) -> float:
     return 2.0 * linear + 4.0 * tokens * surface.width
 
 
+MIN_TIMING_S = 0.3  # timed batches repeat until their total passes this: one 10-ms batch is a coin toss
+MAX_REPEATS = 100
+BUSY_SHARE = 0.6  # below this share of its threads' time, the timing is said to be taken on a busy CPU
+
+
 @torch.no_grad()
-def measure_throughput(surface: ModelSurface, images: int = TIMING_IMAGES, repeats: int = 3) -> Throughput:
-    """Time `repeats` batches of random images through the model (after a warm-up) and one probe
-    fit at the sweeps' size; wall-clock seconds, the fastest repeat (as timeit does): with the mean of
-    two, a burst of other work (load 9) once gave 26 image-blocks/s for one zoo model and 1,933 for its
-    twin, and a 51 h estimate for the default run."""
+def measure_throughput(surface: ModelSurface, images: int = TIMING_IMAGES, repeats: int = 3,
+                       min_seconds: float = MIN_TIMING_S) -> Throughput:
+    """Time batches of random images through the model (after a warm-up), at least `repeats` and
+    until `min_seconds` have passed, and one probe fit at the sweeps' size; wall-clock seconds, the
+    fastest repeat (as timeit does): with the mean of two, a burst of other work (load 9) once gave
+    26 image-blocks/s for one zoo model and 1,933 for its twin, and a 51 h estimate for the default
+    run. On CPU the process time of that repeat is kept too: a share of its threads' time well under 1
+    says the CPU was busy with other work, and the plan says so beside its estimate."""
     dev = surface.device
     g = torch.Generator().manual_seed(0)
     x = torch.randn(images, *surface.input_size, generator=g).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     surface.forward_from(0, surface.embed_tokens(x[:2]))  # warm-up (kernels, caches)
     t_embed = t_blocks = float("inf")
-    for _ in range(repeats):
+    share, spent, n = 1.0, 0.0, 0
+    while n < repeats or (spent < min_seconds and n < MAX_REPEATS):
         sync()
         t0 = time.perf_counter()
         tokens = surface.embed_tokens(x)
         surface.head_from(tokens)  # the head's cost (on the embedding: same shapes)
         sync()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         surface.run_blocks(tokens, 0)
         sync()
-        t_embed, t_blocks = min(t_embed, t1 - t0), min(t_blocks, time.perf_counter() - t1)
+        t2, c2 = time.perf_counter(), time.process_time()
+        t_embed = min(t_embed, t1 - t0)
+        if t2 - t1 < t_blocks:
+            t_blocks = t2 - t1
+            share = min(1.0, (c2 - c1) / ((t2 - t1) * torch.get_num_threads())) if dev.type == "cpu" else 1.0
+        spent, n = spent + t2 - t0, n + 1
     block_s = t_blocks / (images * surface.depth)
     tokens_per_image = surface.num_prefix_tokens + surface.num_patches
     # SAE step per token and latent: encode + decode, forward and backward ~ 12 * width flops
     sae = 12.0 * surface.width / _block_flops_per_token(surface) * block_s / tokens_per_image
-    return Throughput(str(dev), t_embed / images, block_s, measure_fit(surface), sae)
+    return Throughput(str(dev), t_embed / images, block_s, measure_fit(surface), sae, cpu_share=share)
 
 
 def measure_fit(surface: ModelSurface, seed: int = 0) -> float:
@@ -156,6 +171,10 @@ class StudyPlan:
         rates = "; ".join(_rates(list(self.throughput.values())))
         est = "time not estimated" if secs is None else f"estimated {_duration(secs)}"
         est += f" ({rates})" if rates and secs is not None else ""
+        busy = min((tp.cpu_share for tp in self.throughput.values()), default=1.0)
+        if secs is not None and busy < BUSY_SHARE:
+            est += (f"; timed on a busy CPU (this process got {busy:.0%} of its threads' time): the estimate "
+                    "assumes that load, and an idle machine is faster")
         line = (f"plan: {models} model(s), {n_run} stage(s) to run, {n_cached} cached: {t.forwards:,} image-forwards, "
                 f"{t.blocks:,} block evaluations, {t.fits:,} probe fits, {t.sae_tokens:,} SAE tokens; {est}")
         if self.data_problems:
