@@ -143,7 +143,7 @@ def zoo_list():
     from vitpos.models.spec import BUILTIN_DIR
 
     t = Table("model", "encoding", "shipped", "test top-1", "top-1 content / vertical / horizontal",
-              "recipe (shipped vs current)")
+              "recipe: shipped (current)")
     t.columns[0].no_wrap = True  # a member's name is what users copy
     for name in zoo.members():
         enc, _ = zoo.parse(name)
