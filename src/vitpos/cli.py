@@ -795,7 +795,12 @@ def main(argv: list[str] | None = None) -> None:
     guard = OutputGuard(None)
     try:
         guard = OutputGuard(_out_arg(args))
-        app(args=args, standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
+        # typer (0.29 here) turns Ctrl-C into Exit(130) and, outside standalone mode, *returns* an Exit's
+        # code instead of raising it (every command returns None): without this, an interrupt was a
+        # silent exit 0
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            raise KeyboardInterrupt if code == 130 else SystemExit(code)
     except OutputBusyError as e:  # another process writes there: leave everything alone
         _fail(_one_line(str(e)))
     except VitposError as e:

@@ -200,3 +200,21 @@ def test_bad_input_is_one_error_line(case, files, tmp_path, capsys):
     assert "Traceback" not in captured.err and captured.out == ""
     # nothing half-written: a refused command leaves no output folder (or an empty one) behind
     assert not out.exists() or not any(out.iterdir()), (case, sorted(p.name for p in out.iterdir()))
+
+
+def test_ctrl_c_exits_130_with_one_line_not_a_silent_0(tmp_path, capsys, monkeypatch):
+    """typer turns a KeyboardInterrupt into Exit(130) and, outside standalone mode, returns its code:
+    main() used to drop it, so Ctrl-C during `vitpos train` ended as exit 0 with no word."""
+    import vitpos.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vitpos.train, "train", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--pe", "ape", "--quick", "--out", str(tmp_path / "out"), "--no-progress"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 130, captured.err
+    assert [line for line in captured.err.splitlines() if line.strip()] == [
+        "interrupted; rerun the same command to resume"]
+    assert "Traceback" not in captured.err and captured.out == ""
