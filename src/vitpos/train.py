@@ -134,6 +134,16 @@ class _TrainState(BaseModel):
     history: list[dict[str, Any]]
 
 
+class _TrainMetrics(BaseModel):
+    """The keys of OUT/metrics.json a rerun of a finished training reports (the rest is free)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+    test_top1: float = Field(ge=0, le=1)
+    val_top1: float = Field(ge=0, le=1)
+    epochs: int = Field(ge=1)
+    seconds: float = Field(ge=0)
+
+
 def _load_model_state(path: Path, model: torch.nn.Module) -> None:
     fix = "pass --force to start the training over"
     state = read_safetensors(path, fix)
@@ -219,10 +229,12 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
     if (out / "metrics.json").exists() and (out / "config.json").exists():
         done = read_json(out / "config.json", "pass --force to train it again")
         if isinstance(done, dict) and {k: v for k, v in done.items() if k != "classes"} == run_doc:
-            metrics = read_json(out / "metrics.json", "pass --force to train it again")
-            if isinstance(metrics, dict) and all(k in metrics for k in ("test_top1", "val_top1", "epochs", "seconds")):
-                return metrics
-            raise VitposError(f"{out}/metrics.json is not a vitpos training summary; pass --force to train it again")
+            fix = "pass --force to train it again"
+            metrics = read_json(out / "metrics.json", fix)
+            if not isinstance(metrics, dict):
+                raise VitposError(f"{out}/metrics.json is not a vitpos training summary; {fix}")
+            validate_doc(_TrainMetrics, metrics, out / "metrics.json", fix)  # never print a top-1 of 7.5 or NaN
+            return metrics
         raise VitposError(f"{out} already holds a different trained model; pass another --out or --force")
     return None
 

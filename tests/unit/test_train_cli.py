@@ -186,6 +186,24 @@ def test_rerun_is_noop_and_other_config_needs_force(tmp_path, monkeypatch, train
     assert m["pe"] == "none" and read_own_config(out).pe == "none"
 
 
+@pytest.mark.parametrize("value", [7.5, float("nan"), -0.1])
+def test_rerun_refuses_a_finished_run_whose_metrics_cannot_be_right(tmp_path, monkeypatch, trained, value):
+    """A rerun of a finished training reports its metrics.json: a hand-edited top-1 of 7.5 or NaN was
+    printed as the result with exit 0."""
+    import json
+
+    src, _, _ = trained
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    doc = read_json(out / "metrics.json")
+    (out / "metrics.json").write_text(json.dumps({**doc, "test_top1": value}))
+    before = (out / "metrics.json").read_bytes()
+    losses = _record_losses(monkeypatch)
+    with pytest.raises(VitposError, match=r"metrics\.json: key 'test_top1'.*--force"):
+        train("ape", out, quick=True, progress=False)
+    assert losses == [] and (out / "metrics.json").read_bytes() == before
+
+
 def test_interrupted_run_with_other_settings_needs_force(tmp_path, monkeypatch):
     out = tmp_path / "cut"
     with monkeypatch.context() as mp:
