@@ -31,6 +31,8 @@ def files(tmp_path_factory):
     (root / "axis_list.yaml").write_text("rope_axis: [1, 2]\n")
     (root / "no_models.yaml").write_text("models: []\n")
     (root / "empty.yaml").write_text("")
+    (root / "own_cfg").mkdir()  # a `vitpos train` folder's config.json: no model_type for transformers
+    (root / "own_cfg" / "config.json").write_text('{"model": {"family": "vitpos-own", "pe": "ape"}}')
     (root / "latin1.yaml").write_bytes("seed: 1 # caf\xe9\n".encode("latin-1"))
     sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
     SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
@@ -66,6 +68,7 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "eval -m timm:vit_small_patch16_224?img_size=32 --checkpoint {root}/missing.safetensors",
     "eval -m timm:vit_small_patch16_224?img_size=32 --checkpoint {root}/garbage.safetensors",
     "eval -m {root}/no_such_dir",
+    "eval -m hf:{root}/own_cfg",
     "eval -m builtin:ape --data imagefolder:{root}/no_such_dir",
     "eval -m builtin:ape --data imagefolder:",
     "eval -m builtin:ape --data imagefolder:{root}/empty_folder",

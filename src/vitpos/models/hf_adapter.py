@@ -557,7 +557,12 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         cfg_path = folder / "config.json"
         if not cfg_path.is_file():
             raise VitposError(f"{folder} has no config.json; save the model with save_pretrained")
-        config = tr.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs)
+        try:
+            config = tr.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs)
+        except Exception as e:  # ValueError (no model_type: e.g. a `vitpos train` folder), JSON, query keys
+            raise VitposError(f"{spec}: {cfg_path} is not a Hugging Face config transformers can read "
+                              f"({' '.join(str(e).split())[:160]}); save the model with save_pretrained, or pass "
+                              "a folder from `vitpos train` without the hf: prefix") from None
         archs = list(getattr(config, "architectures", None) or [])
         cls_name = next((a for a in archs if a in _BY_CLASS or a in NO_SURFACE), archs[0] if archs else
                         type(config).__name__.replace("Config", "Model"))
