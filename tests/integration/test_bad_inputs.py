@@ -221,3 +221,26 @@ def test_ctrl_c_exits_130_with_one_line_not_a_silent_0(tmp_path, capsys, monkeyp
     assert [line for line in captured.err.splitlines() if line.strip()] == [
         "interrupted; rerun the same command to resume"]
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_hub_retry_warnings_stay_out_of_the_one_error_line(tmp_path, capsys, caplog, monkeypatch):
+    """Offline, `--pretrained` had huggingface_hub print five 'Retrying in Ns' lines (its own stderr
+    handler) before the one error line."""
+    import logging
+
+    import timm
+
+    def offline(*args, **kwargs):
+        logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    level = logging.getLogger("huggingface_hub").level
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "-m", "timm:vit_small_patch16_224?img_size=32&patch_size=4&depth=1&embed_dim=32&num_heads=2",
+              "--pretrained", "--limit", "2", "--out", str(out)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: pretrained weights"), err
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]  # the hub's warning was not emitted
+    assert logging.getLogger("huggingface_hub").level == level  # the hub's logging is left as it was

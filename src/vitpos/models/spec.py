@@ -8,9 +8,12 @@ go through the timm module's checkpoint_filter_fn).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -202,7 +205,7 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
         # A random-init model is the same model on every load (seed 0, the global generator left as it
         # was): the study keys its stage cache by the spec alone, so a resumed run must not mix stages
         # measured on two different random inits.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _quiet_hub():
             torch.manual_seed(0)
             return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as e:
@@ -215,6 +218,19 @@ def load_timm(name: str, kwargs: dict, pretrained: bool, checkpoint: str | Path 
             f"{str(e).splitlines()[0][:160]}); this machine may be offline — pass --checkpoint FILE.safetensors with "
             "local weights"
         ) from e
+
+
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """huggingface_hub's warnings off while timm fetches weights: offline, its five 'Retrying in Ns'
+    lines came before vitpos' one `error:` line (errors still show)."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | None = None,
