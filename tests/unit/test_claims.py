@@ -147,7 +147,8 @@ def test_rules_are_versioned_hashed_and_each_threshold_has_a_curve():
     assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash or "") == 16
     c1 = next(c for c in s.claims if c.id == "C1")
     curves = {x.threshold: x for x in c1.sensitivity or []}
-    assert set(curves) == {t.name for t in RULES.of("C1")}
+    # every threshold of C1 but those that read the layer sweep, which this model has not (test_sweep_* below)
+    assert set(curves) == {t.name for t in RULES.of("C1") if t.needs is None}
     floor = curves["C1.min_top1_drop"]  # top-1 drop [15, 25]: holds up to 10, undecided at 20, fails at 30
     assert [p.verdict for p in floor.curve] == ["supported"] * 5 + ["inconclusive", "not supported"]
     assert not floor.stable and floor.value == 5.0
@@ -488,3 +489,83 @@ def test_a_number_that_cannot_be_right_prints_as_na():
     assert claims._iv((float("nan"), float("nan"))) == "" and claims._iv((0.1, 0.2)) == " [0.10, 0.20]"
     assert claims._pc(float("inf")) == "n/a" and claims._pc(0.25) == "25%"
     assert claims._pc_iv((0.1, float("nan"))) == ""
+
+
+# ---------------------------------------------------------------- C1 / C2 over the layer sweep (sae_layers)
+HOLD_SAE, FAIL_SAE = sae((0.7, 0.9), (0.65, 0.95)), sae((0.2, 0.5), (0.65, 0.95))
+HOLD_APE, FAIL_APE = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0))), ape((4.0, (2.0, 6.0)), (1.0, (0.0, 2.0)))
+
+
+def layer_sweep(per_layer: list[tuple[dict, dict]], freq: list[float]):
+    """A sae_layers result: at layer i the SAE result and the ape_permute result per_layer[i] (constructed
+    as above) and selection frequency freq[i]. The results each point recorded (`c1`, `c2`) are set to
+    'fails' on purpose: the claims re-read the typed results with their own rules."""
+    from vitpos.experiments.sae_layers import SAELayersResult
+    from vitpos.experiments.sae_run import GivenSAEResult
+    from vitpos.experiments.sae_sweep import LayerPoint, SweepClaim
+
+    points = []
+    for i, ((sae_doc, ape_doc), f) in enumerate(zip(per_layer, freq, strict=True)):
+        m = inputs({"sae": {**sae_doc, "layer": i}, "ape_permute": ape_doc})
+        assert m.sae is not None and m.ape_permute is not None
+        points.append(LayerPoint(layer=i, fvu=0.2, n_row=3, n_col=2, n_mixed=0, c1=FAILS, c2=FAILS, c1_numbers={},
+                                 c2_numbers={}, all_positional_drop=None, all_positional_drop_ci95=None,
+                                 swap_null_drop=None, selection_frequency=f,
+                                 sae=GivenSAEResult.model_validate(m.sae.to_json()), permute=m.ape_permute))
+    over = SweepClaim(result=FAILS, per_plausible_layer={})
+    n = len(points)
+    return SAELayersResult(model="m", data="toy", layers=list(range(n)), layer_rule=f"every layer 0..{n - 1}",
+                           points=points, selected_layer=0, plausible_layers=[], c1=over, c2=over, sae_images=8,
+                           sae_eval_images=8, sae_epochs=1, sae_expansion=2, sae_k=4, permute_images=8, seeds=[0])
+
+
+def swept(single: tuple[dict, dict], per_layer: list[tuple[dict, dict]], freq: list[float]) -> ClaimInputs:
+    base = inputs({"sae": single[0], "ape_permute": single[1]})
+    return ClaimInputs(sae=base.sae, ape_permute=base.ape_permute, sae_layers=layer_sweep(per_layer, freq))
+
+
+def sweep_claim(m: ClaimInputs, cid: str):
+    return next(c for c in summarise({"m": m}).claims if c.id == cid)
+
+
+def test_sweep_the_claims_hold_when_they_hold_at_every_plausible_layer():
+    """Layers 0 and 1 plausible (60 %, 38 %), both hold; layer 2 fails but is chosen in 2 % of the
+    resamples (< 5 %): supported, though the single layer (the sae stage's) fails."""
+    m = swept((FAIL_SAE, FAIL_APE), [(HOLD_SAE, HOLD_APE), (HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE)],
+              [0.6, 0.38, 0.02])
+    for cid in ("C1", "C2"):
+        c = sweep_claim(m, cid)
+        nums = c.numbers["m"]
+        assert c.verdict == "supported" and nums["result"] == HOLDS
+        assert nums["plausible_layers"] == [0, 1] and nums["per_layer_result"] == {"0": HOLDS, "1": HOLDS, "2": FAILS}
+        assert nums["single_layer_result"] == FAILS  # the single-layer reading, beside it
+        text = c.details["m"]
+        assert "plausible layers" in text and "L0 (selected in 60%): holds" in text and "L1 (selected in 38%)" in text
+        assert "Single layer" in text
+    c1 = sweep_claim(m, "C1")
+    assert {x.threshold for x in c1.sensitivity or []} >= {"C1.plausible_layer"}  # its curve, with the sweep
+    # the plausible share at 0.01 takes layer 2 in: the claim is then inconclusive
+    curve = next(x for x in c1.sensitivity or [] if x.threshold == "C1.plausible_layer").curve
+    assert curve[0].value == 0.01 and curve[0].verdict == "inconclusive" and curve[1].verdict == "supported"
+
+
+def test_sweep_the_claims_are_inconclusive_when_they_hold_at_some_plausible_layers_only():
+    m = swept((HOLD_SAE, HOLD_APE), [(HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE), (HOLD_SAE, HOLD_APE)],
+              [0.5, 0.3, 0.2])
+    for cid in ("C1", "C2"):
+        c = sweep_claim(m, cid)
+        assert c.numbers["m"]["result"] == INCONCLUSIVE and c.verdict == "inconclusive"
+        assert c.numbers["m"]["single_layer_result"] == HOLDS
+    m = swept((HOLD_SAE, HOLD_APE), [(FAIL_SAE, FAIL_APE), (FAIL_SAE, FAIL_APE)], [0.7, 0.3])
+    assert sweep_claim(m, "C1").numbers["m"]["result"] == FAILS  # fails at every plausible layer
+
+
+def test_sweep_less_results_read_as_before():
+    """No sae_layers result (quick runs, results written before it): the single layer decides, the numbers
+    and text are the version-2 reading's and no curve needs the sweep."""
+    plain = inputs({"sae": HOLD_SAE, "ape_permute": FAIL_APE})
+    for cid, want in (("C1", HOLDS), ("C2", FAILS)):
+        c = sweep_claim(plain, cid)
+        assert c.numbers["m"]["result"] == want and "read_over" not in c.numbers["m"]
+        assert "plausible" not in c.details["m"]
+        assert not any(x.threshold.endswith("plausible_layer") for x in c.sensitivity or [])

@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
-from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
+from vitpos.experiments.base import Done, Skipped, SplitSizes, StageInput, StagePlan, probe_train_tokens
 from vitpos.experiments.extrapolate import plan_extrapolate, run_extrapolate
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
@@ -312,3 +312,40 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
     monkeypatch.setattr(type(BY_NAME["eval"]), "version", declared["eval"])
     monkeypatch.setattr(type(BY_NAME["sae"]), "version", declared["sae"] + 1)  # ape_permute reads the SAE: it follows
     assert to_run() == ["sae", "ape_permute"]
+
+
+def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
+    """The layer sweep's plan: per swept layer the sae stage's count of run_sae (no browser, no stability
+    SAE) and ape_permute's, less what the run skipped (a feature set without features skips its causal
+    removal and its control; a permutation variant without features its blocks after the layer)."""
+    from conftest import TINY
+    from vitpos.models.own import OwnViTConfig, build_own_vit
+    from vitpos.models.spec import OwnSurface
+
+    torch.manual_seed(0)
+    c = OwnViTConfig(pe="ape", **{**TINY, "depth": 3})
+    ape = OwnSurface(build_own_vit(c).eval(), "tiny:ape3", c)
+    torch.manual_seed(1)
+    with torch.no_grad():  # predictions that vary from image to image
+        for p in ape.model.parameters():
+            p.normal_(0, 0.3)
+    cfg = RunConfig.model_validate({"sae_layers": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2,
+                                                   "k": 4, "permute_images": 20, "seeds": 1}})
+    exp, settings, stage = _stage("sae_layers", ape, toy(300), cfg, {}, tmp_path)
+    assert settings["layers"] == [0, 1]
+    plan = exp.plan(settings, ape, SplitSizes(train=300, test=300))
+    with counting(ape, monkeypatch) as counts:
+        result = exp.run_stage(ape, stage)
+    L = ape.depth
+    missing = skipped_blocks = 0
+    for p in result.points:
+        assert p.sae is not None and p.permute is not None
+        causal = p.sae.causal
+        missing += 0 if causal is None else sum(x is None for k in ("row", "col")
+                                                for x in (causal.effect(k), causal.control(k)))
+        skipped = sum(isinstance(p.permute.outcome(v), Skipped) for v in p.permute.variant_names())
+        skipped_blocks += skipped * 20 * (L - (p.layer + 1))
+    assert counts["forwards"] == plan.forwards - missing * 30
+    assert counts["blocks"] == plan.blocks - missing * 30 * L - skipped_blocks
+    assert counts["fits"] == plan.fits
+    assert plan.sae_tokens == 2 * 300 * ape.num_patches  # one SAE per layer, one epoch

@@ -18,14 +18,18 @@ from vitpos.report.html import render_report
 from vitpos.study.results import StudyResults, figure_key
 
 EXTRA = "tiny:rope-mixed"  # the golden quick run has no rope_freq / extrapolate: a tiny model runs them
+EXTRA_APE = "tiny:ape"  # ... nor sae_layers (off under --quick): a tiny APE model runs its sweep
 
 
 @pytest.fixture(scope="module")
 def every_result() -> dict:
     """make_results() (the golden quick run's results) plus a tiny RoPE model's rope_freq and
-    extrapolate results, so that every registered experiment has a real result in one file."""
+    extrapolate results and a tiny APE model's layer sweep, so that every registered experiment has a
+    real result in one file."""
     from vitpos.experiments.extrapolate import run_extrapolate
     from vitpos.experiments.rope_freq import run_rope_freq
+    from vitpos.experiments.sae_layers import SAELayersResult
+    from vitpos.experiments.sae_sweep import run_sae_sweep
 
     s = tiny_own("rope-mixed")
     results = make_results()
@@ -33,6 +37,13 @@ def every_result() -> dict:
     entry["rope_freq"] = run_rope_freq(s, toy_set(40), n_images=40, bands=2).to_json()
     entry["extrapolate"] = run_extrapolate(s, toy_set(32), n_images=32).to_json()
     results["models"][EXTRA] = entry
+    a = tiny_own("ape")
+    kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=1, batch_tokens=256, buffer_tokens=512)
+    sweep = run_sae_sweep(a, toy_set(64), sae_kw=kw, permute_images=32)
+    layers = SAELayersResult(**dict(sweep), sae_images=64, sae_eval_images=32, sae_epochs=1, sae_expansion=2, sae_k=4,
+                             permute_images=32, seeds=[0])
+    results["models"][EXTRA_APE] = {"describe": a.describe(), "data": "toy", "not_applicable": {},
+                                    "sae_layers": layers.to_json()}
     return results
 
 

@@ -195,6 +195,11 @@ class Experiment(ABC, Generic[R]):
             return f"no absolute position embedding (scheme {surface.scheme})"
         return None
 
+    def disabled(self, config: Any) -> str | None:
+        """None when the run config lets the stage run, else why it is off (the study records it as not
+        applicable, with this reason, like a model without the experiment's position encoding)."""
+        return None
+
     def stage_settings(self, config: Any, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         """The settings that define this stage's result (they key the study's cache); by default the
         run config's section named like the experiment."""

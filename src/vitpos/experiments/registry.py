@@ -17,6 +17,7 @@ from vitpos.experiments.rope_axis import RopeAxisExperiment
 from vitpos.experiments.rope_freq import RopeFreqExperiment
 from vitpos.experiments.rope_heads import RopeHeadsExperiment
 from vitpos.experiments.rope_prefix import RopePrefixExperiment
+from vitpos.experiments.sae_layers import SAELayersExperiment
 from vitpos.experiments.sae_run import SAEExperiment
 
 # Changed in place by register / unregister: whoever imported them sees every registered experiment.
@@ -89,6 +90,8 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+# sae_layers last: the stages before it run as they did before it existed (whatever global state it leaves)
 for _exp in (EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
-             RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment()):
+             RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment(),
+             SAELayersExperiment()):
     register(_exp)

@@ -29,6 +29,9 @@ import torch
 from pydantic import BaseModel
 
 from vitpos.analysis.stats import N_BOOT
+from vitpos.experiments.ape_permute import ApePermuteResult
+from vitpos.experiments.base import SplitSizes, StagePlan
+from vitpos.experiments.sae_run import GivenSAEResult
 from vitpos.models.surface import ModelSurface
 
 PLAUSIBLE = 0.05  # a layer chosen in at least this fraction of the bootstrap resamples is a plausible choice
@@ -61,6 +64,10 @@ class LayerPoint(BaseModel):
     all_positional_drop_ci95: list[float] | None
     swap_null_drop: float | None
     selection_frequency: float  # how often the bootstrap picks this layer as the largest drop
+    # what C1 and C2 read at this layer, typed, so the claims re-read the curve with their own rules
+    # (None: a sweep written without them; the claims then read `c1` / `c2` as they were)
+    sae: GivenSAEResult | None = None
+    permute: ApePermuteResult | None = None
 
 
 class SweepClaim(BaseModel):
@@ -106,28 +113,36 @@ def selection_frequency(drops: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0
     return (top / top.sum(0)).sum(1) / n_boot
 
 
+def layer_rule(depth: int, layers: list[int]) -> str:
+    """How the swept layers were chosen, in words."""
+    return (f"every layer 0..{depth - 2}" if layers == list(range(depth - 1))
+            else f"{len(layers)} evenly spaced layers of 0..{depth - 2}")
+
+
 def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = None, *, sae_kw: Mapping | None = None,
                   permute_images: int = 500, seeds: tuple[int, ...] = (0,), out: str | Path | None = None,
-                  max_layers: int = 8) -> SAESweepResult:
+                  max_layers: int = 8, sae_data: Any = None, progress: bool = False) -> SAESweepResult:
     """Train an SAE at each layer and measure C1 (its causal check) and C2 (the permutation) there.
 
     `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each layer's SAE
-    lives under out/L<layer>/ (reused when the same run is found there)."""
+    lives under out/L<layer>/ (reused when the same run is found there). `sae_data`: the images the
+    SAEs train and are scored on (C1's causal check too; None: `data`), as the sae stage's `sae.data`;
+    the permutation (C2) reads `data`."""
     from vitpos.data.resolve import data_name
     from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.experiments.sae_run import run_sae
     from vitpos.study.claims import _c1, _c2
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
-    rule = (f"every layer 0..{surface.depth - 2}" if layers == list(range(surface.depth - 1))
-            else f"{len(layers)} evenly spaced layers of 0..{surface.depth - 2}")
+    rule = layer_rule(surface.depth, layers)
     c1s, c2s, docs, per_image = {}, {}, {}, []
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
-        res, sae = run_sae(surface, layer, data=data, out=lo, **dict(sae_kw or {}))
+        res, sae = run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo, progress=progress,
+                           **dict(sae_kw or {}))
         correct: dict[str, torch.Tensor] = {}
         ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
-                             keep_correct=correct)
+                             keep_correct=correct, progress=progress)
         c1s[layer], c2s[layer] = _c1(surface.spec, res), _c2(surface.spec, ap)
         docs[layer] = (res, ap)
         if "all_positional" in correct:
@@ -149,12 +164,33 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
             c1_numbers=c1s[layer].numbers, c2_numbers=c2s[layer].numbers,
             all_positional_drop=None if allpos is None else allpos.drop_points,
             all_positional_drop_ci95=None if allpos is None else allpos.drop_ci95,
-            swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i])))
+            swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i]),
+            sae=GivenSAEResult.model_validate(res.to_json()), permute=ap))
     return SAESweepResult(model=surface.spec, data=data_name(data), layers=layers, layer_rule=rule, points=points,
                           selected_layer=selected, plausible_layers=plausible,
                           c1=_over({k: v.result for k, v in c1s.items()}, plausible),
                           c2=_over({k: v.result for k, v in c2s.items()}, plausible))
 
 
-__all__ = ["PLAUSIBLE", "LayerPoint", "SAESweepResult", "SweepClaim", "run_sae_sweep", "selection_frequency",
-           "sweep_layers"]
+def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],
+                   permute_images: int, seeds: int) -> StagePlan:
+    """What run_sae_sweep computes over `layers`: at each, run_sae (as the sae stage counts it, without
+    the latent browser and the seed-stability SAE, which the sweep does not run) and run_ape_permute
+    (its upper bound: every variant has features). sae_settings: the sae stage's keys (images,
+    eval_images, epochs, expansion)."""
+    from vitpos.experiments.ape_permute import plan_ape_permute
+    from vitpos.experiments.sae_run import SAEExperiment
+
+    plan = StagePlan()
+    for layer in layers:
+        sae = {**sae_settings, "layer": layer, "site": "resid_post", "browse": False, "stability": False}
+        plan = plan + SAEExperiment().plan(sae, surface, sizes)
+        plan = plan + plan_ape_permute({"images": permute_images, "seeds": seeds, "sae": {"layer": layer}}, surface,
+                                       sizes)
+    return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
+                     f"{len(layers)} layers x (an SAE, its causal check, the permutation); upper bound: every "
+                     "feature set found at every layer")
+
+
+__all__ = ["PLAUSIBLE", "LayerPoint", "SAESweepResult", "SweepClaim", "layer_rule", "plan_sae_sweep", "run_sae_sweep",
+           "selection_frequency", "sweep_layers"]

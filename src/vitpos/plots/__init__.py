@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers
     from vitpos.plots.features import plot_feature_maps
     from vitpos.plots.freq import plot_rope_freq
     from vitpos.plots.headline import plot_headline
+    from vitpos.plots.layers import plot_sae_layers
     from vitpos.plots.prefix import plot_rope_prefix
     from vitpos.plots.probe import plot_probe_curves
     from vitpos.plots.sweeps import mathtext_safe, plot_ape_permute, plot_recovery, plot_rope_axis, plot_rope_heads
@@ -25,12 +26,12 @@ _EXPORTS = {
     "plot_probe_curves": "vitpos.plots.probe", "plot_headline": "vitpos.plots.headline",
     "plot_feature_maps": "vitpos.plots.features", "plot_rope_prefix": "vitpos.plots.prefix",
     "plot_rope_freq": "vitpos.plots.freq",
-    "plot_extrapolate": "vitpos.plots.extrapolate",
+    "plot_extrapolate": "vitpos.plots.extrapolate", "plot_sae_layers": "vitpos.plots.layers",
 }
 # A literal list (type checkers cannot evaluate sorted(_EXPORTS)); test_report checks it matches _EXPORTS.
 __all__ = ["mathtext_safe", "plot_ape_permute", "plot_extrapolate", "plot_feature_maps", "plot_headline",
            "plot_probe_curves", "plot_recovery", "plot_rope_axis", "plot_rope_freq", "plot_rope_heads",
-           "plot_rope_prefix"]
+           "plot_rope_prefix", "plot_sae_layers"]
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,9 @@ from vitpos.experiments.rope_axis import AxisRemoval, MedianRecovery, RopeAxisRe
 from vitpos.experiments.rope_freq import RopeFreqResult
 from vitpos.experiments.rope_heads import RopeHeadsResult, closest_rival
 from vitpos.experiments.rope_prefix import RopePrefixResult
+from vitpos.experiments.sae_layers import SAELayersResult
 from vitpos.experiments.sae_run import AblationEffect, RemovalControl, SAEResult
+from vitpos.experiments.sae_sweep import PLAUSIBLE, LayerPoint
 from vitpos.report.format import ci, e, fmt_value, fnum, kv_table, last, na, num, pct, pts, table
 from vitpos.study.results import ModelEntry, figure_key, model_slug
 
@@ -744,6 +746,44 @@ def _sec_extrapolate(r: ExtrapolateResult) -> str:
                         "row skill per layer", "col skill per layer"], rows)
 
 
+def _c1_drop(p: LayerPoint, axis: str, control: bool = False) -> str:
+    """A layer's own-axis probe drop (or its matched control's) as C1 read it, with its interval."""
+    key = f"{axis}_control_probe_drop" if control else f"{axis}_probe_drop"
+    return f"{pts(p.c1_numbers.get(key))} {ci(p.c1_numbers.get(f'{key}_ci95'))}".rstrip()
+
+
+def _sel(p: LayerPoint, axis: str) -> str:
+    n = p.c1_numbers
+    return f"{fnum(n.get(f'{axis}_selectivity'), 2)} {ci(n.get(f'{axis}_selectivity_ci95'), digits=2)}".rstrip()
+
+
+def _permuted(p: LayerPoint, variant: str) -> str:
+    return "n/a" if p.permute is None else _drop_or_why(p.permute.outcome(variant))
+
+
+def _sec_sae_layers(r: SAELayersResult) -> str:
+    plaus = ", ".join(f"L{p.layer} ({p.selection_frequency:.0%})" for p in r.points if p.layer in r.plausible_layers)
+    head = (f"<p>{e(r.model)} on {e(r.data)}: an SAE of its own at each of {e(r.layer_rule)} (resid_post, TopK k "
+            f"{e(r.sae_k)}, expansion {e(r.sae_expansion)}, {e(r.sae_images)} training images x {e(r.sae_epochs)} "
+            f"epochs, {e(r.sae_eval_images)} held-out images for the causal check), and the permutation of its "
+            f"positional features on {e(r.permute_images)} images (seeds {e(fmt_value(r.seeds))}). The layer where "
+            "position matters most for behaviour is the largest all-positional drop; its selection frequency is "
+            "bootstrapped over the images (the same resample at every layer). Plausible layers (chosen in at least "
+            f"{PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. Over them C1 <b>{e(r.c1.result)}</b> "
+            f"and C2 <b>{e(r.c2.result)}</b> (a claim holds when it holds at every plausible layer); the claims "
+            "table reads the curve this way, the single-layer sae and ape_permute stages are reported beside it.</p>")
+    rows = []
+    for p in r.points:
+        rows.append([f"L{p.layer}" + (" *" if p.layer in r.plausible_layers else ""), fnum(p.fvu),
+                     f"{p.n_row} / {p.n_col} / {p.n_mixed}", p.c1, _c1_drop(p, "row"), _c1_drop(p, "row", True),
+                     _c1_drop(p, "col"), _c1_drop(p, "col", True), f"{_sel(p, 'row')}; {_sel(p, 'col')}", p.c2,
+                     _permuted(p, "all_positional"), _permuted(p, "swap_all_positional"),
+                     _permuted(p, "random_all_positional"), f"{p.selection_frequency:.0%}"])
+    return head + table(["layer (* plausible)", "FVU", "row / col / mixed", "C1 here", "row set: row-probe drop",
+                         "its control", "col set: col-probe drop", "its control", "selectivity row; col", "C2 here",
+                         "all-positional drop", "same-position swap", "matched random", "selected"], rows)
+
+
 # ---------------------------------------------------------------- dispatch and the model's section
 @dataclass(frozen=True)
 class Section(Generic[R]):
@@ -764,6 +804,7 @@ SECTIONS: dict[str, Section[Any]] = {  # experiment name -> its section body
     "rope_axis": Section(RopeAxisResult, _sec_axis), "rope_heads": Section(RopeHeadsResult, _sec_heads),
     "rope_prefix": Section(RopePrefixResult, _sec_prefix), "rope_freq": Section(RopeFreqResult, _sec_freq),
     "extrapolate": Section(ExtrapolateResult, _sec_extrapolate),
+    "sae_layers": Section(SAELayersResult, _sec_sae_layers),
 }
 
 

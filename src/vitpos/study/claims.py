@@ -30,7 +30,9 @@ from vitpos.experiments.rope_axis import RopeAxisResult, floored_kept, kept_frac
 from vitpos.experiments.rope_axis import median_recovery as _median_recovery
 from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
 from vitpos.experiments.rope_heads import RopeHeadsResult, closest_rival
+from vitpos.experiments.sae_layers import SAELayersResult
 from vitpos.experiments.sae_run import AblationEffect, GivenSAEResult, SAEResult
+from vitpos.experiments.sae_sweep import LayerPoint
 from vitpos.study.results import ClaimVerdict, FamilyHeadline, ModelEntry, SeedSummary, Summary
 from vitpos.study.rules import RULES, sensitivity
 
@@ -71,7 +73,12 @@ CLAIM_RULES: dict[str, str] = {
             (d) used by the model: top-1 drops by >= C1.min_top1_drop points (no top-1, e.g. a
                 headless model without a head: undecided).
             The control's top-1 drop and the drops per class group are reported beside the rule
-            (removing content latents moves the label of a spatial task, so it is no null there).""",
+            (removing content latents moves the label of a spatial task, so it is no null there).
+            Where the layer sweep ran (sae_layers: an SAE and this rule at every layer), the model's
+            result is this rule read over the plausible layers (chosen as the largest all-positional
+            drop in >= C1.plausible_layer of the bootstrap resamples over images): holds when it holds
+            at every one, fails when it fails at all, else inconclusive; the single SAE layer's
+            reading (the sae stage's) is reported beside it.""",
     "C2": """  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
             eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
             pooled) by >= C2.min_drop points, and the drop's interval lies above C2.null_factor x
@@ -83,7 +90,9 @@ CLAIM_RULES: dict[str, str] = {
             columns, col features by whole rows: ~0 for real row / col features), each edit's
             norm, the drop per class group and as a fraction of the position gain (clean minus
             the `none` model's top-1 on the same data, where one ran), and whether the drop falls
-            in the study's 24-31 (ImageNet's range: stated, not required).""",
+            in the study's 24-31 (ImageNet's range: stated, not required). Where the layer sweep
+            ran, read over its plausible layers as C1 (C2.plausible_layer), the ape_permute stage's
+            single layer beside it.""",
     "C3": """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
             content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
             fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
@@ -258,6 +267,7 @@ class ClaimInputs:
     eval: EvalResult | None = None
     scheme: str | None = None
     data: str | None = None
+    sae_layers: SAELayersResult | None = None  # the layer sweep: C1 and C2 are read over its plausible layers
 
     @classmethod
     def of(cls, model: ModelEntry | ClaimInputs) -> ClaimInputs:
@@ -268,7 +278,8 @@ class ClaimInputs:
                    rope_axis=_typed(r, "rope_axis", RopeAxisResult),
                    rope_heads=_typed(r, "rope_heads", RopeHeadsResult),
                    probe=_typed(r, "probe", ProbeSiteResult), eval=_typed(r, "eval", EvalResult),
-                   scheme=model.describe.scheme, data=model.data)
+                   scheme=model.describe.scheme, data=model.data,
+                   sae_layers=_typed(r, "sae_layers", SAELayersResult))
 
 
 R = TypeVar("R", bound=Result)
@@ -455,6 +466,67 @@ def _c2(spec: str, ap: ApePermuteResult, t: Mapping[str, float] | None = None,
             f"{', within' if in_range else ', outside'} the study's "
             f"{t['C2.study_low']:g}-{t['C2.study_high']:g}")
     return ModelClaim(result, nums, text)
+
+
+# --- C1 and C2 over the layer sweep (sae_layers) ----------------------------------------------------
+def _at_layer(cid: str, spec: str, p: LayerPoint, t: Mapping[str, float]) -> Outcome:
+    """The claim's per-model rule at one swept layer, re-read from the typed results it measured
+    there (a point written without them: the result the sweep recorded)."""
+    if cid == "C1":
+        return _c1(spec, p.sae, t).result if p.sae is not None else _outcome(p.c1)
+    return _c2(spec, p.permute, t).result if p.permute is not None else _outcome(p.c2)
+
+
+def _outcome(v: str) -> Outcome:
+    return HOLDS if v == HOLDS else FAILS if v == FAILS else INCONCLUSIVE
+
+
+def plausible_layers(sweep: SAELayersResult, threshold: float) -> list[int]:
+    """The swept layers chosen as the largest all-positional drop in >= threshold of the resamples."""
+    return [p.layer for p in sweep.points if p.selection_frequency >= threshold]
+
+
+def over_curve(cid: str, spec: str, single: ModelClaim | None, sweep: SAELayersResult,
+               t: Mapping[str, float] | None = None) -> ModelClaim:
+    """C1 or C2 read over the sweep's plausible layers (the per-model rule at each): holds when it holds
+    at every one, fails when it fails at all, else inconclusive. The single-layer reading (`single`:
+    the sae / ape_permute stages') keeps its numbers and text beside it."""
+    t = RULES.values() if t is None else t
+    per = {p.layer: _at_layer(cid, spec, p, t) for p in sweep.points}
+    plaus = plausible_layers(sweep, t[f"{cid}.plausible_layer"])
+    at = [per[layer] for layer in plaus]
+    result: Outcome = (HOLDS if at and all(r == HOLDS for r in at) else
+                       FAILS if not at or all(r == FAILS for r in at) else INCONCLUSIVE)
+    freq = {p.layer: p.selection_frequency for p in sweep.points}
+    nums: dict[str, Any] = {**(single.numbers if single is not None else {}),
+                            "read_over": "the plausible layers of the sae_layers sweep",
+                            "sweep_layers": list(sweep.layers), "plausible_layers": plaus,
+                            "selection_frequency": {str(k): v for k, v in freq.items()},
+                            "per_layer_result": {str(k): v for k, v in per.items()},
+                            "selected_layer": sweep.selected_layer,
+                            "single_layer": None if single is None else single.numbers.get("layer"),
+                            "single_layer_result": None if single is None else single.result}
+    where = ", ".join(f"L{layer} (selected in {freq[layer]:.0%}): {per[layer]}" for layer in plaus) or "none"
+    others = ", ".join(f"L{k}: {v}" for k, v in per.items() if k not in plaus)
+    text = (f"{spec}: {result} over the layer sweep ({sweep.layer_rule}), read at its plausible layers (chosen as "
+            f"the largest all-positional drop in >= {t[f'{cid}.plausible_layer']:.0%} of the bootstrap resamples): "
+            f"{where}" + (f"; other layers {others}" if others else "")
+            + ("" if single is None else f". Single layer (the {'sae' if cid == 'C1' else 'ape_permute'} stage's, "
+               f"{single.result}): {single.text.removeprefix(f'{spec}: ')}"))
+    return ModelClaim(result, nums, text)
+
+
+def _c1_model(spec: str, m: ClaimInputs, t: Mapping[str, float] | None = None) -> ModelClaim | None:
+    """C1 of one model: over the layer sweep where it ran, else at the sae stage's layer (None: neither ran)."""
+    single = None if m.sae is None else _c1(spec, m.sae, t)
+    return single if m.sae_layers is None else over_curve("C1", spec, single, m.sae_layers, t)
+
+
+def _c2_model(spec: str, m: ClaimInputs, t: Mapping[str, float] | None = None,
+              none_top1: float | None = None) -> ModelClaim | None:
+    """C2 of one model: over the layer sweep where it ran, else at the ape_permute stage's layer."""
+    single = None if m.ape_permute is None else _c2(spec, m.ape_permute, t, none_top1=none_top1)
+    return single if m.sae_layers is None else over_curve("C2", spec, single, m.sae_layers, t)
 
 
 # --- C3 ---------------------------------------------------------------------------------------------
@@ -832,11 +904,11 @@ def none_top1(models: Mapping[str, ClaimInputs], data: str | None) -> float | No
 
 # claims whose per-model rule reads the rule set's thresholds: their sensitivity curves are computed
 def _c1_outcome(spec: str, m: ClaimInputs, t: Mapping[str, float]) -> Outcome | None:
-    return None if m.sae is None else _c1(spec, m.sae, t).result
+    return None if (r := _c1_model(spec, m, t)) is None else r.result
 
 
 def _c2_outcome(spec: str, m: ClaimInputs, t: Mapping[str, float]) -> Outcome | None:
-    return None if m.ape_permute is None else _c2(spec, m.ape_permute, t).result
+    return None if (r := _c2_model(spec, m, t)) is None else r.result
 
 
 RULE_READERS = {"C1": _c1_outcome, "C2": _c2_outcome}
@@ -858,10 +930,10 @@ def _per_model(models: Mapping[str, ClaimInputs]) -> dict[str, list[tuple[str, M
     """Each claim's reading of every model that ran its experiments, in the models' order."""
     per: dict[str, list[tuple[str, ModelClaim]]] = {c: [] for c in CLAIM_TEXT}
     for spec, m in models.items():
-        if m.sae is not None:
-            per["C1"].append((spec, _c1(spec, m.sae)))
-        if m.ape_permute is not None:
-            per["C2"].append((spec, _c2(spec, m.ape_permute, none_top1=none_top1(models, m.data))))
+        if (c1 := _c1_model(spec, m)) is not None:
+            per["C1"].append((spec, c1))
+        if (c2 := _c2_model(spec, m, none_top1=none_top1(models, m.data))) is not None:
+            per["C2"].append((spec, c2))
         if m.rope_axis is not None:
             per["C3"].append((spec, _c3(spec, m.rope_axis, matched_none(spec, models))))
             per["C4"].append((spec, _c4(spec, m.rope_axis, m.rope_heads)))
@@ -873,6 +945,7 @@ def _per_model(models: Mapping[str, ClaimInputs]) -> dict[str, list[tuple[str, M
 def summarise(models: Mapping[str, ModelEntry | ClaimInputs]) -> Summary:
     """Verdicts per claim from the models' typed results (a study's `ModelEntry`s, or `ClaimInputs`)."""
     inputs = {spec: ClaimInputs.of(m) for spec, m in models.items()}
+    measured = {"sae_layers"} if any(m.sae_layers is not None for m in inputs.values()) else set()
     claims = []
     for cid, found in _per_model(inputs).items():
         seeds = seed_summaries(cid, found)
@@ -885,7 +958,7 @@ def summarise(models: Mapping[str, ModelEntry | ClaimInputs]) -> Summary:
             numbers={spec: {**r.numbers, "holds": r.result == HOLDS, "result": r.result} for spec, r in found},
             models=[spec for spec, _ in found])
         if cid in RULE_READERS and found:
-            claim.sensitivity = sensitivity(cid, inputs, RULE_READERS[cid], aggregate)
+            claim.sensitivity = sensitivity(cid, inputs, RULE_READERS[cid], aggregate, measured=measured)
         claims.append(claim)
     return Summary(claims=claims, rules=rules_text(), rules_version=RULES.version, rules_hash=RULES.digest(),
                    rule_set=RULES)

@@ -12,17 +12,21 @@ threshold moved over its `sweep` (the other thresholds at their values), from th
 rule the verdict uses. A claim opts in by registering its per-model rule in `study.claims`
 (`RULE_READERS`: claim id -> (spec, the model's typed results, thresholds) -> holds / fails /
 inconclusive, or None where the model did not run it); a claim whose rule does not read the
-thresholds yet is left out of the curves rather than shown flat.
+thresholds yet is left out of the curves rather than shown flat. A threshold that reads another
+experiment's result (`needs`, e.g. the plausible-layer share of the sae_layers sweep) has its curve
+only where some model has that result: a run without the sweep shows the curves it showed before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from vitpos.experiments.sae_sweep import PLAUSIBLE
 
 
 class Threshold(BaseModel):
@@ -36,6 +40,9 @@ class Threshold(BaseModel):
     meaning: str
     source: Literal["ours", "study"] = "ours"
     sweep: tuple[float, ...]  # the documented range of its sensitivity curve (includes `value`)
+    # the experiment whose result the threshold reads beyond its claim's own (e.g. the layer sweep,
+    # sae_layers): its curve is drawn only where some model has that result; None: always
+    needs: str | None = None
 
 
 class RuleSet(BaseModel):
@@ -62,12 +69,19 @@ CHANGES = {
        "cross-image swap (a null by construction) instead of the count/mass-matched random control, which is "
        "reported beside it. Changed after seeing results: the planted models (models/planted_ape.py) and the "
        "issue's reading of the quick run showed the version-1 C1/C2 rules giving the wrong verdict there.",
+    3: "issue 28 (the layer as a sweep): where a model has the sae_layers stage's result, C1 and C2 are read over "
+       "its plausible layers (C1.plausible_layer, C2.plausible_layer: chosen as the largest all-positional drop in "
+       ">= 5 % of the bootstrap resamples): the claim holds for the model when the version-2 rule holds at every "
+       "plausible layer, fails when it fails at all of them, and is inconclusive otherwise; without the sweep "
+       "(quick runs, results written before) the version-2 reading at the single SAE layer is unchanged. Not "
+       "changed after seeing results: the sweep had not run as a stage of vitpos run before this version.",
 }
 
 _FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)
 _POINTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+_PLAUSIBLE = (0.01, PLAUSIBLE, 0.1, 0.2, 0.3)
 
-RULES = RuleSet(version=2, thresholds=(
+RULES = RuleSet(version=3, thresholds=(
     Threshold(name="C1.selective", claim="C1", value=0.6, unit="fraction",
               meaning="selectivity of each set's removal (own-axis probe drop / both drops) at least this",
               sweep=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
@@ -79,12 +93,19 @@ RULES = RuleSet(version=2, thresholds=(
     Threshold(name="C1.min_top1_drop", claim="C1", value=5.0, unit="points",
               meaning="each set's removal lowers top-1 by at least this (the features are used by the model)",
               sweep=_POINTS),
+    Threshold(name="C1.plausible_layer", claim="C1", value=PLAUSIBLE, unit="fraction",
+              meaning="with the layer sweep (sae_layers): a layer chosen as the largest all-positional drop in at "
+              "least this share of the bootstrap resamples is plausible; C1 must hold at every plausible layer",
+              sweep=_PLAUSIBLE, needs="sae_layers"),
     Threshold(name="C2.min_drop", claim="C2", value=10.0, unit="points",
               meaning="permuting all positional features drops top-1 by at least this",
               sweep=(0.0, 5.0, 10.0, 15.0, 20.0, 24.0, 31.0)),
     Threshold(name="C2.null_factor", claim="C2", value=2.0, unit="x",
               meaning="... and by more than this times the same-position cross-image swap of that set",
               sweep=_FACTORS),
+    Threshold(name="C2.plausible_layer", claim="C2", value=PLAUSIBLE, unit="fraction",
+              meaning="with the layer sweep (sae_layers): as C1.plausible_layer, for C2", sweep=_PLAUSIBLE,
+              needs="sae_layers"),
     Threshold(name="C2.study_low", claim="C2", value=24.0, unit="points", source="study",
               meaning="low end of the study's range (stated, not required)", sweep=(24.0,)),
     Threshold(name="C2.study_high", claim="C2", value=31.0, unit="points", source="study",
@@ -115,12 +136,14 @@ class Sensitivity(BaseModel):
 
 
 def sensitivity(claim: str, models: Mapping[str, M], reader: RuleReader[M],
-                aggregate: Callable[[list], str], rules: RuleSet = RULES) -> list[Sensitivity]:
-    """Per threshold of `claim` with a range of more than one value: the verdict over that range."""
+                aggregate: Callable[[list], str], rules: RuleSet = RULES,
+                measured: Collection[str] = ()) -> list[Sensitivity]:
+    """Per threshold of `claim` with a range of more than one value: the verdict over that range.
+    measured: the experiments some model has a result of (a threshold that `needs` another is left out)."""
     base = rules.values()
     out = []
     for t in rules.of(claim):
-        if len(t.sweep) < 2:
+        if len(t.sweep) < 2 or (t.needs is not None and t.needs not in measured):
             continue
         curve = []
         for v in t.sweep:

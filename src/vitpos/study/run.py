@@ -1,7 +1,7 @@
 """`vitpos run`: the whole study on the built-in defaults, cached per stage, resumable, one report.
 
 Stages per model: the experiments of the registry in order (eval, probe, then sae + ape_permute
-for APE models, rope_axis + rope_heads + rope_prefix + rope_freq for RoPE models, extrapolate for
++ sae_layers for APE models, rope_axis + rope_heads + rope_prefix + rope_freq for RoPE models, extrapolate for
 every resizable model); an experiment that does not apply to a model is recorded with its reason.
 Each stage's result lives in OUT/stages/<model>/<stage>-<key>.json
 (`vitpos.study.cache`): a rerun skips finished stages, an interrupted run resumes at the first
@@ -10,7 +10,8 @@ OUT/figures/. Before them, a model whose classifier does not fit the data (a hea
 class count) gets a head on its pooled features: the one `heads:` names for it, else one fitted as the
 cached stage `head` (vitpos.study.head_stage); every top-1 is then measured through it.
 SAE layer (documented choice): the layer whose patch tokens hold the most of both
-axes by the probes (max of min(row, col) accuracy), last layer excluded, earliest on ties.
+axes by the probes (max of min(row, col) accuracy), last layer excluded, earliest on ties; the
+sae_layers stage measures every layer instead, and C1 / C2 read their plausible layers where it ran.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ class _ModelStages:
         done: dict[str, Done] = {}
         not_applicable: dict[str, str] = {}
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface)
+            reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
                 reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
             if reason is not None:
@@ -310,7 +311,7 @@ class _ModelStages:
         head_row, head_digest, needs_head = self._plan_head(sizes)
         rows = [head_row] if head_row is not None else []
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface)
+            reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
                 reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
             if reason is not None:

@@ -1,0 +1,147 @@
+"""The SAE layer as a sweep, a stage of `vitpos run` (issue 28): an SAE, C1 and C2 at every layer.
+
+The sae and ape_permute stages measure C1 and C2 at one layer, the one `choose_sae_layer` picks
+(max of min(row, col) probe accuracy: 1.00 at every layer of an APE model, so a float tie-break).
+This stage runs `run_sae_sweep` (`experiments/sae_sweep.py`): at every layer but the last (on
+models deeper than `max_layers` + 1, `max_layers` evenly spaced ones) an SAE of its own, its
+causal check (C1) and the permutation of its positional features (C2), each read by the claims'
+per-model rules; the bootstrap selection frequency of the largest all-positional drop gives the
+plausible layers, and the claims read C1 and C2 over them (`study.claims`): a claim holds for the
+model when it holds at every plausible layer, fails when it fails at all of them, and is
+inconclusive otherwise. The single-layer readings stay reported beside it.
+
+Each layer's SAE is smaller than the sae stage's (`SAELayersSettings`: sized so that the 4 APE
+models of the default zoo add about 5 minutes to `vitpos run` on 2 idle cores), trained on resid_post
+with the sae stage's architecture (TopK); `--quick` turns the stage off (not applicable, with the
+reason), so the quick run's results are those of the single layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from pydantic import Field
+
+from vitpos import plots
+from vitpos.errors import VitposError
+from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.sae_sweep import LayerPoint, SweepClaim, plan_sae_sweep, run_sae_sweep, sweep_layers
+from vitpos.models.surface import ModelSurface
+
+SWEEP_BATCH_TOKENS = 4096  # run_sae's training batch (the sae stage's)
+
+
+class SAELayersSettings(Settings):
+    """`sae_layers:` in the run config (one SAE per swept layer: these are its sizes)."""
+
+    QUICK = {"enabled": False}
+    enabled: bool = Field(default=True, description="run the sweep (--quick turns it off: not applicable)")
+    max_layers: int = Field(default=8, ge=2, description="layers swept at most: every layer but the last when that "
+                            "is no more, else this many evenly spaced ones from 0 to depth - 2")
+    images: int = Field(default=1000, ge=1, description="SAE training images per layer (train split)")
+    eval_images: int = Field(default=400, ge=2, description="held-out test images per layer: feature scores and "
+                             "C1's causal check (its intervals)")
+    epochs: int = Field(default=2, ge=1, le=1000)
+    expansion: int = Field(default=4, ge=1, le=256)
+    k: int = Field(default=32, ge=1)
+    permute_images: int = Field(default=400, ge=1, description="test images of each layer's permutation (C2) and "
+                                "of the bootstrap selection of the layer")
+    seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
+
+
+class SAELayersResult(Result):
+    """The per-layer curve: one point per swept layer (its SAE's features, C1 and C2 there, the typed
+    results they read), the selection frequency of each layer and the claims over the plausible ones."""
+
+    model: str
+    data: str
+    layers: list[int]
+    layer_rule: str
+    points: list[LayerPoint]
+    selected_layer: int | None  # the point argmax of the all-positional drop
+    plausible_layers: list[int]
+    c1: SweepClaim
+    c2: SweepClaim
+    # the sizes each layer was measured with
+    sae_images: int
+    sae_eval_images: int
+    sae_epochs: int
+    sae_expansion: int
+    sae_k: int
+    permute_images: int
+    seeds: list[int]
+
+    def point(self, layer: int) -> LayerPoint | None:
+        return next((p for p in self.points if p.layer == layer), None)
+
+
+class SAELayersExperiment(Experiment[SAELayersResult]):
+    name = "sae_layers"
+    version = 1
+    title = "The SAE layer as a sweep (C1, C2 per layer)"
+    claims = ("C1", "C2")
+    result_type = SAELayersResult
+    settings_type = SAELayersSettings
+    scheme = "ape"  # as ape_permute: a model with a learned / explicit APE
+
+    def disabled(self, config: Any) -> str | None:
+        if cast(SAELayersSettings, self.settings_of(config)).enabled:
+            return None
+        return ("not run: sae_layers.enabled is false (--quick turns it off); C1 and C2 read the single SAE layer "
+                "of the sae stage")
+
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+        s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
+        sae_data = config.section("sae").data  # the sae stage's images for its SAEs (None: the run's data)
+        return {**s, "layers": sweep_layers(surface.depth, s["max_layers"]),
+                **({"sae_data": sae_data} if sae_data is not None else {})}
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        from vitpos.experiments.sae_run import sae_config
+
+        if not settings["layers"]:
+            raise VitposError(f"sae_layers: {surface.spec} has depth {surface.depth}, no layer with a later one to "
+                              "read the causal check; set sae_layers.enabled: false")
+        sae_config(surface, "topk", settings["k"], settings["expansion"])
+        n = settings["images"]
+        if sizes is not None:
+            try:
+                n = sizes.n("train", n)
+            except ValueError:
+                pass
+        if n * surface.num_patches < SWEEP_BATCH_TOKENS:
+            need = -(-SWEEP_BATCH_TOKENS // surface.num_patches)
+            raise VitposError(f"sae_layers.images {n} give {n * surface.num_patches} patch tokens, fewer than one SAE "
+                              f"batch ({SWEEP_BATCH_TOKENS}); set sae_layers.images to at least {need}")
+
+    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        return plan_sae_sweep(surface, sizes, list(settings["layers"]), _sae_sizes(settings),
+                              settings["permute_images"], settings["seeds"])
+
+    def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAELayersResult:
+        s = stage.settings
+        kw = {"k": s["k"], "expansion": s["expansion"], "n_train_images": s["images"],
+              "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False}
+        seeds = tuple(range(s["seeds"]))
+        sweep = run_sae_sweep(surface, stage.data, list(s["layers"]), sae_kw=kw, permute_images=s["permute_images"],
+                              seeds=seeds, out=stage.out, sae_data=s.get("sae_data"), progress=stage.progress)
+        return SAELayersResult(
+            model=sweep.model, data=sweep.data, layers=sweep.layers, layer_rule=sweep.layer_rule,
+            points=sweep.points, selected_layer=sweep.selected_layer, plausible_layers=sweep.plausible_layers,
+            c1=sweep.c1, c2=sweep.c2, sae_images=s["images"], sae_eval_images=s["eval_images"],
+            sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],
+            seeds=list(seeds))
+
+    def figures(self, result: SAELayersResult) -> list[Figure]:
+        return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "
+                       "largest all-positional drop", lambda r, p: plots.plot_sae_layers(r, p))]
+
+
+def _sae_sizes(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-layer SAE's sizes as the sae stage's settings name them (for its plan)."""
+    return {"images": settings["images"], "eval_images": settings["eval_images"], "epochs": settings["epochs"],
+            "expansion": settings["expansion"]}
+
+
+__all__ = ["SAELayersExperiment", "SAELayersResult", "SAELayersSettings"]

@@ -1,0 +1,92 @@
+"""The sae_layers figure: C1 and C2 per SAE layer beside their controls, and the layer's selection frequency."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vitpos.plots.sweeps import CYCLE, OKABE_ITO, mathtext_safe, new_figure, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from vitpos.experiments.sae_layers import SAELayersResult
+    from vitpos.experiments.sae_sweep import LayerPoint
+
+
+def _v(x: Any, scale: float = 1.0) -> float:
+    return float("nan") if not isinstance(x, (int, float)) or isinstance(x, bool) else scale * float(x)
+
+
+def _err(point: float, ci: Any, scale: float = 1.0) -> tuple[float, float]:
+    """(down, up) of an error bar from a 95 % interval (0 where none was measured)."""
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or math.isnan(point):
+        return 0.0, 0.0
+    lo, hi = _v(ci[0], scale), _v(ci[1], scale)
+    return (0.0 if math.isnan(lo) else max(point - lo, 0.0)), (0.0 if math.isnan(hi) else max(hi - point, 0.0))
+
+
+def _line(ax: Axes, xs: list[int], pts: list[tuple[float, Any]], label: str, color: str, style: str = "-",
+          scale: float = 1.0) -> None:
+    ys = [_v(p, scale) for p, _ in pts]
+    errs = [_err(y, ci, scale) for y, (_, ci) in zip(ys, pts, strict=True)]
+    ax.errorbar(xs, ys, yerr=[[e[0] for e in errs], [e[1] for e in errs]], label=label, color=color, ls=style,
+                marker="o", ms=4, capsize=3, lw=1.2)
+
+
+def _c1(p: LayerPoint, axis: str) -> tuple[tuple[Any, Any], tuple[Any, Any], tuple[Any, Any]]:
+    """(own-axis probe drop, its matched control's, selectivity), each (point, 95 % interval), as C1 read them."""
+    n = p.c1_numbers
+    return ((n.get(f"{axis}_probe_drop"), n.get(f"{axis}_probe_drop_ci95")),
+            (n.get(f"{axis}_control_probe_drop"), n.get(f"{axis}_control_probe_drop_ci95")),
+            (n.get(f"{axis}_selectivity"), n.get(f"{axis}_selectivity_ci95")))
+
+
+def plot_sae_layers(r: SAELayersResult, path: str | Path) -> Path:
+    """Four panels over the swept layers: C1's own-axis probe drops (row set on the row probe, col set
+    on the col probe) beside their matched random removals; C1's selectivity; C2's all-positional
+    top-1 drop beside its same-position swap null and its matched random control; the selection
+    frequency of each layer (plausible layers in colour). Error bars: the 95 % intervals."""
+    xs = [p.layer for p in r.points]
+    fig = new_figure(11.0, 7.4)
+    (a1, a2), (a3, a4) = fig.subplots(2, 2, sharex=True)
+    colors = {"row": OKABE_ITO["blue"], "col": OKABE_ITO["orange"]}
+    for axis in ("row", "col"):
+        c1 = [_c1(p, axis) for p in r.points]
+        _line(a1, xs, [c[0] for c in c1], f"{axis} set: {axis}-probe drop", colors[axis])
+        _line(a1, xs, [c[1] for c in c1], f"{axis} set's matched random removal", colors[axis], "--")
+        _line(a2, xs, [c[2] for c in c1], f"{axis} set", colors[axis])
+    a1.set_ylabel("own-axis probe drop (points)")
+    a1.set_title("C1: removing the row / col features", fontsize=10)
+    a2.set_ylabel("selectivity own / (|row| + |col|)")
+    a2.set_title("C1: axis selectivity", fontsize=10)
+    variants = (("all_positional", "all positional", CYCLE[0], "-"),
+                ("swap_all_positional", "same-position swap (null)", "0.45", "--"),
+                ("random_all_positional", "matched random latents", "0.65", ":"))
+    for name, label, color, style in variants:
+        pts = []
+        for p in r.points:
+            v = None if p.permute is None else p.permute.variant(name)
+            pts.append((None, None) if v is None else (v.drop_points, v.drop_ci95))
+        _line(a3, xs, pts, label, color, style)
+    a3.set_ylabel("top-1 drop (points)")
+    a3.set_title("C2: permuting the positional features", fontsize=10)
+    plaus = set(r.plausible_layers)
+    a4.bar(xs, [p.selection_frequency for p in r.points], color=[CYCLE[2] if x in plaus else "0.75" for x in xs],
+           edgecolor="black", linewidth=0.6)
+    a4.set_ylim(0, 1)
+    a4.set_ylabel("selection frequency")
+    a4.set_title("how often a layer has the largest all-positional drop\n(bootstrap over images; colour: plausible)",
+                 fontsize=10)
+    for ax in (a1, a2, a3, a4):
+        ax.axhline(0, color="black", lw=0.8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_xticks(xs)
+    for ax in (a3, a4):
+        ax.set_xlabel("SAE layer (resid_post)")
+    for ax in (a1, a2, a3):
+        ax.legend(fontsize=7)
+    fig.suptitle(mathtext_safe(f"{r.model}: C1 {r.c1.result}, C2 {r.c2.result} over the plausible layers "
+                               f"{r.plausible_layers} ({r.layer_rule})"), fontsize=9, color="0.3")
+    return save_figure(fig, path)

@@ -1,0 +1,96 @@
+"""The sae_layers stage: the SAE layer as a sweep inside `vitpos run` (an SAE, C1 and C2 per layer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, tiny_own, toy_set
+from vitpos.experiments.base import StageInput
+from vitpos.experiments.registry import BY_NAME
+from vitpos.experiments.sae_layers import SAELayersResult
+from vitpos.study.config import RunConfig, load_config
+
+SMALL = {"images": 300, "eval_images": 40, "epochs": 1, "expansion": 2, "k": 4, "permute_images": 40, "seeds": 1}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The stage run on a tiny depth-3 APE model (layers 0 and 1 swept; the last has no downstream)."""
+    from vitpos.models.own import OwnViTConfig, build_own_vit
+    from vitpos.models.spec import OwnSurface
+
+    torch.manual_seed(0)
+    cfg = OwnViTConfig(pe="ape", **{**TINY, "depth": 3})
+    s = OwnSurface(build_own_vit(cfg).eval(), "tiny:ape3", cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():  # predictions that vary from image to image
+        for p in s.model.parameters():
+            p.normal_(0, 0.3)
+    exp = BY_NAME["sae_layers"]
+    run_cfg = RunConfig.model_validate({"sae_layers": SMALL})
+    settings = exp.stage_settings(run_cfg, s, {}, False)
+    out = tmp_path_factory.mktemp("sae_layers")
+    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=out / "stage",  # type: ignore[arg-type]
+                       progress=False, quick=False, root=out)
+    return exp, exp.run_stage(s, stage), out
+
+
+def test_the_stage_measures_one_point_per_swept_layer(swept):
+    exp, res, out = swept
+    assert isinstance(res, SAELayersResult) and res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]
+    assert res.layer_rule == "every layer 0..1" and res.sae_images == 300 and res.seeds == [0]
+    for p in res.points:  # each layer's SAE and permutation, typed, as the claims re-read them
+        assert p.sae is not None and p.sae.layer == p.layer and p.permute is not None and p.permute.layer == p.layer
+        assert p.c1 in ("holds", "fails", "inconclusive") and p.c2 in ("holds", "fails", "inconclusive")
+    assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
+    assert set(res.c1.per_plausible_layer) == {str(v) for v in res.plausible_layers}
+    assert (out / "stage" / "L0" / "sae.json").is_file() and not (out / "stage" / "L0" / "acts").exists()
+    again = exp.load(res.to_json())  # results.json round trip
+    assert isinstance(again, SAELayersResult) and again.to_json() == res.to_json()
+
+
+def test_the_curve_has_its_figure_section_and_claims(swept, tmp_path):
+    from vitpos.report.sections import SECTIONS
+    from vitpos.study.claims import ClaimInputs, summarise
+
+    exp, res, _ = swept
+    for fig in exp.figures(res):
+        fig.plot(res, tmp_path / f"{fig.name}.png")
+        assert (tmp_path / f"{fig.name}.png").read_bytes()[:4] == b"\x89PNG"
+    html = SECTIONS["sae_layers"](res)
+    assert "Plausible layers" in html and html.count("<tr>") == 1 + len(res.points)
+    s = summarise({"m": ClaimInputs(sae_layers=res)})
+    for c in s.claims:
+        if c.id in ("C1", "C2"):
+            nums = c.numbers["m"]
+            assert nums["plausible_layers"] == res.plausible_layers and nums["single_layer"] is None
+            assert nums["result"] in ("holds", "fails", "inconclusive")
+
+
+def test_quick_runs_turn_the_stage_off_and_other_models_do_not_take_it():
+    exp = BY_NAME["sae_layers"]
+    quick = load_config(None, {}, quick=True)
+    assert quick.section("sae_layers").enabled is False and "--quick" in (exp.disabled(quick) or "")
+    assert exp.disabled(load_config(None, {}, quick=False)) is None
+    assert "absolute position" in (exp.applies_to(tiny_own("rope-axial")) or "")
+    assert exp.applies_to(tiny_own("ape")) is None
+
+
+def test_the_plan_lists_it_as_not_applicable_under_quick(tmp_path):
+    from vitpos.study.run import plan_study
+
+    cfg = load_config(None, {"models": ["builtin:ape"]}, quick=True)
+    rows = {s.stage: s for s in plan_study(tmp_path, cfg, quick=True, measure=None).stages}
+    assert rows["sae_layers"].status == "n/a" and "--quick" in rows["sae_layers"].note
+
+
+def test_default_sizes_and_deeper_models_take_the_documented_subset():
+    from vitpos.experiments.sae_sweep import sweep_layers
+
+    exp = BY_NAME["sae_layers"]
+    ape = tiny_own("ape")
+    settings = exp.stage_settings(RunConfig.model_validate({}), ape, {}, False)
+    assert settings["layers"] == sweep_layers(ape.depth) == [0]
+    assert sweep_layers(12) == [0, 1, 3, 4, 6, 7, 9, 10]  # DINOv2-S/14: 8 evenly spaced of 0..10
+    assert sweep_layers(6) == [0, 1, 2, 3, 4]  # the zoo's depth 6: every layer but the last
