@@ -25,6 +25,6 @@ def test_quick_run_on_a_tiny_hf_dinov3(tmp_path, capsys):
     assert entry["describe"]["rope"]["layout"] == "half" and len(entry["describe"]["rope"]["row_channels"]) == 8
     for stage in ("head", "eval", "probe", "rope_axis", "rope_heads", "rope_prefix", "rope_freq", "extrapolate"):
         assert entry.get(stage) is not None, (stage, entry["not_applicable"])
-    assert set(entry["not_applicable"]) == {"sae", "ape_permute"}  # the APE-only stages
+    assert set(entry["not_applicable"]) == {"sae", "sae_layers", "ape_permute"}  # the APE-only stages
     assert entry["extrapolate"] is not None  # at_size: the rotary grid rebuilt by the model itself
     assert len(entry["probe"]["row_acc"]) == 2 and (out / "report.html").is_file()
