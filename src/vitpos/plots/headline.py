@@ -48,6 +48,34 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+LEGEND_CHARS = 40  # a longer spec (a timm name with its query) would push the legend out of its panel
+
+
+def legend_name(spec: str, limit: int = LEGEND_CHARS, differs_at: int | None = None) -> str:
+    """`spec` elided in the middle to about `limit` characters; the report's tables give it in full.
+    `differs_at`: the first character where it differs from another spec's same elision, kept in view."""
+    if len(spec) <= limit:
+        return spec
+    tail = limit // 3
+    if differs_at is None or differs_at < limit - tail - 1:
+        return spec[:limit - tail - 1] + "…" + spec[-tail:]
+    start = max(differs_at - tail, tail + 1)
+    window = spec[start:start + limit - tail - 2]
+    return spec[:tail] + "…" + window + ("…" if start + len(window) < len(spec) else "")
+
+
+def legend_names(specs: list[str], limit: int = LEGEND_CHARS) -> dict[str, str]:
+    """Each spec's legend name; specs whose elisions collide keep the part where they differ."""
+    plain = {s: legend_name(s, limit) for s in specs}
+    out = dict(plain)
+    for s in specs:
+        others = [o for o in specs if o != s and plain[o] == plain[s]]
+        if others:
+            d = min(next((i for i, (a, b) in enumerate(zip(s, o, strict=False)) if a != b), len(s)) for o in others)
+            out[s] = legend_name(s, limit, differs_at=d)
+    return out
+
+
 class _FamilyStyle:
     """Colour per model family (fixed by first appearance in `families`, so a family keeps its colour
     in every panel), and how many of the family's models this panel has drawn before: the first is
@@ -58,6 +86,7 @@ class _FamilyStyle:
         order = list(dict.fromkeys(families.values()))
         self.colour = {fam: CYCLE[i % len(CYCLE)] for i, fam in enumerate(order)}
         self.drawn: dict[str, int] = {}
+        self.names = legend_names(order)
 
     def __call__(self, spec: str) -> tuple[str, int, str | None]:
         """(colour, seeds of its family drawn before in this panel, legend name for the first or None)."""
@@ -65,7 +94,7 @@ class _FamilyStyle:
         nth = self.drawn.get(fam, 0)
         self.drawn[fam] = nth + 1
         n = sum(1 for f in self.families.values() if f == fam)
-        name = mathtext_safe(fam) + (f" ({n} seeds)" if n > 1 else "")
+        name = mathtext_safe(self.names.get(fam, legend_name(fam))) + (f" ({n} seeds)" if n > 1 else "")
         return self.colour.get(fam, CYCLE[0]), nth, (name if nth == 0 else None)
 
     def line(self, spec: str) -> tuple[str, float, float, str | None]:
@@ -112,7 +141,7 @@ def _ape(ax, models: Models, style: _FamilyStyle) -> None:
                 hatches.append("//" if v in _APE_CONTROLS else "")
         colour, nth, _ = style(spec)  # the family's colour (as in (a)), lighter for each further seed
         ax.bar(xs, ys, width, yerr=[lows, highs], color=colour, alpha=max(1.0 - 0.3 * nth, 0.3),
-               label=mathtext_safe(spec), capsize=2, hatch=hatches,
+               label=mathtext_safe(legend_name(spec)), capsize=2, hatch=hatches,
                edgecolor="black", linewidth=0.4)
     ax.set_xticks(range(len(_APE_BARS)), [label for _, label in _APE_BARS], fontsize=6)
     ax.axhspan(24, 31, color=OKABE_ITO["yellow"], alpha=0.25, lw=0, label="study: 24-31 pts")
@@ -167,7 +196,7 @@ def _heads(fig, ax, models: Models) -> None:
     ax.set_yticks(range(len(doc.layers)), [str(layer) for layer in doc.layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(spec)}", fontsize=9)
+    ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(legend_name(spec, 60))}", fontsize=9)
 
 
 def plot_headline(models: Models, path: str | Path, families: Mapping[str, str] | None = None) -> Path:
