@@ -196,7 +196,7 @@ def _heads(fig, ax, models: Models) -> None:
     ax.set_yticks(range(len(doc.layers)), [str(layer) for layer in doc.layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(legend_name(spec, 60))}", fontsize=9)
+    ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(legend_name(str(spec), 60))}", fontsize=9)
 
 
 def plot_headline(models: Models, path: str | Path, families: Mapping[str, str] | None = None) -> Path:
