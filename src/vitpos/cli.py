@@ -138,23 +138,26 @@ def train(
 def zoo_list():
     """Every zoo member: its encoding, whether it ships, its test top-1 (per class group), and whether
     it was trained with the current recipe."""
+    from rich import box
+
     from vitpos import zoo
     from vitpos.io import read_json
     from vitpos.models.spec import BUILTIN_DIR
 
-    t = Table("model", "encoding", "shipped", "test top-1", "top-1 content / vertical / horizontal",
-              "recipe: shipped (current)")
-    t.columns[0].no_wrap = True  # a member's name is what users copy
+    # fits 80 columns: the member's name says its encoding and seed (docs/zoo.md), so no encoding column
+    t = Table("member", "top-1 %", "content/vert/horiz %", "recipe", box=box.SIMPLE_HEAD,
+              caption="A spec is builtin:<member>; '-': not shipped yet (train it: vitpos zoo train MEMBER "
+                      "--out DIR).\nrecipe 'epochs: 4 (12)': shipped with 4 epochs, the recipe now says 12.",
+              caption_justify="left")
+    for col in t.columns[:3]:
+        col.no_wrap = True  # a member's name is what users copy; the numbers read as one row
     for name in zoo.members():
-        enc, _ = zoo.parse(name)
         metrics = BUILTIN_DIR / name / "metrics.json"
         m = read_json(metrics) if metrics.is_file() else {}
         groups = m.get("group_top1") or {}
-        init = f" ({enc.ape_init} init)" if enc.pe in ("ape", "rope-mixed-ape") else ""
-        t.add_row(f"builtin:{name}", enc.pe + init,
-                  "yes" if m else "no",
-                  f"{m['test_top1']:.4f}" if m else "-",
-                  " / ".join(f"{groups[g]:.3f}" for g in ("content", "vertical", "horizontal") if g in groups) or "-",
+        t.add_row(name, f"{100 * m['test_top1']:.1f}" if m else "-",
+                  "/".join(f"{100 * groups[g]:.1f}" for g in ("content", "vertical", "horizontal") if g in groups)
+                  or "-",
                   ("; ".join(zoo.recipe_differences(name, BUILTIN_DIR / name)) or "current") if m else "-")
     out_console.print(t)
 

@@ -138,3 +138,18 @@ def test_a_member_trained_under_another_recipe_is_named(tmp_path):
     assert zoo.recipe_differences("pairs-ape", old) == ["epochs: 4 (12)", "model.embed_dim: 96 (128)"]
     assert zoo.older_recipe_note("builtin:rope-axial") is None  # not a zoo member
     assert zoo.older_recipe_note("builtin:pairs-ape") is None
+
+
+def test_zoo_list_reads_in_80_columns(monkeypatch, capsys):
+    """Every member on one line with its name, top-1 and groups whole (no '…'), in an 80-column terminal."""
+    from vitpos.cli import main, out_console
+    from vitpos.models.spec import BUILTIN_DIR
+
+    monkeypatch.setattr(out_console, "_width", 80)
+    main(["zoo", "list"])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and not any("…" in line for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.strip().startswith("pairs-")}
+    assert set(rows) == set(zoo.members())
+    shipped = [n for n in zoo.members() if (BUILTIN_DIR / n / "metrics.json").is_file()]
+    assert shipped and all(rows[n][1] != "-" and rows[n][2].count("/") == 2 for n in shipped)
