@@ -183,6 +183,19 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&num_classes=nan",
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&checkpoint_path={root}/evil.pt",
     "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8 --seeds 100000",
+    # comma lists (one parser, vitpos.lists): an empty item or a repeated item is refused, never skipped
+    "probe -m builtin:ape --out {out} --sites blocks.1.resid_post, --images 8",
+    "capture -m builtin:ape --out {out} --sites blocks.0.resid_post,,blocks.1.resid_post --limit 4",
+    "capture -m builtin:ape --out {out} --sites blocks.1.resid_post,blocks.1.resid_post --limit 4",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1,1 --images 8",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1,01 --images 8",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1, --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --layers 1,1 --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0:3,0:3 --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0:3, --images 8",
+    "extrapolate -m builtin:ape --out {out} --scales 1.5,",
+    "run --plan --out {out} --models builtin:ape,builtin:ape",
+    "run --plan --out {out} --models builtin:ape --data shapes,",
 ]
 
 

@@ -80,8 +80,10 @@ class Site:
 
 def expand_sites(names: str | list[str], depth: int) -> list[Site]:
     """'resid_post' -> every layer's resid_post; 'blocks.3.q' -> that one; comma lists allowed."""
-    if isinstance(names, str):
-        names = [n for n in names.split(",") if n.strip()]
+    if isinstance(names, str):  # an empty item ('blocks.1.resid_post,') is refused, not skipped
+        from vitpos.lists import comma_items
+
+        names = comma_items(names, "--sites", "blocks.1.resid_post", distinct=False)
     out: list[Site] = []
     for name in names:
         name = name.strip()
