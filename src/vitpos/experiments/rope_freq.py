@@ -151,6 +151,10 @@ def check_settings(surface: ModelSurface, bands: int, windows: list[Window], lay
     if off or not layers:
         raise VitposError(f"--layers {','.join(map(str, off)) or '(none)'}: probed layers must lie in 0..{L - 1} "
                           f"for {surface.spec}")
+    twice = [f"--windows {s}:{e}" for s, e in sorted({w for w in windows if windows.count(w) > 1})]
+    twice += [f"--layers {x}" for x in sorted({x for x in layers if layers.count(x) > 1})]
+    if twice:
+        raise VitposError(f"{twice[0]} is given twice; give each window and probed layer once")
     amap = surface.rope_axis_map()
     fewest = min(len(amap.axis_pairs(a, 0, 0)[0]) for a in AXES)
     if not 2 <= bands <= fewest:
