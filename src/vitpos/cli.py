@@ -391,7 +391,8 @@ def sae(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", min=0, max=COUNT_MAX,
                                          help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
-    stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
+    stability_seed: int | None = typer.Option(None, "--stability-seed", min=0, max=SEED_MAX,
+                                              help=f"also train an SAE with this seed (0..{SEED_MAX}) on the "
                                               "same tokens and report the share of decoder directions it reproduces "
                                               "(cos >= 0.9, one-to-one matching); doubles the training time"),
     include_special: bool = typer.Option(False, "--include-special", help="train on the special tokens too: CLS / "
@@ -439,6 +440,9 @@ def _check_sae_options(lr: float | None, batch_tokens: int, buffer_tokens: int, 
         raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    for flag, value in (("--seed", seed), ("--stability-seed", stability_seed)):
+        if value is not None and not 0 <= value <= SEED_MAX:
+            raise VitposError(f"{flag} {value} is outside 0..{SEED_MAX}; pass a seed in that range")
     if stability_seed is not None and stability_seed == seed:
         raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
 

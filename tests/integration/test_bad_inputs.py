@@ -183,6 +183,12 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&num_classes=nan",
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&checkpoint_path={root}/evil.pt",
     "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8 --seeds 100000",
+    # seeds: 0..SEED_MAX wherever a seed is an option
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed -1",
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed 9223372036854775808",
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --seed -1",
+    "probe -m builtin:ape --out {out} --images 8 --seed -1",
+    "run --plan --out {out} --seed 9223372036854775808",
     # comma lists (one parser, vitpos.lists): an empty item or a repeated item is refused, never skipped
     "probe -m builtin:ape --out {out} --sites blocks.1.resid_post, --images 8",
     "capture -m builtin:ape --out {out} --sites blocks.0.resid_post,,blocks.1.resid_post --limit 4",

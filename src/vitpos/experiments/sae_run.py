@@ -405,6 +405,10 @@ def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: in
     """run_sae's settings checked (one VitposError each) into the job it trains."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
+    for what, value in (("seed", seed), ("stability seed", stability_seed)):
+        # the CLI takes 0..SEED_MAX; derived seeds (run seed + 1, sweep seeds) may lie above it, never outside int64
+        if value is not None and not 0 <= value < 2**63:
+            raise VitposError(f"the SAE {what} {value} is outside 0..2^63-1; pass a seed in 0..2^32-1")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
     cfg = sae_config(surface, arch, k, expansion, seed)
