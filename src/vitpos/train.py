@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from vitpos.data import load_split
+from vitpos.data.base import require_classes
 from vitpos.errors import VitposError
 from vitpos.io import (
     check_finite,
@@ -205,6 +206,7 @@ def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | No
     train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
     val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
     info = train_set.info
+    require_classes(info, data)  # one class: 100 % top-1 from the first step, nothing learnt
     if info.image_size[0] != info.image_size[1]:
         raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
     sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}

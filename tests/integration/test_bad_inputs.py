@@ -34,6 +34,12 @@ def files(tmp_path_factory):
     (root / "own_cfg").mkdir()  # a `vitpos train` folder's config.json: no model_type for transformers
     (root / "own_cfg" / "config.json").write_text('{"model": {"family": "vitpos-own", "pe": "ape"}}')
     (root / "latin1.yaml").write_bytes("seed: 1 # caf\xe9\n".encode("latin-1"))
+    from PIL import Image  # one class in every split: a top-1 of 100 % that measures nothing
+
+    for split in ("train", "val", "test"):
+        (root / "one_class" / split / "a").mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (32, 32), (40 * i, 0, 0)).save(root / "one_class" / split / "a" / f"{i}.png")
     sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
     SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
     write_json(sae_dir / "sae.json", {"model": "builtin:ape", "layer": 1, "site": "resid_post", "row_features": [0],
@@ -183,6 +189,12 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&num_classes=nan",
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&checkpoint_path={root}/evil.pt",
     "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8 --seeds 100000",
+    # a classification data set needs at least 2 classes
+    "train --pe ape --quick --data imagefolder:{root}/one_class --out {out}",
+    "head -m builtin:none --data imagefolder:{root}/one_class --images 4 --out {out}",
+    "eval -m builtin:ape --data imagefolder:{root}/one_class --limit 4 --out {out}",
+    "intervene rope-axis -m builtin:rope-axial --data imagefolder:{root}/one_class --images 8 --out {out}",
+    "run --plan --quick --models builtin:none --data imagefolder:{root}/one_class --out {out}",
     # seeds: 0..SEED_MAX wherever a seed is an option
     "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed -1",
     "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed 9223372036854775808",

@@ -327,6 +327,10 @@ class ModelSurface:
         """None when the outputs are logits over `info`'s classes, else why not (with the fix)."""
         data = data or info.name
         k = len(info.class_names)
+        from vitpos.data.base import classes_problem
+
+        if (few := classes_problem(info, data)) is not None:  # no top-1 over a single class
+            return few
         fit = (f"fit one with `vitpos head --model {shlex.quote(self.spec)} --data {shlex.quote(data)} --out DIR` "
                "and pass --head DIR")
         if self.head is not None:
