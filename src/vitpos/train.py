@@ -232,6 +232,15 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
         done = read_json(out / "config.json", "pass --force to train it again")
         if isinstance(done, dict) and {k: v for k, v in done.items() if k != "classes"} == run_doc:
             fix = "pass --force to train it again"
+            # the settings the run was started with: a damaged or other copy means the finished run cannot be
+            # checked against this request, so its metrics are not printed as this request's
+            if (out / "train_config.json").exists():
+                started = read_json(out / "train_config.json", f"the finished run in {out} cannot be checked "
+                                    f"against this request; {fix}, or pass another --out")
+                if started != run_doc:
+                    raise VitposError(f"{out}/train_config.json does not match {out}/config.json (other settings); "
+                                      f"the finished run cannot be checked against this request; {fix}, or pass "
+                                      "another --out")
             metrics = read_json(out / "metrics.json", fix)
             if not isinstance(metrics, dict):
                 raise VitposError(f"{out}/metrics.json is not a vitpos training summary; {fix}")
