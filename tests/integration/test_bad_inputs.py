@@ -275,3 +275,47 @@ def test_hub_retry_warnings_stay_out_of_the_one_error_line(tmp_path, capsys, cap
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: pretrained weights"), err
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]  # the hub's warning was not emitted
     assert logging.getLogger("huggingface_hub").level == level  # the hub's logging is left as it was
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    """4 train images of builtin:ape and of builtin:rope-axial at blocks.1.resid_post (same shapes), 2 per shard."""
+    from vitpos.models import load_model
+    from vitpos.store.capture import capture_to_store
+
+    root = tmp_path_factory.mktemp("stores")
+    for spec in ("builtin:ape", "builtin:rope-axial"):
+        capture_to_store(load_model(spec), "shapes", "train", "blocks.1.resid_post", root / spec.split(":")[1],
+                         limit=4, shard_images=2, progress=False)
+    return root
+
+
+@pytest.mark.parametrize("header", ["with-store-digest", "older-without-it"])
+def test_a_store_shard_copied_from_another_models_store_is_refused(two_stores, header, tmp_path, capsys):
+    """`vitpos sae --store ST`, ST's shards copied over from a store of another model (same shapes):
+    trained on them and exited 0. New shards name their capture in their header; older ones are
+    caught by recomputing each shard's first image."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    st = tmp_path / "st"
+    shutil.copytree(two_stores / "ape", st)
+    for p in sorted((two_stores / "rope-axial").glob("shard-*.safetensors")):
+        shutil.copy(p, st / p.name)
+        if header == "older-without-it":
+            from safetensors import safe_open
+
+            with safe_open(str(p), "pt") as f:
+                meta = {k: v for k, v in (f.metadata() or {}).items() if k != "store"}
+            save_file(load_file(str(p)), str(st / p.name), metadata=meta)
+    before = {q.name: q.read_bytes() for q in st.iterdir()}
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sae", "-m", "builtin:ape", "--layer", "1", "--eval-images", "8", "--epochs", "1", "--expansion", "1",
+              "--k", "4", "--batch-tokens", "64", "--store", str(st), "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), captured.err[-800:]
+    assert "does not belong to" in err[0] and "shard-00000" in err[0] and captured.out == ""
+    assert not out.exists() and {q.name: q.read_bytes() for q in st.iterdir()} == before

@@ -297,7 +297,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
-    from vitpos.store.capture import CAPTURE_VERSION
+    from vitpos.store.capture import CAPTURE_VERSION, spot_check_store
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
@@ -326,6 +326,8 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
         raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
     if st.num_images == 0:
         raise VitposError(f"--store {st.dir} holds no images; {fix}")
+    # every shard's first image recomputed: a shard copied in from another store is refused, not trained on
+    spot_check_store(st, surface, site, data, f"re-create the store by rerunning the capture with --force, or {fix}")
     return st
 
 
