@@ -254,6 +254,25 @@ def test_ctrl_c_exits_130_with_one_line_not_a_silent_0(tmp_path, capsys, monkeyp
     assert "Traceback" not in captured.err and captured.out == ""
 
 
+def test_ctrl_c_during_zoo_train_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
+    """`vitpos zoo train pairs-ape` interrupted during data generation: exit 130 and the one resume line
+    (as `vitpos train`), and --out is not created (nothing half-written to resume from)."""
+    import vitpos.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vitpos.train, "load_split", interrupted)  # the first thing training does: the data
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["zoo", "train", "pairs-ape", "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 130, captured.err
+    assert [line for line in captured.err.splitlines() if line.strip()] == [
+        "interrupted; rerun the same command to resume"]
+    assert "Traceback" not in captured.err and captured.out == "" and not out.exists()
+
+
 def test_hub_retry_warnings_stay_out_of_the_one_error_line(tmp_path, capsys, caplog, monkeypatch):
     """Offline, `--pretrained` had huggingface_hub print five 'Retrying in Ns' lines (its own stderr
     handler) before the one error line."""
