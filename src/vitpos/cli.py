@@ -42,13 +42,17 @@ ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars
 DeviceOpt = typer.Option("auto", "--device",
                          help="auto | cpu | cuda (cuda:N); under torchrun each rank takes cuda:LOCAL_RANK")
 def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise VitposError(f"{flag} takes a comma list of layer numbers, e.g. {flag} 2,3 (got {text!r})") from None
-    if not values:
-        raise VitposError(f"{flag} is empty; give at least one layer number, e.g. {flag} 2")
-    return values
+    """A comma list of layer numbers: empty items and repeats refused (`vitpos.lists`)."""
+    from vitpos.lists import parsed_items
+
+    return parsed_items(text, flag, "2,3", int, "layer numbers")
+
+
+def _sites(text: str) -> str:
+    """--sites: a comma list without empty items or repeats, normalised ('a, b' -> 'a,b')."""
+    from vitpos.lists import comma_items
+
+    return ",".join(comma_items(text, "--sites", "blocks.1.resid_post"))
 
 
 def _positive_finite(value: float | None) -> float | None:
@@ -307,6 +311,7 @@ def capture(
 
     if batch_size < 1 or shard_images < 1:
         raise VitposError(f"--batch-size and --shard-images must be at least 1 (got {batch_size}, {shard_images})")
+    sites = _sites(sites)
     with distributed(device) as (env, dev):
         autocast_dtype(amp, dev)
         surface = _surface(model, pretrained, checkpoint)
@@ -338,6 +343,7 @@ def probe(
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
     from vitpos.experiments.probe import probe_sites, run_probe
 
+    sites = _sites(sites)
     surface = _surface(model, pretrained, checkpoint, head, data)
     result = run_probe(surface, data=data, sites=sites, n_images=images, seed=seed, out=out, progress=progress,
                        device=device, amp=amp)
@@ -388,7 +394,8 @@ def sae(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", min=0, max=COUNT_MAX,
                                          help="save the training state to OUT/train-state/ "
                                          "every N steps (0: only at the end); a rerun resumes from it"),
-    stability_seed: int | None = typer.Option(None, "--stability-seed", help="also train an SAE with this seed on the "
+    stability_seed: int | None = typer.Option(None, "--stability-seed", min=0, max=SEED_MAX,
+                                              help=f"also train an SAE with this seed (0..{SEED_MAX}) on the "
                                               "same tokens and report the share of decoder directions it reproduces "
                                               "(cos >= 0.9, one-to-one matching); doubles the training time"),
     include_special: bool = typer.Option(False, "--include-special", help="train on the special tokens too: CLS / "
@@ -436,6 +443,9 @@ def _check_sae_options(lr: float | None, batch_tokens: int, buffer_tokens: int, 
         raise VitposError(f"--images and --epochs must be at least 1 (got {images}, {epochs})")
     if checkpoint_every < 0:
         raise VitposError(f"--checkpoint-every must be >= 0 (got {checkpoint_every})")
+    for flag, value in (("--seed", seed), ("--stability-seed", stability_seed)):
+        if value is not None and not 0 <= value <= SEED_MAX:
+            raise VitposError(f"{flag} {value} is outside 0..{SEED_MAX}; pass a seed in that range")
     if stability_seed is not None and stability_seed == seed:
         raise VitposError(f"--stability-seed must differ from --seed (both {seed}); e.g. --stability-seed {seed + 1}")
 
@@ -511,13 +521,12 @@ def extrapolate(
 
 
 def _float_list(text: str | None, flag: str) -> list[float] | None:
+    from vitpos.lists import parsed_items
+
     if text is None:
         return None
-    try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise VitposError(f"{flag} {text!r}: pass a comma list of numbers, e.g. 1.5,2") from None
-    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
+    vals = parsed_items(text, flag, "1.5,2", float, "numbers")
+    if not all(math.isfinite(v) and v > 0 for v in vals):
         raise VitposError(f"{flag} {text!r}: pass a comma list of positive numbers, e.g. 1.5,2")
     return vals
 
@@ -747,17 +756,16 @@ def run(
 
 
 def _spec_list(text: str | None, flag: str, example: str) -> list[str] | None:
-    """A comma list option: None when not given; empty (or with an empty entry) is an error, not the default."""
+    """A comma list option: None when not given; empty, with an empty entry or a repeat is an error, not the
+    default."""
+    from vitpos.lists import comma_items
+
     if text is None:
         return None
-    items = [t.strip() for t in text.split(",")]
-    if not any(items):
+    if not text.strip():
         raise VitposError(f"{flag} is empty; name at least one, e.g. {flag} {example} (or leave {flag} out for the "
                           "defaults)")
-    if not all(items):
-        raise VitposError(f"{flag} {text!r} has an empty entry; separate names with single commas, e.g. "
-                          f"{flag} {example}")
-    return items
+    return comma_items(text, flag, example)
 
 
 def _print_plan(out: Path, cfg, quick: bool, force: bool) -> None:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from vitpos.data import load_split
+from vitpos.data.base import require_classes
 from vitpos.errors import VitposError
 from vitpos.io import (
     check_finite,
@@ -205,6 +206,7 @@ def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | No
     train_set = load_split(data, "train", seed=0, limit=limits.get("train"), transform=transform)
     val_set = load_split(data, "val", seed=0, limit=limits.get("val"), transform=transform)
     info = train_set.info
+    require_classes(info, data)  # one class: 100 % top-1 from the first step, nothing learnt
     if info.image_size[0] != info.image_size[1]:
         raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
     sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
@@ -230,6 +232,15 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
         done = read_json(out / "config.json", "pass --force to train it again")
         if isinstance(done, dict) and {k: v for k, v in done.items() if k != "classes"} == run_doc:
             fix = "pass --force to train it again"
+            # the settings the run was started with: a damaged or other copy means the finished run cannot be
+            # checked against this request, so its metrics are not printed as this request's
+            if (out / "train_config.json").exists():
+                started = read_json(out / "train_config.json", f"the finished run in {out} cannot be checked "
+                                    f"against this request; {fix}, or pass another --out")
+                if started != run_doc:
+                    raise VitposError(f"{out}/train_config.json does not match {out}/config.json (other settings); "
+                                      f"the finished run cannot be checked against this request; {fix}, or pass "
+                                      "another --out")
             metrics = read_json(out / "metrics.json", fix)
             if not isinstance(metrics, dict):
                 raise VitposError(f"{out}/metrics.json is not a vitpos training summary; {fix}")

@@ -34,6 +34,12 @@ def files(tmp_path_factory):
     (root / "own_cfg").mkdir()  # a `vitpos train` folder's config.json: no model_type for transformers
     (root / "own_cfg" / "config.json").write_text('{"model": {"family": "vitpos-own", "pe": "ape"}}')
     (root / "latin1.yaml").write_bytes("seed: 1 # caf\xe9\n".encode("latin-1"))
+    from PIL import Image  # one class in every split: a top-1 of 100 % that measures nothing
+
+    for split in ("train", "val", "test"):
+        (root / "one_class" / split / "a").mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (32, 32), (40 * i, 0, 0)).save(root / "one_class" / split / "a" / f"{i}.png")
     sae_dir = root / "sae_ape"  # an SAE trained on builtin:ape (96-wide), as `vitpos sae` leaves it
     SAE(SAEConfig(d_in=96, expansion=2, k=4)).save(sae_dir)
     write_json(sae_dir / "sae.json", {"model": "builtin:ape", "layer": 1, "site": "resid_post", "row_features": [0],
@@ -183,6 +189,31 @@ CASES = [  # {root}: the fixture folder; {out}: a fresh output folder per case
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&num_classes=nan",
     "eval -m timm:vit_small_patch16_224?img_size=32&patch_size=4&checkpoint_path={root}/evil.pt",
     "intervene ape-permute -m builtin:ape --sae {root}/sae_ape --out {out} --images 8 --seeds 100000",
+    # a classification data set needs at least 2 classes
+    "train --pe ape --quick --data imagefolder:{root}/one_class --out {out}",
+    "head -m builtin:none --data imagefolder:{root}/one_class --images 4 --out {out}",
+    "eval -m builtin:ape --data imagefolder:{root}/one_class --limit 4 --out {out}",
+    "intervene rope-axis -m builtin:rope-axial --data imagefolder:{root}/one_class --images 8 --out {out}",
+    "run --plan --quick --models builtin:none --data imagefolder:{root}/one_class --out {out}",
+    # seeds: 0..SEED_MAX wherever a seed is an option
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed -1",
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --stability-seed 9223372036854775808",
+    "sae -m builtin:ape --layer 1 --out {out} --images 64 --seed -1",
+    "probe -m builtin:ape --out {out} --images 8 --seed -1",
+    "run --plan --out {out} --seed 9223372036854775808",
+    # comma lists (one parser, vitpos.lists): an empty item or a repeated item is refused, never skipped
+    "probe -m builtin:ape --out {out} --sites blocks.1.resid_post, --images 8",
+    "capture -m builtin:ape --out {out} --sites blocks.0.resid_post,,blocks.1.resid_post --limit 4",
+    "capture -m builtin:ape --out {out} --sites blocks.1.resid_post,blocks.1.resid_post --limit 4",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1,1 --images 8",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1,01 --images 8",
+    "intervene rope-axis -m builtin:rope-axial --out {out} --restore 1, --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --layers 1,1 --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0:3,0:3 --images 8",
+    "intervene rope-freq -m builtin:rope-axial --out {out} --windows 0:3, --images 8",
+    "extrapolate -m builtin:ape --out {out} --scales 1.5,",
+    "run --plan --out {out} --models builtin:ape,builtin:ape",
+    "run --plan --out {out} --models builtin:ape --data shapes,",
 ]
 
 
@@ -223,6 +254,25 @@ def test_ctrl_c_exits_130_with_one_line_not_a_silent_0(tmp_path, capsys, monkeyp
     assert "Traceback" not in captured.err and captured.out == ""
 
 
+def test_ctrl_c_during_zoo_train_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
+    """`vitpos zoo train pairs-ape` interrupted during data generation: exit 130 and the one resume line
+    (as `vitpos train`), and --out is not created (nothing half-written to resume from)."""
+    import vitpos.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vitpos.train, "load_split", interrupted)  # the first thing training does: the data
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["zoo", "train", "pairs-ape", "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 130, captured.err
+    assert [line for line in captured.err.splitlines() if line.strip()] == [
+        "interrupted; rerun the same command to resume"]
+    assert "Traceback" not in captured.err and captured.out == "" and not out.exists()
+
+
 def test_hub_retry_warnings_stay_out_of_the_one_error_line(tmp_path, capsys, caplog, monkeypatch):
     """Offline, `--pretrained` had huggingface_hub print five 'Retrying in Ns' lines (its own stderr
     handler) before the one error line."""
@@ -244,3 +294,47 @@ def test_hub_retry_warnings_stay_out_of_the_one_error_line(tmp_path, capsys, cap
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: pretrained weights"), err
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]  # the hub's warning was not emitted
     assert logging.getLogger("huggingface_hub").level == level  # the hub's logging is left as it was
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    """4 train images of builtin:ape and of builtin:rope-axial at blocks.1.resid_post (same shapes), 2 per shard."""
+    from vitpos.models import load_model
+    from vitpos.store.capture import capture_to_store
+
+    root = tmp_path_factory.mktemp("stores")
+    for spec in ("builtin:ape", "builtin:rope-axial"):
+        capture_to_store(load_model(spec), "shapes", "train", "blocks.1.resid_post", root / spec.split(":")[1],
+                         limit=4, shard_images=2, progress=False)
+    return root
+
+
+@pytest.mark.parametrize("header", ["with-store-digest", "older-without-it"])
+def test_a_store_shard_copied_from_another_models_store_is_refused(two_stores, header, tmp_path, capsys):
+    """`vitpos sae --store ST`, ST's shards copied over from a store of another model (same shapes):
+    trained on them and exited 0. New shards name their capture in their header; older ones are
+    caught by recomputing each shard's first image."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    st = tmp_path / "st"
+    shutil.copytree(two_stores / "ape", st)
+    for p in sorted((two_stores / "rope-axial").glob("shard-*.safetensors")):
+        shutil.copy(p, st / p.name)
+        if header == "older-without-it":
+            from safetensors import safe_open
+
+            with safe_open(str(p), "pt") as f:
+                meta = {k: v for k, v in (f.metadata() or {}).items() if k != "store"}
+            save_file(load_file(str(p)), str(st / p.name), metadata=meta)
+    before = {q.name: q.read_bytes() for q in st.iterdir()}
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sae", "-m", "builtin:ape", "--layer", "1", "--eval-images", "8", "--epochs", "1", "--expansion", "1",
+              "--k", "4", "--batch-tokens", "64", "--store", str(st), "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), captured.err[-800:]
+    assert "does not belong to" in err[0] and "shard-00000" in err[0] and captured.out == ""
+    assert not out.exists() and {q.name: q.read_bytes() for q in st.iterdir()} == before

@@ -297,6 +297,11 @@ def test_refusals_and_applicability():
     for bad in ("0-1", "a:b", "0:1:2"):
         with pytest.raises(VitposError, match="START:STOP"):
             parse_windows(bad)
+    for bad, why in (("", "is empty"), ("0:1,", "empty item"), ("0:1, 0:1", "names 0:1 twice")):
+        with pytest.raises(VitposError, match=why):
+            parse_windows(bad)
+    with pytest.raises(VitposError, match="--layers 1 is given twice"):
+        run_rope_freq(s, _toy(8), n_images=8, layers=[1, 1])
 
 
 def test_document_figure_and_report_section(tmp_path):

@@ -112,3 +112,27 @@ def test_axis_index_intervals_of_identical_images_are_points():
     per_image = torch.tensor([[[[0.3, 0.1]], [[0.0, 0.2]]]], dtype=torch.float64).expand(5, 2, 1, 2)
     ci = axis_index_intervals(per_image)
     assert ci[0][0] == pytest.approx([0.5, 0.5]) and ci[1][0] == pytest.approx([-1.0, -1.0])
+
+
+def test_an_undefined_median_recovery_is_null_not_nan(monkeypatch):
+    """`--restore 1 --images 8` on builtin:rope-axial: no restore point had a mean Rec, and
+    rope_axis.json held NaN for the medians; undefined is null (claims read it as missing)."""
+    import json
+
+    import vitpos.experiments.rope_axis as ra
+
+    none = {"mean_rec": None, "mean_share": None}
+    monkeypatch.setattr(ra, "condition_recovery_samples", lambda *a, **k: (dict(none), None))
+    monkeypatch.setattr(ra, "condition_rebuilt_share", lambda *a, **k: (dict(none), None))
+    _, medians, _, shares = ra.recoveries({}, {}, [1, 2], [0, 1])
+    for a in ("row", "col"):
+        assert ra.MedianRecovery(**medians[a]).median_rec is None and medians[a]["restore_points"] == []
+        assert ra.MedianShare(**shares[a]).median_share is None
+    json.dumps([medians, shares], allow_nan=False)  # no NaN to write
+
+
+def test_a_repeated_restore_point_is_refused_by_the_library_too(planted):
+    from vitpos.errors import VitposError
+
+    with pytest.raises(VitposError, match="R=1 twice"):
+        run_rope_axis(planted, data=toy_images(8), n_images=8, restore_points=[1, 1])

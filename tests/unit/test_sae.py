@@ -677,3 +677,15 @@ def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
     capture_to_store(tiny_ape, ds, "train", "blocks.0.resid_post", tmp_path / "store", progress=False)
     with pytest.raises(VitposError, match="other weights"):
         run_sae(retrained, 0, data=ds, store=tmp_path / "store", out=tmp_path / "o2", **kw)
+
+
+def test_seeds_outside_int64_are_refused_before_any_work():
+    """`vitpos sae --stability-seed -1` trained and exited 0; the library refuses such a seed too."""
+    from conftest import tiny_own
+    from vitpos.experiments.sae_run import sae_job
+
+    s = tiny_own("ape")
+    for seed, other in ((-1, None), (0, -1), (0, 2**63)):
+        with pytest.raises(VitposError, match="outside 0..2"):
+            sae_job(s, 1, "resid_post", toy_set(8), "topk", 2, 1, 8, 1, 8, seed, None, None, None, None, other,
+                    False)

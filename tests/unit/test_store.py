@@ -346,3 +346,20 @@ def test_writer_rejects_bad_batches_and_loader_guards_memory(tmp_path):
     assert st.load_site("s", max_images=2, max_bytes=1000).shape == (2, N, 4)
     with pytest.raises(VitposError, match="not in the store"):
         st.iter_images("nope")
+
+
+def test_a_shard_copied_from_another_store_or_slot_is_refused(tmp_path):
+    """Every shard's header names its capture (a digest of the store's meta) and its index: a shard
+    of a store of other meta (another model) with the very same shapes, or a shard moved to another
+    slot, is one VitposError naming it, not read as this store's activations."""
+    import shutil
+
+    acts = make_acts(8, 1)
+    write(tmp_path / "a", acts)
+    write(tmp_path / "b", make_acts(8, 1, seed=1), meta={**META, "model": "other"})
+    shutil.copy(tmp_path / "b" / "shard-00001.safetensors", tmp_path / "a" / "shard-00001.safetensors")
+    with pytest.raises(VitposError, match=r"shard-00001\.safetensors was captured by another capture"):
+        ActivationStore(tmp_path / "a").load_site(SITES[0])
+    shutil.copy(tmp_path / "a" / "shard-00000.safetensors", tmp_path / "a" / "shard-00001.safetensors")
+    with pytest.raises(VitposError, match=r"is shard 0 of its store, but manifest\.json lists it as shard 1"):
+        ActivationStore(tmp_path / "a").load_site(SITES[0])

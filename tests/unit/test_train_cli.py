@@ -204,6 +204,37 @@ def test_rerun_refuses_a_finished_run_whose_metrics_cannot_be_right(tmp_path, mo
     assert losses == [] and (out / "metrics.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("damage", ["not-utf8", "other-settings"])
+def test_rerun_refuses_a_finished_run_whose_train_config_cannot_be_read(tmp_path, monkeypatch, capsys, trained, damage):
+    """A finished run whose train_config.json was not UTF-8 (or held other settings) printed the old
+    metrics with exit 0: the finished run cannot be checked against the request."""
+    import json
+
+    from vitpos.cli import main
+
+    src, _, _ = trained
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    cfg = out / "train_config.json"
+    if damage == "not-utf8":
+        cfg.write_bytes(b"\xff\xfe" + cfg.read_bytes())
+    else:
+        doc = read_json(cfg)
+        doc["train"]["lr"] = 123.0
+        cfg.write_text(json.dumps(doc))
+    def files():
+        return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = files()
+    losses = _record_losses(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--pe", "ape", "--quick", "--out", str(out), "--no-progress"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert "train_config.json" in err[0] and "--force" in err[0], err
+    assert losses == [] and files() == before
+
+
 def test_interrupted_run_with_other_settings_needs_force(tmp_path, monkeypatch):
     out = tmp_path / "cut"
     with monkeypatch.context() as mp:

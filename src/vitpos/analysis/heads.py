@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vitpos.analysis.lbfgs import Design, all_finite, fit_softmax_heads, standardise_stats, standardised_design
+from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.models.head import Head, HeadInfo
@@ -101,9 +102,8 @@ def fit_head(surface: ModelSurface, data: str = "shapes", n_images: int = 4000, 
     base = surface if surface.head is None else _without_head(surface)
     train_set = dataset_for(base, data, "train", limit=n_images, seed=seed)
     info = train_set.info
+    require_classes(info, data_name(data))
     k = len(info.class_names)
-    if k < 2:
-        raise VitposError(f"{data_name(data)} has {k} class; a classifier needs at least 2")
     train = pooled_features(base, train_set, progress=progress, desc="head: train features")
     val_set = dataset_for(base, data, "val", limit=n_val, seed=seed)
     val = pooled_features(base, val_set, progress=progress, desc="head: val features")

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
+from vitpos.errors import VitposError
+
 SPLITS = ("train", "val", "test")
 
 
@@ -23,6 +25,24 @@ class DatasetInfo:
     # vertical relation only vs a horizontal relation only. Empty when the data has none.
     class_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     description: str = ""
+
+
+def classes_problem(info: DatasetInfo, data: str | None = None) -> str | None:
+    """Why `info` cannot be classification data (fewer than 2 classes: every top-1 is 100 %, a
+    trained classifier learns nothing), with the fix; None when it can."""
+    k = len(info.class_names)
+    if k >= 2:
+        return None
+    names = f" ({', '.join(info.class_names)})" if info.class_names else ""
+    return (f"{data or info.name} has {k} class{names}; a classifier needs at least 2 classes: add another class "
+            "folder (PATH/CLASS/*.png, or PATH/train/CLASS/... in every split)")
+
+
+def require_classes(info: DatasetInfo, data: str | None = None) -> None:
+    """One VitposError (classes_problem) for data with fewer than 2 classes."""
+    problem = classes_problem(info, data)
+    if problem is not None:
+        raise VitposError(problem)
 
 
 def split_seed(seed: int, name: str, split: str) -> int:

@@ -63,6 +63,9 @@ def check_restore_points(surface: ModelSurface, points: list[int], flag: str = "
     if bad:
         raise VitposError(f"{flag} {','.join(map(str, bad))}: restore points must lie in 1..{surface.depth - 1} for "
                           f"{surface.spec} (depth {surface.depth}; R is the first layer whose rotations come back)")
+    twice = sorted({R for R in points if points.count(R) > 1})
+    if twice:
+        raise VitposError(f"{flag} names R={twice[0]} twice; give each restore point once, e.g. {flag} 1,2")
 
 
 def condition_context(surface: ModelSurface, axes: tuple[Axis, ...], before: int | None = None,

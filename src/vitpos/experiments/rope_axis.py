@@ -25,6 +25,7 @@ Issue 29 (what C3 and C4 read now):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -108,6 +109,11 @@ def median_rebuilt_share(per_r: Mapping[str, Mapping[str, Any]]) -> float:
     return median([r["mean_share"] for r in per_r.values() if r["mean_share"] is not None] or [float("nan")])
 
 
+def _defined(x: float) -> float | None:
+    """An undefined median (no restore point with a value) is null in rope_axis.json, never NaN."""
+    return x if math.isfinite(x) else None
+
+
 def median_samples(samples: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
     """Per resample the median over restore points (statistics.median's: the mean of the two
     middle values for an even count) of paired bootstrap samples; None if any is missing."""
@@ -135,7 +141,7 @@ class MedianRecovery(BaseModel):
     """C4's number for one axis: the median over restore points of mean Rec, with the median over
     restore points of each paired resample's mean Rec as its interval."""
 
-    median_rec: float
+    median_rec: float | None  # None: no restore point has a mean Rec (NaN in results written before)
     median_rec_ci95: list[float] | None
     restore_points: list[int]  # the Rs with a mean Rec
 
@@ -144,7 +150,7 @@ class MedianShare(BaseModel):
     """C4's count-matched number for one axis: the median over restore points of the mean rebuilt
     share (`CountMatched`), its interval the median over restore points of each paired resample's."""
 
-    median_share: float
+    median_share: float | None  # None: no restore point has a mean share (NaN in results written before)
     median_share_ci95: list[float] | None = None
     restore_points: list[int]  # the Rs with a mean rebuilt share
 
@@ -319,10 +325,10 @@ def recoveries(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str,
             matched[a][str(R)], bs = condition_rebuilt_share(conditions, fitted, a, f"restore_{a}_R{R}", R, layers)
             if matched[a][str(R)]["mean_share"] is not None:
                 share_samples.append(bs)
-        medians[a] = {"median_rec": median_recovery(rec[a]),
+        medians[a] = {"median_rec": _defined(median_recovery(rec[a])),
                       "median_rec_ci95": sample_interval(median_samples(samples)),
                       "restore_points": [R for R in Rs if rec[a][str(R)]["mean_rec"] is not None]}
-        shares[a] = {"median_share": median_rebuilt_share(matched[a]),
+        shares[a] = {"median_share": _defined(median_rebuilt_share(matched[a])),
                      "median_share_ci95": sample_interval(median_samples(share_samples)),
                      "restore_points": [R for R in Rs if matched[a][str(R)]["mean_share"] is not None]}
     return rec, medians, matched, shares

@@ -151,6 +151,10 @@ def check_settings(surface: ModelSurface, bands: int, windows: list[Window], lay
     if off or not layers:
         raise VitposError(f"--layers {','.join(map(str, off)) or '(none)'}: probed layers must lie in 0..{L - 1} "
                           f"for {surface.spec}")
+    twice = [f"--windows {s}:{e}" for s, e in sorted({w for w in windows if windows.count(w) > 1})]
+    twice += [f"--layers {x}" for x in sorted({x for x in layers if layers.count(x) > 1})]
+    if twice:
+        raise VitposError(f"{twice[0]} is given twice; give each window and probed layer once")
     amap = surface.rope_axis_map()
     fewest = min(len(amap.axis_pairs(a, 0, 0)[0]) for a in AXES)
     if not 2 <= bands <= fewest:
@@ -335,19 +339,23 @@ def plan_rope_freq(settings: Mapping[str, Any], surface: ModelSurface, sizes: Sp
 
 
 def parse_windows(text: str | None) -> list[Window] | None:
-    """'0:3,3:6' -> [(0, 3), (3, 6)]; None/empty -> None (the defaults)."""
-    if not text:
+    """'0:3,3:6' -> [(0, 3), (3, 6)]; None -> None (the defaults); empty, an empty item or a window
+    given twice is refused (`vitpos.lists`)."""
+    from vitpos.lists import check_distinct, comma_items
+
+    if text is None:
         return None
-    out = []
-    for part in text.split(","):
-        bits = part.strip().split(":")
+    out: list[Window] = []
+    for part in comma_items(text, "--windows", "0:3,3:6", distinct=False):
+        bits = part.split(":")
         try:
-            out.append((int(bits[0]), int(bits[1])) if len(bits) == 2 else None)
+            if len(bits) != 2:
+                raise ValueError(part)
+            out.append((int(bits[0]), int(bits[1])))
         except ValueError:
-            out.append(None)
-        if out[-1] is None:
-            raise VitposError(f"--windows {text!r}: give windows as START:STOP[,START:STOP...], e.g. 0:3,3:6")
-    return [w for w in out if w is not None]
+            raise VitposError(f"--windows {text!r}: give windows as START:STOP[,START:STOP...], e.g. 0:3,3:6") from None
+    check_distinct(out, text, "--windows", "0:3,3:6", show=lambda w: f"{w[0]}:{w[1]}")
+    return out
 
 
 class RopeFreqSettings(Settings):

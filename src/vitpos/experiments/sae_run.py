@@ -297,7 +297,7 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
 def open_train_store(store, surface: ModelSurface, site: Site, data):
     """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
     `site` of `surface`'s model, captured on `data`'s train images."""
-    from vitpos.store.capture import CAPTURE_VERSION
+    from vitpos.store.capture import CAPTURE_VERSION, spot_check_store
     from vitpos.store.reader import ActivationStore
 
     st = ActivationStore(store)
@@ -326,6 +326,8 @@ def open_train_store(store, surface: ModelSurface, site: Site, data):
         raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
     if st.num_images == 0:
         raise VitposError(f"--store {st.dir} holds no images; {fix}")
+    # every shard's first image recomputed: a shard copied in from another store is refused, not trained on
+    spot_check_store(st, surface, site, data, f"re-create the store by rerunning the capture with --force, or {fix}")
     return st
 
 
@@ -405,6 +407,10 @@ def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: in
     """run_sae's settings checked (one VitposError each) into the job it trains."""
     if site not in EDITABLE_SAE_SITES:
         raise VitposError(f"SAE site must be one of {', '.join(EDITABLE_SAE_SITES)} (got {site!r})")
+    for what, value in (("seed", seed), ("stability seed", stability_seed)):
+        # the CLI takes 0..SEED_MAX; derived seeds (run seed + 1, sweep seeds) may lie above it, never outside int64
+        if value is not None and not 0 <= value < 2**63:
+            raise VitposError(f"the SAE {what} {value} is outside 0..2^63-1; pass a seed in 0..2^32-1")
     if not 0 <= layer < surface.depth:
         raise VitposError(f"--layer {layer} is outside 0..{surface.depth - 1}")
     cfg = sae_config(surface, arch, k, expansion, seed)

@@ -80,8 +80,10 @@ class Site:
 
 def expand_sites(names: str | list[str], depth: int) -> list[Site]:
     """'resid_post' -> every layer's resid_post; 'blocks.3.q' -> that one; comma lists allowed."""
-    if isinstance(names, str):
-        names = [n for n in names.split(",") if n.strip()]
+    if isinstance(names, str):  # an empty item ('blocks.1.resid_post,') is refused, not skipped
+        from vitpos.lists import comma_items
+
+        names = comma_items(names, "--sites", "blocks.1.resid_post", distinct=False)
     out: list[Site] = []
     for name in names:
         name = name.strip()
@@ -325,6 +327,10 @@ class ModelSurface:
         """None when the outputs are logits over `info`'s classes, else why not (with the fix)."""
         data = data or info.name
         k = len(info.class_names)
+        from vitpos.data.base import classes_problem
+
+        if (few := classes_problem(info, data)) is not None:  # no top-1 over a single class
+            return few
         fit = (f"fit one with `vitpos head --model {shlex.quote(self.spec)} --data {shlex.quote(data)} --out DIR` "
                "and pass --head DIR")
         if self.head is not None:

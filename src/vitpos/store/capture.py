@@ -247,6 +247,45 @@ def _wipe_top(out: Path, world: int) -> None:
                 p.rmdir()
 
 
+SPOT_CHECK_TOLERANCE = 0.05  # relative L2 error of a recomputed image's tokens; storage dtypes and autocast stay far
+# below it (fp16/bf16 round-off is <= 2^-8), activations of another model or another image are near 1 or above
+
+
+def spot_check_store(store, surface: ModelSurface, site: Site, data, fix: str, batch_size: int = 32) -> None:
+    """The first image of every shard recomputed with `surface` and compared with what the shard
+    holds (its label too): a shard copied in from another model's or another data set's store,
+    which its header may not say (stores written before shard headers carried the capture's
+    identity), is one VitposError naming it instead of an SAE trained on foreign activations.
+    Costs one image forward per shard. `data`: the store's data (its name, or the dataset object it
+    was captured from)."""
+    meta = store.meta
+    dataset = dataset_for(surface, data, meta.get("split", "train"), limit=meta.get("limit"))
+    key = str(site)
+    picks = []
+    for i, sh in enumerate(store.manifest.shards):
+        acts, label, image_id = store.first_image(i, key)
+        path = store.dir / sh.file
+        if not 0 <= image_id < len(dataset):
+            raise VitposError(f"shard {path} holds image id {image_id}, but {meta['data']}/{meta.get('split')} has "
+                              f"{len(dataset)} images; it does not belong to this store; {fix}")
+        picks.append((path, acts, label, image_id))
+    P = surface.num_prefix_tokens
+    for start in range(0, len(picks), batch_size):
+        chunk = picks[start : start + batch_size]
+        x = torch.stack([dataset[image_id][0] for _, _, _, image_id in chunk]).to(surface.device)
+        with torch.no_grad(), capture(surface, [site]) as cache:
+            surface(x)
+            got = tokens_first(cache.pop_batch(key)).float().cpu()[:, P:]
+        for (path, stored, label, image_id), now in zip(chunk, got, strict=True):
+            truth = dataset[image_id][1]
+            err = float((now - stored).norm() / now.norm().clamp_min(1e-12)) if now.shape == stored.shape else 1.0
+            if label != truth or not err <= SPOT_CHECK_TOLERANCE:
+                labels = "" if label == truth else f", label {label} != {truth}"
+                raise VitposError(f"shard {path} does not hold {surface.spec}'s {site} activations of image {image_id} "
+                                  f"of {meta['data']}/{meta.get('split')} (relative difference {err:.3g}{labels}), so "
+                                  f"it does not belong to this store (copied in from another one?); {fix}")
+
+
 def _precheck(out: Path, meta: dict, world: int, force: bool) -> str:
     """Rank 0's look at out/: 'done' (a finished store of this very capture), 'go', or an error text."""
     if force:
@@ -295,4 +334,5 @@ def merge_manifests(out: str | Path, world: int, meta: dict[str, Any]) -> dict[s
     return doc
 
 
-__all__ = ["STORABLE_SITES", "capture_block", "capture_to_store", "merge_manifests", "store_meta", "tokens_first"]
+__all__ = ["STORABLE_SITES", "capture_block", "capture_to_store", "merge_manifests", "spot_check_store", "store_meta",
+           "tokens_first"]

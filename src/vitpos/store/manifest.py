@@ -49,6 +49,18 @@ ROUNDTRIP_ERROR: dict[str, tuple[float, float]] = {
 }
 
 DAMAGED = "the manifest is damaged; re-create the store by rerunning the capture with --force"
+# A rank's block of a distributed capture: in its own store's meta, not in the merged manifest's.
+RANK_META_KEYS = ("rank", "world_size", "first_image", "end_image")
+
+
+def store_identity(meta: dict[str, Any]) -> str:
+    """sha256 (16 hex) of a store's meta (model, weights, data, split, limit, ...) without a rank's
+    block keys: every shard carries it in its header (``store``), so a shard copied in from another
+    store (another model, weights, data or split) is refused against the manifest that lists it."""
+    import hashlib
+
+    core = {k: v for k, v in meta.items() if k not in RANK_META_KEYS}
+    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def shard_name(index: int) -> str:
@@ -235,6 +247,7 @@ def open_shard(store_dir: Path, entry: ShardEntry, m: Manifest, *, fix: str, key
     except Exception as e:  # safetensors raises its own SafetensorError, plus OSError/ValueError
         raise VitposError(f"shard {path} is unreadable ({e}); {fix}") from e
     try:
+        _check_shard_header(path, entry, m, f.metadata() or {}, fix)
         n = entry.num_images
         keys = set(f.keys())
         if key is not None:
@@ -266,8 +279,25 @@ def open_shard(store_dir: Path, entry: ShardEntry, m: Manifest, *, fix: str, key
     return f
 
 
+def _check_shard_header(path: Path, entry: ShardEntry, m: Manifest, header: dict[str, str], fix: str) -> None:
+    """The shard's own header against the manifest entry naming it: its format, its index in its
+    store and (shards written since the ``store`` key) the identity of the capture it came from.
+    Shards of older stores carry no ``store`` key; `vitpos sae --store` spot-checks their values."""
+    if header.get("format", FORMAT) != FORMAT:
+        raise VitposError(f"shard {path} is not an activation shard (format {header.get('format')!r}); {fix}")
+    listed = ENTRY_RE.match(entry.file)
+    if listed is not None and "shard" in header and header["shard"] != str(int(listed.group(2))):
+        raise VitposError(f"shard {path} is shard {header['shard']} of its store, but {MANIFEST} lists it as shard "
+                          f"{int(listed.group(2))} (copied or renamed?); {fix}")
+    if "store" in header and header["store"] != store_identity(m.meta):
+        raise VitposError(f"shard {path} was captured by another capture (store digest {header['store']}) than its "
+                          f"{MANIFEST} describes ({store_identity(m.meta)}: {m.meta.get('model', '?')} on "
+                          f"{m.meta.get('data', '?')}/{m.meta.get('split', '?')}); it does not belong to this store; "
+                          f"{fix}")
+
+
 __all__ = [
     "DTYPES", "FORMAT", "FORMAT_VERSION", "MANIFEST", "Manifest", "PREFIX_SUFFIX", "RESERVED_KEYS", "ROUNDTRIP_ERROR",
     "ShardEntry", "is_store_file", "is_temp_file", "normalize_json", "open_shard", "patch_rows_cols", "rank_dir_name",
-    "shard_name", "wipe_store",
+    "shard_name", "store_identity", "wipe_store",
 ]

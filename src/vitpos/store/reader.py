@@ -128,6 +128,23 @@ class ActivationStore:
             f.__exit__(None, None, None)
         return acts, labels, ids
 
+    def first_image(self, index: int, site: str) -> tuple[torch.Tensor, int, int]:
+        """(patch tokens (N, D) float32, label, image id) of shard `index`'s first image, reading only
+        that image's rows of `site`."""
+        sh = self.manifest.shards[index]
+        fix = "the store is corrupt; re-create it by rerunning the capture with --force"
+        key = self._key(site, False)
+        f = open_shard(self.dir, sh, self.manifest, fix=fix, key=key)
+        try:
+            acts = f.get_slice(key)[0:1].float().clone()[0]
+            label = int(f.get_slice("labels")[0:1][0])
+            image_id = int(f.get_slice("image_ids")[0:1][0])
+        except Exception as e:
+            raise VitposError(f"shard {self.dir / sh.file} is unreadable ({e}); {fix}") from e
+        finally:
+            f.__exit__(None, None, None)
+        return acts, label, image_id
+
     def _track(self, delta: int) -> None:
         self._live += delta
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._live)

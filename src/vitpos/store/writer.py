@@ -29,6 +29,7 @@ from vitpos.store.manifest import (
     normalize_json,
     open_shard,
     shard_name,
+    store_identity,
     wipe_store,
 )
 
@@ -264,7 +265,7 @@ class ActivationWriter:
         first = self.num_stored
         entry = ShardEntry(shard_name(index), n, first)
         st_meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "shard": str(index),
-                   "first_image": str(first), "num_images": str(n)}
+                   "first_image": str(first), "num_images": str(n), "store": store_identity(self.meta)}
         # Shard first, manifest second: the manifest never lists a shard that is not fully on disk.
         write_safetensors(self.out_dir / entry.file, tensors, metadata=st_meta)
         self._manifest.shards.append(entry)

@@ -644,7 +644,8 @@ def median_recovery(per_r: Mapping[str, Recovery]) -> float:
 
 
 def _c4(spec: str, ra: RopeAxisResult, rh: RopeHeadsResult | None) -> ModelClaim:
-    rec = {a: median_recovery(ra.recovery[a]) for a in AXES}
+    # None where no restore point has a mean Rec: an undefined number is null in results.json, not NaN
+    rec = {a: m if _finite(m := median_recovery(ra.recovery[a])) else None for a in AXES}
     med = ra.median_recovery or {}
     rec_ci = {a: None if (m := med.get(a)) is None else m.median_rec_ci95 for a in AXES}
     rec_iv = {a: bounds(rec[a], rec_ci[a]) for a in AXES}

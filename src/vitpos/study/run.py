@@ -26,6 +26,7 @@ import torch
 import vitpos
 from vitpos import zoo
 from vitpos.data import dataset_info
+from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
@@ -80,7 +81,8 @@ def _load_inputs(out: Path, cfg: RunConfig
         if spec not in surfaces:
             surfaces[spec] = load_model(spec, pretrained=cfg.pretrained, checkpoint=cfg.checkpoints.get(spec))
         if data not in fingerprints:
-            dataset_info(data)  # names the problem with an unknown or empty data set
+            # names the problem with an unknown or empty data set, or one class (every stage's top-1 needs 2)
+            require_classes(dataset_info(data), data)
             fingerprints[data] = data_fingerprint(data)
         if spec in cfg.heads:  # a given head must fit the model's weights and every data set it is run on
             given.setdefault(spec, Head.load(cfg.heads[spec]))
