@@ -350,3 +350,46 @@ def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
     assert counts["blocks"] == plan.blocks - missing * 30 * L - skipped_blocks
     assert counts["fits"] == plan.fits
     assert plan.sae_tokens == 2 * 300 * ape.num_patches  # one SAE per layer, one epoch
+
+
+def test_a_starved_timing_goes_on_until_a_repeat_gets_the_cpu(monkeypatch):
+    """The first 2 repeats run at a tenth of the CPU and 10x slower (a burst of other work): the timing
+    does not stop at MIN_TIMING_S with the burst's throughput, it keeps the repeat that got the CPU."""
+    import types
+
+    import torch
+
+    import vitpos.study.plan as plan
+
+    class Clock:  # perf_counter: t0, t1, t2 of each repeat; process time charged with each block run
+        def __init__(self, starved: int):
+            self.calls, self.t, self.c, self.starved = 0, 0.0, 0.0, starved
+
+        def perf_counter(self) -> float:
+            repeat, pos = divmod(self.calls, 3)
+            self.calls += 1
+            if pos == 2:
+                busy = repeat < self.starved
+                wall = 1.0 if busy else 0.1
+                self.t += wall
+                self.c += wall * torch.get_num_threads() * (0.1 if busy else 1.0)
+            else:
+                self.t += 0.001
+            return self.t
+
+        def process_time(self) -> float:
+            return self.c
+
+    clock = Clock(starved=2)
+    monkeypatch.setattr(plan, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                            process_time=clock.process_time))
+    monkeypatch.setattr(plan, "measure_fit", lambda surface: 1e-6)
+    surface = tiny_own("rope-mixed")
+    tp = plan.measure_throughput(surface, images=2, repeats=1)
+    assert tp.cpu_share > 0.99 and abs(tp.block_s - 0.1 / (2 * surface.depth)) < 1e-9
+    # on a CPU that stays busy it stops after MAX_BUSY_TIMING_S, saying so
+    clock = Clock(starved=10**6)
+    monkeypatch.setattr(plan, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                            process_time=clock.process_time))
+    tp = plan.measure_throughput(surface, images=2, repeats=1)
+    assert tp.cpu_share < plan.BUSY_SHARE and clock.calls // 3 == 3
