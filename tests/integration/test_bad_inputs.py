@@ -338,3 +338,31 @@ def test_a_store_shard_copied_from_another_models_store_is_refused(two_stores, h
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), captured.err[-800:]
     assert "does not belong to" in err[0] and "shard-00000" in err[0] and captured.out == ""
     assert not out.exists() and {q.name: q.read_bytes() for q in st.iterdir()} == before
+
+
+def test_a_late_refusal_cleans_the_folder_a_symlinked_out_points_at(tmp_path, capsys):
+    """--out a symlink to a folder: a command refused after it began writing (an image truncated
+    mid-way, read during the first epoch) leaves that folder as it found it, not a stray
+    train_config.json (issue 30's hand-written sample 2)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 2), ("test", 2)):
+        for cls in ("a", "b"):
+            (tmp_path / "imgs" / split / cls).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                    tmp_path / "imgs" / split / cls / f"{i}.png")
+    bad = tmp_path / "imgs" / "train" / "b" / "1.png"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "notes.txt").write_text("mine\n")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--pe", "ape", "--quick", "--epochs", "1", "--no-progress",
+              "--data", f"imagefolder:{tmp_path / 'imgs'}", "--out", str(tmp_path / "link")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and "truncated" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "target").iterdir()) == ["notes.txt"]
+    assert (tmp_path / "link").is_symlink()
