@@ -366,3 +366,21 @@ def test_a_late_refusal_cleans_the_folder_a_symlinked_out_points_at(tmp_path, ca
     assert exit_info.value.code == 2 and len(err) == 1 and "truncated" in err[0], err
     assert sorted(p.name for p in (tmp_path / "target").iterdir()) == ["notes.txt"]
     assert (tmp_path / "link").is_symlink()
+
+
+def test_a_16_bit_grey_image_is_scaled_not_clipped_to_white_and_a_float_one_refused(tmp_path):
+    """PIL's convert("RGB") clips 16-bit grey to 0..255, so a 16-bit PNG read as all white: a silently wrong
+    input (issue 30's hand-written sample 2); 32-bit pixels have no known range and are refused in one line."""
+    import numpy as np
+    from PIL import Image
+
+    from vitpos.data.imagefolder import _load_path
+    from vitpos.errors import VitposError
+
+    grey = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32) * 64  # 0..65472
+    Image.fromarray(grey).save(tmp_path / "g16.png")
+    rgb = np.asarray(_load_path(str(tmp_path / "g16.png")))
+    assert rgb.shape == (32, 32, 3) and (rgb[..., 0] == (grey >> 8)).all()
+    Image.fromarray(grey.astype(np.float32)).save(tmp_path / "f32.tiff")
+    with pytest.raises(VitposError, match="32-bit 'F' pixels"):
+        _load_path(str(tmp_path / "f32.tiff"))
