@@ -200,7 +200,8 @@ class OutputGuard:
     """What a command's --out folder held before it ran, so that a failed command can leave it as it
     found it: `restore()` removes every file and folder the command created there (the folder too,
     when it did not exist). Files it replaced stay replaced: every write is atomic, so they are the
-    complete new version. A folder that is a file, or no folder, is left alone."""
+    complete new version. A folder that is a file, or no folder, is left alone; an --out that is a
+    symlink to a folder is cleaned in that folder."""
 
     def __init__(self, out: str | Path | None):
         self.out = Path(out) if out is not None else None
@@ -213,7 +214,11 @@ class OutputGuard:
         import shutil
 
         out = self.out
-        if out is None or not out.is_dir() or out.is_symlink():
+        if out is not None and out.is_symlink():
+            if not self.existed:  # a link that appeared meanwhile: not the command's to clean
+                return
+            out = out.resolve()  # --out names a link to a folder: clean the folder it points at
+        if out is None or not out.is_dir():
             return
         if not self.existed:
             shutil.rmtree(out, ignore_errors=True)

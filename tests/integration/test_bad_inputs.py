@@ -338,3 +338,49 @@ def test_a_store_shard_copied_from_another_models_store_is_refused(two_stores, h
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), captured.err[-800:]
     assert "does not belong to" in err[0] and "shard-00000" in err[0] and captured.out == ""
     assert not out.exists() and {q.name: q.read_bytes() for q in st.iterdir()} == before
+
+
+def test_a_late_refusal_cleans_the_folder_a_symlinked_out_points_at(tmp_path, capsys):
+    """--out a symlink to a folder: a command refused after it began writing (an image truncated
+    mid-way, read during the first epoch) leaves that folder as it found it, not a stray
+    train_config.json (issue 30's hand-written sample 2)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 2), ("test", 2)):
+        for cls in ("a", "b"):
+            (tmp_path / "imgs" / split / cls).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                    tmp_path / "imgs" / split / cls / f"{i}.png")
+    bad = tmp_path / "imgs" / "train" / "b" / "1.png"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "notes.txt").write_text("mine\n")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--pe", "ape", "--quick", "--epochs", "1", "--no-progress",
+              "--data", f"imagefolder:{tmp_path / 'imgs'}", "--out", str(tmp_path / "link")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1 and "truncated" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "target").iterdir()) == ["notes.txt"]
+    assert (tmp_path / "link").is_symlink()
+
+
+def test_a_16_bit_grey_image_is_scaled_not_clipped_to_white_and_a_float_one_refused(tmp_path):
+    """PIL's convert("RGB") clips 16-bit grey to 0..255, so a 16-bit PNG read as all white: a silently wrong
+    input (issue 30's hand-written sample 2); 32-bit pixels have no known range and are refused in one line."""
+    import numpy as np
+    from PIL import Image
+
+    from vitpos.data.imagefolder import _load_path
+    from vitpos.errors import VitposError
+
+    grey = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32) * 64  # 0..65472
+    Image.fromarray(grey).save(tmp_path / "g16.png")
+    rgb = np.asarray(_load_path(str(tmp_path / "g16.png")))
+    assert rgb.shape == (32, 32, 3) and (rgb[..., 0] == (grey >> 8)).all()
+    Image.fromarray(grey.astype(np.float32)).save(tmp_path / "f32.tiff")
+    with pytest.raises(VitposError, match="32-bit 'F' pixels"):
+        _load_path(str(tmp_path / "f32.tiff"))

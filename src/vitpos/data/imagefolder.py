@@ -156,6 +156,11 @@ def _load_path(path: str) -> Image.Image:
                 if w * h > MAX_PIXELS:
                     raise VitposError(f"image {path} is {w}x{h} pixels, more than vitpos reads ({MAX_PIXELS:,}: a "
                                       f"decompression bomb?); downscale or {fix}")
+                if im.mode.startswith("I;16"):  # 16-bit grey: convert("RGB") clips it to white; keep the top byte
+                    return Image.fromarray((np.asarray(im, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+                if im.mode in ("I", "F"):
+                    raise VitposError(f"image {path} has 32-bit {im.mode!r} pixels, whose range vitpos cannot know; "
+                                      f"save it as 8-bit (or 16-bit) grey or RGB, or {fix}")
                 return im.convert("RGB")
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise VitposError(f"image {path} is too large to decode safely ({e}); downscale or {fix}") from None
