@@ -288,7 +288,8 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
     spec = TIMM_TINY["vit"].replace("img_size=16", "img_size=32")
     doc = {"models": [spec], "data": ["shapes"], "eval_images": 16, "probe": {"images": 16},
            "sae": {"images": 64, "eval_images": 16, "epochs": 1, "expansion": 1},
-           "ape_permute": {"images": 8, "seeds": 1}, "extrapolate": {"images": 8}}
+           "ape_permute": {"images": 8, "seeds": 1}, "extrapolate": {"images": 8},
+           "sae_layers": {"enabled": False}}  # the layer sweep (its own test below) is listed n/a
     config = tmp_path / "run.yaml"  # JSON is YAML
     config.write_text(json.dumps(doc))
     cfg = RunConfig.model_validate(doc)
