@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -846,6 +847,10 @@ def _out_arg(args: list[str]) -> Path | None:
         raise VitposError("--out is empty; name an output folder, e.g. --out results")
     if value is None and args[:1] == ["run"]:
         value = "vitpos-out"  # run's default
+    if value is not None and Path(value).is_symlink() and not Path(value).exists():
+        target = os.readlink(value)
+        raise VitposError(f"--out {value} is a link to {target}, which does not exist; create {target} "
+                          "or pass another --out")
     return Path(value) if value is not None else None
 
 

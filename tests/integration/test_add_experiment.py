@@ -103,7 +103,7 @@ def test_an_experiment_from_a_test_module_is_planned_run_cached_and_reported(tmp
     from vitpos.study.results import figure_key
 
     # the planted-model validation table (~30 s a run here) is the claims' business, not this stage's
-    monkeypatch.setattr("vitpos.study.run.validation_table", lambda **kw: None)
+    monkeypatch.setattr("vitpos.study.run._validation", lambda cache, log: (None, 0.0))
 
     assert load_config(None, {}, quick=True).section("patch_norm") == PatchNormSettings(images=12)  # --quick size
     config = tmp_path / "run.yaml"

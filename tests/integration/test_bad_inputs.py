@@ -384,3 +384,32 @@ def test_a_16_bit_grey_image_is_scaled_not_clipped_to_white_and_a_float_one_refu
     Image.fromarray(grey.astype(np.float32)).save(tmp_path / "f32.tiff")
     with pytest.raises(VitposError, match="32-bit 'F' pixels"):
         _load_path(str(tmp_path / "f32.tiff"))
+
+
+def test_an_out_that_links_to_nothing_is_named_as_such(tmp_path, capsys):
+    """--out a dangling symlink was "error: File exists (link)": true of the link, no help to the user
+    (issue 30's hand-written sample 2). It names the missing target now, and the link stays."""
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["capture", "-m", "builtin:ape", "--limit", "4", "--sites", "blocks.1.resid_post", "--no-progress",
+              "--out", str(tmp_path / "link")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0] == f"error: --out {tmp_path / 'link'} is a link to {tmp_path / 'gone'}, which does not exist; " \
+                     f"create {tmp_path / 'gone'} or pass another --out"
+    assert (tmp_path / "link").is_symlink() and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_a_run_whose_results_path_is_a_folder_is_refused_before_any_stage(tmp_path, capsys, plan):
+    """OUT/results.json a folder: the run computed every stage, then failed on a temp file's name
+    (issue 30's hand-written sample 2). It is refused first now, naming the path, --plan too."""
+    out = tmp_path / "out"
+    (out / "results.json").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--quick", "--no-progress", "--out", str(out), *(["--plan"] if plan else [])])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and err == [
+        f"error: {out / 'results.json'} is a folder, where the run writes its results.json; move it away and rerun"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"] and captured.out == ""

@@ -1,6 +1,7 @@
 """`vitpos run --plan` end to end: the CLI table, a ViT-B/16 plan, cached stages after a run."""
-
 from __future__ import annotations
+
+import json
 
 from conftest import TIMM_TINY
 from vitpos.experiments.base import StagePlan
@@ -58,7 +59,8 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     assert "time not estimated" in plan.summary()
 
 
-def test_study_plan_counts_cached_stages_as_cached(tmp_path):
+def test_study_plan_counts_cached_stages_as_cached(tmp_path, monkeypatch):
+    from vitpos.study import run as study_run
     from vitpos.study.run import plan_study, run_study
 
     spec = TIMM_TINY["rope_axial"].replace("img_size=16", "img_size=32")  # 8 x 8 patches of 32 px shapes
@@ -75,4 +77,20 @@ def test_study_plan_counts_cached_stages_as_cached(tmp_path):
     after = plan_study(tmp_path, cfg, measure=None)
     assert [s.status for s in after.stages if s.status != "n/a"] == ["cached"] * 7
     assert after.total() == StagePlan() and isinstance(after, StudyPlan)
-    assert after.summary() == "plan: 1 model(s), nothing to run: all 7 stage(s) cached"
+    assert after.summary() == "plan: 1 model(s), nothing to run: all 7 stage(s) and the validation table cached"
+    # the validation table is cached too, keyed by the code: a rerun reads it, changed code recomputes it
+    first = (tmp_path / "results.json").read_text()
+    calls: list[int] = []
+    real = study_run.validation_table
+    monkeypatch.setattr(study_run, "validation_table", lambda **kw: calls.append(1) or real(**kw))
+    (tmp_path / "results.json").unlink()
+    rerun = run_study(tmp_path, cfg, progress=False, log=lines.append, measure=None)
+    assert calls == [] and rerun.timings["validation"] == 0.0
+    assert rerun.summary.validation is not None and rerun.summary.validation.passes
+    assert json.loads(first)["summary"]["validation"] == rerun.summary.validation.model_dump(mode="json")
+    monkeypatch.setattr(study_run, "code_fingerprint", lambda: "changed-code")
+    assert "then the planted-model validation table" in plan_study(tmp_path, cfg, measure=None).summary()
+    table = rerun.summary.validation
+    monkeypatch.setattr(study_run, "validation_table", lambda **kw: calls.append(1) or table)  # measured above
+    assert study_run._validation(study_run.StageCache(tmp_path, False), lines.append)[0] == table and calls == [1]
+    assert study_run._validation(study_run.StageCache(tmp_path, False), lines.append)[1] == 0.0 and calls == [1]

@@ -15,6 +15,22 @@ from vitpos.io import finite_number, read_json, write_json
 from vitpos.study.config import RunConfig
 
 
+def code_fingerprint() -> str:
+    """Content hash of every module of the installed vitpos package and the torch version: the key of
+    results no stage version describes (the planted-model validation table reads rules, models and
+    experiments alike), so any code change recomputes them."""
+    import torch
+
+    import vitpos
+
+    root = Path(vitpos.__file__).parent
+    h = hashlib.sha256(torch.__version__.encode())
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def model_fingerprint(spec: str, cfg: RunConfig) -> str:
     """Content identity of a model: its weights file hash, or hub spec + weights source."""
     from vitpos.models.spec import weights_file
@@ -31,11 +47,15 @@ def model_fingerprint(spec: str, cfg: RunConfig) -> str:
     return h.hexdigest()[:16]
 
 
+RECOMPUTE = "recomputing it"
+
+
 class StageCache:
     """log: where a damaged entry is reported (it is then recomputed); None: silently."""
 
     def __init__(self, root: Path, force: bool, log: Callable[[str], None] | None = None):
         self.root, self.force, self.log = root, force, log
+        self._reported: set[Path] = set()  # the plan and the run both read an entry: one warning each
 
     def path(self, model_slug: str, stage: str, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -45,20 +65,26 @@ class StageCache:
         if self.force or not path.is_file():
             return None
         try:
-            doc = read_json(path)
-            if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
-                raise VitposError(f"{path} is not a stage-cache entry (no result object)")
-            if not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
-                raise VitposError(f"{path} is not a stage-cache entry (its key or seconds are missing or wrong)")
-            return doc["result"]
+            doc = read_json(path, fix=RECOMPUTE)
         except VitposError as e:
-            self.damaged(path, str(e))
+            self._warn(path, f"damaged stage-cache entry: {e}")
             return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
+            self.damaged(path, "no result object")
+        elif not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
+            self.damaged(path, "its key or seconds are missing or wrong")
+        else:
+            return doc["result"]
+        return None
 
     def damaged(self, path: Path, why: str) -> None:
-        """A damaged cache entry is recomputed, and said so."""
-        if self.log is not None:
-            self.log(f"warning: damaged stage-cache entry {path} ({' '.join(why.split())[:200]}); recomputing it")
+        """A damaged cache entry is recomputed, and said so (once)."""
+        self._warn(path, f"damaged stage-cache entry: {path} ({' '.join(why.split())[:200]}); {RECOMPUTE}")
+
+    def _warn(self, path: Path, message: str) -> None:
+        if self.log is not None and path not in self._reported:
+            self._reported.add(path)
+            self.log(f"warning: {message}")
 
     def put(self, path: Path, key: dict, result: dict, seconds: float) -> None:
         write_json(path, {"key": key, "seconds": seconds, "result": result})

@@ -151,6 +151,7 @@ class StudyPlan:
     stages: list[PlannedStage] = field(default_factory=list)
     throughput: dict[str, Throughput] = field(default_factory=dict)  # model key -> measured
     data_problems: dict[str, str] = field(default_factory=dict)  # model key -> why its data would be refused
+    validation_cached: bool = False  # the planted-model validation table (not timed: seconds on a CPU)
 
     def to_run(self) -> list[PlannedStage]:
         return [s for s in self.stages if s.status == "run" and s.plan is not None]
@@ -171,8 +172,8 @@ class StudyPlan:
         t = self.total()
         models = len({s.model for s in self.stages})
         n_run, n_cached = len(self.to_run()), sum(s.status == "cached" for s in self.stages)
-        if n_run == 0 and n_cached and not self.data_problems:
-            return f"plan: {models} model(s), nothing to run: all {n_cached} stage(s) cached"
+        if n_run == 0 and n_cached and not self.data_problems and self.validation_cached:
+            return f"plan: {models} model(s), nothing to run: all {n_cached} stage(s) and the validation table cached"
         secs = self.seconds()
         rates = "; ".join(_rates(list(self.throughput.values())))
         est = "time not estimated" if secs is None else f"estimated {_duration(secs)}"
@@ -183,6 +184,8 @@ class StudyPlan:
                     "assumes that load, and an idle machine is faster")
         line = (f"plan: {models} model(s), {n_run} stage(s) to run, {n_cached} cached: {t.forwards:,} image-forwards, "
                 f"{t.blocks:,} block evaluations, {t.fits:,} probe fits, {t.sae_tokens:,} SAE tokens; {est}")
+        if not self.validation_cached:
+            line += "; then the planted-model validation table (not in the estimate: 1-3 min on a 2-core CPU)"
         if self.data_problems:
             line += f"; {len(self.data_problems)} model(s) cannot read their data (see --plan)"
         return line

@@ -35,14 +35,14 @@ from vitpos.io import artifact_path, exclusive_lock, relative_artifact, write_js
 from vitpos.models.head import Head, check_head
 from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
-from vitpos.study.cache import StageCache, model_fingerprint
+from vitpos.study.cache import StageCache, code_fingerprint, model_fingerprint
 from vitpos.study.claims import model_family, summarise
 from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_models
 from vitpos.study.head_stage import HEAD_VERSION, HeadResult
 from vitpos.study.plan import Measure, PlannedStage, StudyPlan, Throughput, measure_throughput, split_sizes
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 from vitpos.study.validate import check_stage
-from vitpos.validation.table import validation_table
+from vitpos.validation.table import ValidationTable, validation_table
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -106,11 +106,28 @@ def plan_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: b
     """What `run_study` with these arguments would compute, per model and stage; writes nothing.
     measure: how to time a model (None: no time estimate)."""
     out = Path(out)
-    return _plan(_runners(out, cfg, StageCache(out, force), quick, False, {}, print), measure)
+    _check_outputs(out)
+    cache = StageCache(out, force)
+    return _plan(_runners(out, cfg, cache, quick, False, {}, print), measure, cache)
 
 
-def _plan(runners: list[_ModelStages], measure: Measure | None) -> StudyPlan:
-    plan = StudyPlan()
+OUTPUTS = ("results.json", "report.html", "figures", "stages")  # what a run writes at the top of OUT
+
+
+def _check_outputs(out: Path) -> None:
+    """A run writes its results last: a path there of the wrong kind is refused before the first stage."""
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+    for name in OUTPUTS:
+        path = out / name
+        want_dir = "." not in name
+        if path.exists() and path.is_dir() != want_dir:
+            kind = "a folder" if path.is_dir() else "a file"
+            raise VitposError(f"{path} is {kind}, where the run writes its {name}; move it away and rerun")
+
+
+def _plan(runners: list[_ModelStages], measure: Measure | None, cache: StageCache) -> StudyPlan:
+    plan = StudyPlan(validation_cached=cache.get(_validation_path(cache)) is not None)
     measured: dict[str, Throughput] = {}
     for runner in runners:
         stages = runner.plan_all()
@@ -133,9 +150,11 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
               measure: Measure | None = measure_throughput) -> StudyResults:
     """measure: times each model for the plan line logged first (None: counts only, no estimate)."""
     out = Path(out)
+    _check_outputs(out)
     timings: dict[str, float] = {}
-    runners = _runners(out, cfg, StageCache(out, force, log), quick, progress, timings, log)
-    summary = _plan(runners, measure).summary()  # validates every stage's settings before anything is written
+    cache = StageCache(out, force, log)
+    runners = _runners(out, cfg, cache, quick, progress, timings, log)
+    summary = _plan(runners, measure, cache).summary()  # validates every stage's settings before anything is written
     with exclusive_lock(out):
         t_start = time.time()
         entries: dict[str, ModelEntry] = {}
@@ -144,23 +163,50 @@ def run_study(out: str | Path, cfg: RunConfig, *, quick: bool = False, force: bo
             log(note)
         for runner in runners:
             entries[runner.key_spec] = runner.run_all()
-        return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log)
+        return _finish(out, cfg, entries, timings, t_start, quick, reproduce, log, cache)
 
 
 VALIDATION_IMAGES = 240  # planted test images per validation case (each run re-checks its rules on them)
+VALIDATION_SEEDS = (0,)
+
+
+def _validation_path(cache: StageCache) -> Path:
+    """The validation table's cache entry: keyed by the code (see `code_fingerprint`) and its sizes."""
+    return cache.path("validation", "table", _validation_key())
+
+
+def _validation_key() -> dict:
+    return {"stage": "validation", "code": code_fingerprint(), "n_images": VALIDATION_IMAGES,
+            "seeds": list(VALIDATION_SEEDS)}
+
+
+def _validation(cache: StageCache, log: Callable[[str], None]) -> tuple[ValidationTable, float]:
+    """The planted-model validation table, from the cache when this code computed it for this output."""
+    path = _validation_path(cache)
+    doc = cache.get(path)
+    if doc is not None:
+        try:
+            return ValidationTable.model_validate(doc), 0.0
+        except ValueError as e:
+            cache.damaged(path, str(e))
+    log("validation: measuring the verdict rules on the planted models")
+    t = time.time()
+    table = validation_table(n_images=VALIDATION_IMAGES, seeds=VALIDATION_SEEDS)
+    seconds = time.time() - t
+    cache.put(path, _validation_key(), table.model_dump(mode="json"), seconds)
+    return table, seconds
 
 
 def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: dict[str, float], t_start: float,
-            quick: bool, reproduce: str | None, log: Callable[[str], None]) -> StudyResults:
+            quick: bool, reproduce: str | None, log: Callable[[str], None], cache: StageCache) -> StudyResults:
 
     results = StudyResults(
         vitpos_version=vitpos.__version__, torch_version=torch.__version__, timm_version=library_versions()["timm"],
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), seed=cfg.seed, quick=quick,
         config=cfg, models=entries, timings=timings, reproduce=reproduce or "vitpos run --out OUT",
         summary=summarise(entries))
-    t_val = time.time()
-    results.summary.validation = validation_table(n_images=VALIDATION_IMAGES, seeds=(0,))
-    results.timings["validation"] = round(time.time() - t_val, 1)
+    results.summary.validation, seconds = _validation(cache, log)
+    results.timings["validation"] = round(seconds, 1)
     results.timings["total_this_run"] = round(time.time() - t_start, 1)
     results.figures = draw_figures(results, out, log)
     write_json(out / "results.json", results.to_json())
