@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -140,3 +141,13 @@ __all__ = [
     "AMP_CHOICES", "DEVICE_CHOICES", "autocast", "autocast_dtype", "full_precision", "is_oom", "resolve_device",
     "retry_on_oom",
 ]
+
+
+def peak_memory_gb() -> float | None:
+    """This process's peak resident memory so far, in GB (None where the OS does not say: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux (bytes on macOS)
+    return kb / (1e9 if sys.platform == "darwin" else 1e6)

@@ -35,6 +35,7 @@ from vitpos.io import artifact_path, exclusive_lock, relative_artifact, write_js
 from vitpos.models.head import Head, check_head
 from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
+from vitpos.runtime.device import peak_memory_gb
 from vitpos.study.cache import StageCache, code_fingerprint, model_fingerprint
 from vitpos.study.claims import model_family, summarise
 from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_models
@@ -213,6 +214,12 @@ def _finish(out: Path, cfg: RunConfig, entries: dict[str, ModelEntry], timings: 
     return results
 
 
+def _peak_memory() -> str:
+    """The run's peak memory so far, for the stage's log line: which stage sets the peak shows."""
+    gb = peak_memory_gb()
+    return "" if gb is None else f" (peak memory of the run so far {gb:.2f} GB)"
+
+
 class _ModelStages:
     """The registry's stages for one model: cached, in order, each given the results before it."""
 
@@ -271,7 +278,7 @@ class _ModelStages:
         self.timings[f"{self.key_spec}/head"] = round(secs, 1)
         self.cache.put(path, key, result.to_json(), secs)
         self.log(f"[{self.spec}] head: val top-1 {result.val_top1:.3f}, test top-1 {result.test_top1:.3f} "
-                 f"(l2 {result.l2:g}), done in {secs:.0f} s")
+                 f"(l2 {result.l2:g}), done in {secs:.0f} s{_peak_memory()}")
         return result, head
 
     def _head_key(self, settings: dict) -> dict:
@@ -411,7 +418,7 @@ class _ModelStages:
         secs = time.time() - t0
         self.timings[f"{self.key_spec}/{exp.name}"] = round(secs, 1)
         self.cache.put(path, key, result.to_json(), secs)
-        self.log(f"[{self.spec}] {exp.name}: done in {secs:.0f} s")
+        self.log(f"[{self.spec}] {exp.name}: done in {secs:.0f} s{_peak_memory()}")
         return result
 
 
