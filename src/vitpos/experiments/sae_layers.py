@@ -26,7 +26,7 @@ from pydantic import Field
 from vitpos import plots
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.sae_sweep import LayerPoint, SweepClaim, plan_sae_sweep, run_sae_sweep, sweep_layers
+from vitpos.experiments.sae_sweep import LayerPoint, SAESweepResult, plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
 
 SWEEP_BATCH_TOKENS = 4096  # run_sae's training batch (the sae stage's)
@@ -50,19 +50,11 @@ class SAELayersSettings(Settings):
     seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
 
 
-class SAELayersResult(Result):
+class SAELayersResult(SAESweepResult, Result):
     """The per-layer curve: one point per swept layer (its SAE's features, C1 and C2 there, the typed
-    results they read), the selection frequency of each layer and the claims over the plausible ones."""
+    results they read), the selection frequency of each layer and the claims over the plausible ones
+    (the sweep's fields), with the sizes each layer was measured with."""
 
-    model: str
-    data: str
-    layers: list[int]
-    layer_rule: str
-    points: list[LayerPoint]
-    selected_layer: int | None  # the point argmax of the all-positional drop
-    plausible_layers: list[int]
-    c1: SweepClaim
-    c2: SweepClaim
     # the sizes each layer was measured with
     sae_images: int
     sae_eval_images: int
@@ -127,9 +119,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
         sweep = run_sae_sweep(surface, stage.data, list(s["layers"]), sae_kw=kw, permute_images=s["permute_images"],
                               seeds=seeds, out=stage.out, sae_data=s.get("sae_data"), progress=stage.progress)
         return SAELayersResult(
-            model=sweep.model, data=sweep.data, layers=sweep.layers, layer_rule=sweep.layer_rule,
-            points=sweep.points, selected_layer=sweep.selected_layer, plausible_layers=sweep.plausible_layers,
-            c1=sweep.c1, c2=sweep.c2, sae_images=s["images"], sae_eval_images=s["eval_images"],
+            **dict(sweep), sae_images=s["images"], sae_eval_images=s["eval_images"],
             sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],
             seeds=list(seeds))
 
