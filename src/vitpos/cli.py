@@ -120,8 +120,9 @@ def train(
         raise VitposError(f"--batch-size must be at least 1 (got {batch_size})")
     if not lr > 0:
         raise VitposError(f"--lr must be a positive number (got {lr})")
-    if out.exists() and not out.is_dir():
-        raise VitposError(f"--out {out} is a file; pass a directory path")
+    from vitpos.io import require_out_dir
+
+    require_out_dir(out)
     sizes = dict(embed_dim=embed_dim, depth=depth, num_heads=heads, mlp_ratio=mlp_ratio, patch_size=patch_size,
                  ape_init=ape_init)
     overrides = {k: v for k, v in sizes.items() if v is not None}
@@ -178,8 +179,9 @@ def zoo_train(
     from vitpos import zoo
 
     zoo.parse(name)  # one clear error for an unknown member, before any work
-    if out.exists() and not out.is_dir():
-        raise VitposError(f"--out {out} is a file; pass a directory path")
+    from vitpos.io import require_out_dir
+
+    require_out_dir(out)
     m = zoo.train_member(name, out, progress=progress, force=force)
     out_console.print(f"{name}: test top-1 {m['test_top1']:.4f} ({m['epochs']} epochs, {m['seconds']:.0f} s) -> {out}")
 
@@ -233,9 +235,9 @@ def head_cmd(
     For backbones without a classifier (DINOv2/v3, EVA-02, CLIP towers) or one for other data;
     pass OUT as --head to eval, sae, intervene (and probe), or under `heads:` in a run config."""
     from vitpos.analysis.heads import fit_head
+    from vitpos.io import require_out_dir
 
-    if out.exists() and not out.is_dir():
-        raise VitposError(f"--out {out} is a file; pass a directory path")
+    require_out_dir(out)
     surface = _surface(model, pretrained, checkpoint)
     h = fit_head(surface, data=data, n_images=images, seed=seed, out=out, progress=progress).info
     out_console.print(f"head on {model} pooled features, {data}: val top-1 {h.val_top1:.4f}, test top-1 "

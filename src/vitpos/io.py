@@ -179,6 +179,12 @@ def fault_point(name: str, path: str | Path | None = None) -> None:
         os._exit(137)
 
 
+def require_out_dir(out: Path) -> None:
+    """--out must be a folder or not exist yet."""
+    if out.exists() and not out.is_dir():
+        raise VitposError(f"--out {out} is a file; pass a directory path")
+
+
 def artifact_path(root: str | Path | None, recorded: str | Path) -> Path:
     """A path recorded in results: relative to the output folder `root` (what vitpos writes, so a
     copied or moved output folder reads its own artifacts), or absolute (older results: read as is)."""

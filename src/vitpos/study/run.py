@@ -31,7 +31,7 @@ from vitpos.data.resolve import data_fingerprint, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
-from vitpos.io import artifact_path, exclusive_lock, relative_artifact, write_json
+from vitpos.io import artifact_path, exclusive_lock, relative_artifact, require_out_dir, write_json
 from vitpos.models.head import Head, check_head
 from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
@@ -117,8 +117,7 @@ OUTPUTS = ("results.json", "report.html", "figures", "stages")  # what a run wri
 
 def _check_outputs(out: Path) -> None:
     """A run writes its results last: a path there of the wrong kind is refused before the first stage."""
-    if out.exists() and not out.is_dir():
-        raise VitposError(f"--out {out} is a file; pass a directory path")
+    require_out_dir(out)
     for name in OUTPUTS:
         path = out / name
         want_dir = "." not in name
@@ -128,7 +127,7 @@ def _check_outputs(out: Path) -> None:
 
 
 def _plan(runners: list[_ModelStages], measure: Measure | None, cache: StageCache) -> StudyPlan:
-    plan = StudyPlan(validation_cached=cache.get(_validation_path(cache)) is not None)
+    plan = StudyPlan(validation_cached=cache.get(_validation_path(cache, _validation_key())) is not None)
     measured: dict[str, Throughput] = {}
     for runner in runners:
         stages = runner.plan_all()
@@ -171,9 +170,9 @@ VALIDATION_IMAGES = 240  # planted test images per validation case (each run re-
 VALIDATION_SEEDS = (0,)
 
 
-def _validation_path(cache: StageCache) -> Path:
+def _validation_path(cache: StageCache, key: dict) -> Path:
     """The validation table's cache entry: keyed by the code (see `code_fingerprint`) and its sizes."""
-    return cache.path("validation", "table", _validation_key())
+    return cache.path("validation", "table", key)
 
 
 def _validation_key() -> dict:
@@ -183,7 +182,8 @@ def _validation_key() -> dict:
 
 def _validation(cache: StageCache, log: Callable[[str], None]) -> tuple[ValidationTable, float]:
     """The planted-model validation table, from the cache when this code computed it for this output."""
-    path = _validation_path(cache)
+    key = _validation_key()
+    path = _validation_path(cache, key)
     doc = cache.get(path)
     if doc is not None:
         try:
@@ -194,7 +194,7 @@ def _validation(cache: StageCache, log: Callable[[str], None]) -> tuple[Validati
     t = time.time()
     table = validation_table(n_images=VALIDATION_IMAGES, seeds=VALIDATION_SEEDS)
     seconds = time.time() - t
-    cache.put(path, _validation_key(), table.model_dump(mode="json"), seconds)
+    cache.put(path, key, table.model_dump(mode="json"), seconds)
     return table, seconds
 
 
