@@ -37,7 +37,8 @@ ModelOpt = typer.Option(..., "--model", "-m",
                         help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PretrainedOpt = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
 CheckpointOpt = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
-DataOpt = typer.Option("shapes", "--data", "-d", help="shapes | digits | fashion | natural | imagefolder:PATH")
+DataOpt = typer.Option("shapes", "--data", "-d",
+                       help="shapes | pairs | digits | fashion | natural | tiles | imagefolder:PATH")
 OutOpt = typer.Option(..., "--out", "-o", help="output directory")
 ProgressOpt = typer.Option(True, "--progress/--no-progress", help="progress bars")
 DeviceOpt = typer.Option("auto", "--device",
@@ -723,7 +724,7 @@ def run(
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
     models: str | None = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
     data: str | None = typer.Option(None, "--data", "-d", help="comma list: pairs (the encoding zoo; the "
-                            "default), shapes (the default of --quick), fashion, natural, imagefolder:PATH"),
+                            "default), shapes (the default of --quick), fashion, natural, tiles, imagefolder:PATH"),
     quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),

@@ -1,18 +1,18 @@
 """Built-in datasets by name: `shapes` (default), `pairs`, `digits`, `fashion`, `natural` (crops of packaged
-photos) and `imagefolder:PATH`."""
+photos), `tiles` (those crops with their tiles reordered) and `imagefolder:PATH`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
 
-from vitpos.data import digits, fashion, imagefolder, natural, pairs, shapes
+from vitpos.data import digits, fashion, imagefolder, natural, pairs, shapes, tiles
 from vitpos.data.base import SPLITS, DatasetInfo, TensorImageDataset, split_seed, to_float
 from vitpos.data.imagefolder import LazyImageDataset
 from vitpos.errors import VitposError
 
 DEFAULT_DATA = "shapes"
-BUILTIN = ("shapes", "pairs", "digits", "fashion", "natural")
+BUILTIN = ("shapes", "pairs", "digits", "fashion", "natural", "tiles")
 
 __all__ = [
     "DatasetInfo",
@@ -62,6 +62,9 @@ def dataset_info(name: str) -> DatasetInfo:
     if name == natural.NAME:
         natural.photos()  # the photos' packages must be installed (one-line error naming the install)
         return natural.INFO
+    if name == tiles.NAME:
+        natural.photos()
+        return tiles.INFO
     if name.startswith(imagefolder.PREFIX):
         return imagefolder.dataset_info(name)
     raise VitposError(f"unknown dataset {name!r}; use one of {', '.join(BUILTIN)} or imagefolder:PATH")
@@ -101,6 +104,8 @@ def load_split(
         ds = fashion.load_split(split, seed)
     elif name == natural.NAME:
         ds = natural.load_split(split, seed, limit)  # crops are made on access: only the prefix asked for
+    elif name == tiles.NAME:
+        ds = tiles.load_split(split, seed, limit)
     else:
         dataset_info(name)  # raises the clear error for unknown names
         raise AssertionError("unreachable")

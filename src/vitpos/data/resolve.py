@@ -47,6 +47,15 @@ def dataset_at_size(surface: ModelSurface, data, split: str, size: int | None, l
     return shaped_for(surface, load_split(data, split, seed=seed, limit=limit, size=size))
 
 
+def require_fit(surface: ModelSurface, data: str) -> None:
+    """One VitposError when `data` cannot be measured on `surface` for a reason of its own making (beyond
+    channels and size, which `shaped_for` converts): the tiles must be the model's patches."""
+    from vitpos.data import tiles
+
+    if data == tiles.NAME:
+        tiles.require_tile_patches(surface, data)
+
+
 def shaped_for(surface: ModelSurface, ds):
     """An in-memory built-in split seen through `surface`'s own preprocessing (`vitpos.data.preprocess`):
     resized to its input size, grey <-> RGB, its mean / std; unchanged when that is the identity."""
@@ -57,6 +66,7 @@ def shaped_for(surface: ModelSurface, ds):
 
     if not isinstance(ds, TensorImageDataset):
         return ds
+    require_fit(surface, ds.info.name)
     prep = model_preprocess(surface)
     if prep.in_chans not in (1, 3) or ds.info.in_chans not in (1, 3):
         raise VitposError(f"{ds.info.name} images have {ds.info.in_chans} channels but {surface.spec} takes "

@@ -27,7 +27,7 @@ import vitpos
 from vitpos import zoo
 from vitpos.data import dataset_info
 from vitpos.data.base import require_classes
-from vitpos.data.resolve import data_fingerprint, dataset_for
+from vitpos.data.resolve import data_fingerprint, dataset_for, require_fit
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
@@ -85,6 +85,7 @@ def _load_inputs(out: Path, cfg: RunConfig
             # names the problem with an unknown or empty data set, or one class (every stage's top-1 needs 2)
             require_classes(dataset_info(data), data)
             fingerprints[data] = data_fingerprint(data)
+        require_fit(surfaces[spec], data)
         if spec in cfg.heads:  # a given head must fit the model's weights and every data set it is run on
             given.setdefault(spec, Head.load(cfg.heads[spec]))
             check_head(given[spec], surfaces[spec], dataset_info(data), data)
