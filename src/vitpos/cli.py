@@ -749,7 +749,7 @@ def run(
     cmd = "vitpos run " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "vitpos run"
     t0 = __import__("time").time()
     results = run_study(out, cfg, quick=quick, force=force, progress=progress, reproduce=cmd,
-                        log=lambda msg: console.print(msg, highlight=False, markup=False))
+                        log=lambda msg: console.print(msg, highlight=False, markup=False, soft_wrap=True))
     render_report(results, out)
     t = Table("claim", "verdict", "headline per model family (95% interval)", "in one sentence")
     for c in results.summary.claims:

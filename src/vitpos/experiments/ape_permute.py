@@ -73,6 +73,7 @@ from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, validate_doc
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.runtime.device import trimmed
 from vitpos.sae import SAE
 
 MASS_IMAGES = 256  # images whose codes give each latent's mean activation
@@ -559,7 +560,7 @@ def forward_runs(surface: ModelSurface, sae: SAE, site: Site, dataset, fns: Mapp
     base_preds, label_parts = [], []
     with progress_bar(enabled=progress) as bar, torch.no_grad():
         task = bar.add_task("ape-permute", total=len(dataset))
-        for x, y in dataset.batches(sweep_batch(surface)):
+        for x, y in trimmed(dataset.batches(sweep_batch(surface))):  # a forward per variant: hand freed memory back
             x = x.to(dev)
             label_parts.append(y)
             if resume is not None:  # the clean stream at the site and its codes, shared by every SAE variant

@@ -56,6 +56,7 @@ from vitpos.hooks import capture, edit, head_means, mean_ablate_heads, observe, 
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.rope import CoordEdit, remove_axial_channels
+from vitpos.runtime.device import trimmed
 
 EPS = 1e-12
 SPECIALISED = 0.5  # |S| at or above which a head is axis-specialised
@@ -438,7 +439,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
     cut = _screen_cut(len(dataset), batch_size, screen)
     race: set[tuple[int, int]] | None = None  # None: every head runs
     seen = 0
-    for x, y in dataset.batches(batch_size):
+    for x, y in trimmed(dataset.batches(batch_size)):  # 24+ forwards a batch: hand freed memory back
         if race is None and seen >= cut:
             y_seen = torch.cat(labels)
             race = in_the_race(HeadDrops(torch.cat(clean) == y_seen, torch.stack(
@@ -1202,7 +1203,7 @@ def c5_under_ablations(surface: ModelSurface, dataset, measured: HeadDrops, prim
     labels = []
     if shared_prefix:
         last = max(li for li, _ in heads)
-        for x, y in dataset.batches(batch_size):
+        for x, y in trimmed(dataset.batches(batch_size)):
             t = surface.embed_tokens(x.to(dev, non_blocking=True))
             for li in range(last + 1):
                 for kind in kinds:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -141,6 +141,44 @@ __all__ = [
     "AMP_CHOICES", "DEVICE_CHOICES", "autocast", "autocast_dtype", "full_precision", "is_oom", "resolve_device",
     "retry_on_oom",
 ]
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's freed pages back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    Why: a loop that runs many forwards per batch (ape_permute's variants, rope_heads' ablations)
+    frees and reallocates activation-sized blocks whose sizes vary; glibc keeps the freed blocks in
+    its heap and the resident set grows with every forward (measured on builtin:pairs-ape's
+    permutation: +7 MB per forward, 0.75 -> 2.6 GB over 2000 images; trimmed once per batch: 1.4 GB
+    at the same speed; trimmed after every forward it costs ~15 % of the time). Call it once per batch."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = _load_libc()
+    if _LIBC is not False:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+def trimmed(batches: Iterable[T]) -> Iterator[T]:
+    """`batches` as they come, with `release_freed_memory` after each one is used (the loop body ran)."""
+    for batch in batches:
+        yield batch
+        release_freed_memory()
+
+
+def _load_libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018  (musl and others lack it)
+    except (OSError, AttributeError):
+        return False
+    return libc
 
 
 def peak_memory_gb() -> float | None:
