@@ -149,7 +149,7 @@ def release_freed_memory() -> None:
     Why: a loop that runs many forwards per batch (ape_permute's variants, rope_heads' ablations)
     frees and reallocates activation-sized blocks whose sizes vary; glibc keeps the freed blocks in
     its heap and the resident set grows with every forward (measured on builtin:pairs-ape's
-    permutation: +7 MB per forward, 0.75 -> 2.6 GB over 2000 images; trimmed once per batch: 1.4 GB
+    permutation: +7 MB per forward, 0.75 -> 2.6 GB over 2000 images; trimmed once per batch: 1.17 GB
     at the same speed; trimmed after every forward it costs ~15 % of the time). Call it once per batch."""
     global _LIBC
     if _LIBC is None:
