@@ -28,7 +28,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import cast, overload
+from typing import Self, cast, overload
 
 import numpy as np
 import torch
@@ -173,20 +173,25 @@ class LazyCrops:
         return [crop_box(self.base_seed, int(i), shapes) for i in ids]
 
     @overload
-    def __getitem__(self, key: slice) -> LazyCrops: ...
+    def __getitem__(self, key: slice) -> Self: ...
     @overload
     def __getitem__(self, key: int | np.integer | torch.Tensor | np.ndarray | list[int]) -> torch.Tensor: ...
 
     def __getitem__(self, key):
         if isinstance(key, slice):
-            return LazyCrops(self.base_seed, self.ids[key], self.size)
+            return type(self)(self.base_seed, self.ids[key], self.size)
         if isinstance(key, (int, np.integer)):
-            return make_crop(self.boxes([self.ids[key]])[0], self.size)
+            return self.render(self.ids[[int(key)]])[0]
         idx = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
         if idx.dtype == bool:
             idx = np.flatnonzero(idx)
-        return torch.stack([make_crop(b, self.size) for b in self.boxes(self.ids[idx])]) if len(idx) else \
-            torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
+        return self.render(self.ids[idx])
+
+    def render(self, ids: np.ndarray) -> torch.Tensor:
+        """uint8 (len(ids), 3, size, size): the items these ids name (subclasses change what an item is)."""
+        if not len(ids):
+            return torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
+        return torch.stack([make_crop(b, self.size) for b in self.boxes(ids)])
 
 
 def labels_for(base_seed: int, ids: np.ndarray) -> torch.Tensor:
@@ -206,11 +211,11 @@ class NaturalCrops(TensorImageDataset):
     def subset(self, n: int | None) -> NaturalCrops:
         if n is None or n >= len(self):
             return self
-        return NaturalCrops(self.images[:n], self.labels[:n], self.info, self.split,  # pyright: ignore[reportArgumentType]
-                            self.transform)
+        return type(self)(self.images[:n], self.labels[:n], self.info, self.split,  # pyright: ignore[reportArgumentType]
+                          self.transform)
 
     def with_transform(self, transform, info: DatasetInfo) -> NaturalCrops:
-        return NaturalCrops(self.images, self.labels, info, self.split, transform)  # pyright: ignore[reportArgumentType]
+        return type(self)(self.images, self.labels, info, self.split, transform)  # pyright: ignore[reportArgumentType]
 
 
 def load_split(split: str, seed: int = 0, limit: int | None = None) -> NaturalCrops:

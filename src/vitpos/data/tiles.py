@@ -21,7 +21,7 @@ axis alone: every class differs from one other in rows and from another in colum
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -68,37 +68,13 @@ class LazyTiles(natural.LazyCrops):
     def boxes(self, ids) -> list[natural.CropBox]:
         return super().boxes([int(i) // 4 for i in ids])
 
-    @overload
-    def __getitem__(self, key: slice) -> LazyTiles: ...
-    @overload
-    def __getitem__(self, key: int | np.integer | torch.Tensor | np.ndarray | list[int]) -> torch.Tensor: ...
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            return LazyTiles(self.base_seed, self.ids[key], self.size)
-        if isinstance(key, (int, np.integer)):
-            return self[np.asarray([int(key)])][0]
-        idx = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
-        if idx.dtype == bool:
-            idx = np.flatnonzero(idx)
-        ids = self.ids[idx]
-        if not len(ids):
-            return torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
-        crops = [natural.make_crop(b, self.size) for b in self.boxes(ids)]
-        return torch.stack([reorder(c, int(i) % 4) for c, i in zip(crops, ids, strict=True)])
+    def render(self, ids: np.ndarray) -> torch.Tensor:
+        crops = super().render(ids)
+        return torch.stack([reorder(c, int(i) % 4) for c, i in zip(crops, ids, strict=True)]) if len(ids) else crops
 
 
 class TileCrops(natural.NaturalCrops):
     images: LazyTiles  # pyright: ignore[reportIncompatibleVariableOverride]
-
-    def subset(self, n: int | None) -> TileCrops:
-        if n is None or n >= len(self):
-            return self
-        return TileCrops(self.images[:n], self.labels[:n], self.info, self.split,  # pyright: ignore[reportArgumentType]
-                         self.transform)
-
-    def with_transform(self, transform, info: DatasetInfo) -> TileCrops:
-        return TileCrops(self.images, self.labels, info, self.split, transform)  # pyright: ignore[reportArgumentType]
 
 
 def load_split(split: str, seed: int = 0, limit: int | None = None) -> TileCrops:
