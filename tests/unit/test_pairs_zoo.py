@@ -153,3 +153,28 @@ def test_zoo_list_reads_in_80_columns(monkeypatch, capsys):
     assert set(rows) == set(zoo.members())
     shipped = [n for n in zoo.members() if (BUILTIN_DIR / n / "metrics.json").is_file()]
     assert shipped and all(rows[n][1] != "-" and rows[n][2].count("/") == 2 for n in shipped)
+
+
+def test_the_none_model_sees_a_bag_of_patches_and_stays_under_the_bag_bound():
+    """The position-free member is exactly invariant to shuffling its 4-px patches, and on the
+    relation classes it reaches no more than the best bag-of-patches rule (`pairs.bag_bound`), which
+    is above 1/4 (the shapes' sub-patch phases carry some of the relation) and far below 1."""
+    from vitpos.models.spec import load_model
+
+    torch.manual_seed(0)
+    surface = load_model("builtin:pairs-none")
+    x, y = next(load_split("pairs", "test", limit=1000).batches(1000))
+    b, c, h, w = x.shape
+    g = h // PATCH
+    tiles = x.reshape(b, c, g, PATCH, g, PATCH).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, c, PATCH, PATCH)
+    shuffled = tiles[:, torch.randperm(g * g)].reshape(b, g, g, c, PATCH, PATCH)
+    shuffled = shuffled.permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    with torch.no_grad():
+        logits, logits_shuffled = surface(x), surface(shuffled)
+    assert torch.allclose(logits, logits_shuffled, atol=1e-4)
+    relation = y >= 4
+    acc = float((logits.argmax(-1) == y)[relation].float().mean())
+    bound = pairs.bag_bound(n_fit=100_000, n_eval=20_000)
+    se = (bound * (1 - bound) / int(relation.sum())) ** 0.5
+    assert 0.40 < bound < 0.60
+    assert acc <= bound + 3 * se
