@@ -611,10 +611,10 @@ def rope_heads(
                                                  help="R of the restore setting, 1..depth-1 (default depth//2)"),
     top1_images: int = typer.Option(2000, "--top1-images", min=1, max=COUNT_MAX,
                                     help="test images for every head's top-1 drop"),
-    top1_screen: int | None = typer.Option(
-        None, "--top1-screen", min=1, max=COUNT_MAX,
-        help="adaptive top-1: every head on this many images, the rest only for heads still in the race "
-             "(default: every head on every image)"),
+    top1_screen: int = typer.Option(
+        500, "--top1-screen", min=0, max=COUNT_MAX,
+        help="adaptive top-1: every head on this many images (whole batches), the rest only for heads still in "
+             "the race; 0: every head on every image"),
     c5_ablation_heads: int = typer.Option(8, "--c5-ablation-heads", min=1, max=COUNT_MAX,
                                           help="C5's side ablations (swap, shift, jitter, rescale, mean output) on "
                                           "the primary and this many top heads by the identity drop; a number >= "
@@ -630,7 +630,7 @@ def rope_heads(
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
-                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen,
+                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen or None,
                          c5_ablation_heads=c5_ablation_heads).to_json()
     p = doc["primary_rebuilding_head"]
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "
@@ -731,6 +731,10 @@ def run(
     seed: int | None = typer.Option(None, "--seed"),
     model_seeds: int | None = typer.Option(None, "--model-seeds", help="shipped models per encoding: training "
                                            "seeds 0..N-1, N in 1..3 (default 1)"),
+    top1_screen: int | None = typer.Option(
+        None, "--top1-screen", min=0, max=COUNT_MAX,
+        help="rope_heads' adaptive top-1: every head on this many images, the rest only for heads still in the "
+             "race (default 500, rope_heads.top1_screen_images); 0: every head on every image"),
     progress: bool = ProgressOpt,
     plan: bool = typer.Option(False, "--plan", help="print what the run would compute per model and stage (image "
                               "forwards, block evaluations, probe fits, estimated time) and exit; writes nothing"),
@@ -741,7 +745,8 @@ def run(
     from vitpos.study.run import run_study
 
     overrides = {"models": _spec_list(models, "--models", "builtin:ape"), "data": _spec_list(data, "--data", "shapes"),
-                 "seed": seed, "pretrained": pretrained or None, "model_seeds": model_seeds}
+                 "seed": seed, "pretrained": pretrained or None, "model_seeds": model_seeds,
+                 "rope_heads": None if top1_screen is None else {"top1_screen_images": top1_screen}}
     cfg = load_config(config, overrides, quick)
     if plan:
         _print_plan(out, cfg, quick, force)

@@ -449,6 +449,20 @@ def test_c4_without_a_recovery_fails():
     assert claim({"m": {"rope_axis": ra, "rope_heads": rope_heads_doc(0.7)}}, "C4")["numbers"]["m"]["result"] == FAILS
 
 
+def test_an_undefined_headline_says_why():
+    """A model whose headline number cannot be computed says why beside its 'n/a' (the report showed
+    'n/a, fails' with no reason): C4 with nothing removed to recover on either axis."""
+    ra = axis_doc()
+    for axis in ("row", "col"):
+        for point in ra["recovery"][axis].values():
+            point["mean_rec"] = None
+    c = claim({"m": {"rope_axis": ra, "rope_heads": rope_heads_doc(0.7)}}, "C4")
+    (head,) = c["headlines"]
+    assert head["value"] is None and "nothing to recover" in head["why_undefined"]
+    from vitpos.study.results import FamilyHeadline
+    assert FamilyHeadline.model_validate(head).value_text().startswith("n/a (removing the rotations")
+
+
 def test_inside_and_magnitude():
     from vitpos.study.claims import inside, magnitude
 

@@ -32,8 +32,7 @@ def test_seeds_share_their_familys_colour_and_one_legend_entry(monkeypatch):
     lines = ax.get_lines()  # row and col per model, in the models' order
     colour = {spec: lines[2 * i].get_color() for i, spec in enumerate(models)}
     assert colour["ape"] == colour["ape-seed1"] != colour["rope"] == colour["rope-seed1"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "ape (2 seeds) row", "ape (2 seeds) col", "rope (2 seeds) row", "rope (2 seeds) col"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ape (2 seeds)", "rope (2 seeds)"]
     # the family's first model bold, its other seeds thin
     assert lines[0].get_linewidth() > lines[4].get_linewidth()
 
@@ -43,21 +42,22 @@ def test_without_families_every_model_is_its_own(monkeypatch):
     ax = _drawn(monkeypatch, models, None)
     lines = ax.get_lines()
     assert lines[0].get_color() != lines[2].get_color()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ape row", "ape col", "ape-seed1 row",
-                                                                    "ape-seed1 col"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ape", "ape-seed1"]
 
 
 def test_a_long_spec_keeps_the_legend_inside_its_panel(monkeypatch):
     """A timm spec with its query string (~60 characters) is elided in the legend, so the legend fits
-    the probe panel (it once ran off the figure's left edge); the elided name still tells models apart."""
+    the probe panel's width (it once ran off the figure's left edge) below the plot (inside, it covered
+    the zoo's curves); the elided name still tells models apart."""
     long = "timm:vit_small_patch14_dinov2?img_size=224&num_classes=0"
     models = {long: _probe(1.0), long.replace("224", "448"): _probe(0.9)}
     ax = _drawn(monkeypatch, models, None)
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert all(len(t) <= headline.LEGEND_CHARS + len(" row") for t in texts)
-    assert len(set(texts)) == 4 and all(t.startswith("timm:vit_smal") for t in texts)
-    assert "224" in texts[0] and "448" in texts[2]  # where the two specs differ stays in view
+    assert all(len(t) <= headline.LEGEND_CHARS for t in texts)
+    assert len(set(texts)) == 2 and all(t.startswith("timm:vit_smal") for t in texts)
+    assert "224" in texts[0] and "448" in texts[1]  # where the two specs differ stays in view
     fig = ax.figure
     fig.canvas.draw()
     box, panel = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert panel.x0 <= box.x0 and box.x1 <= panel.x1
+    assert box.y1 <= panel.y0  # below the plot: it covers no curve

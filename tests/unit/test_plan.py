@@ -301,6 +301,35 @@ def test_the_first_and_starved_timings_are_retaken_and_the_faster_kept(tmp_path)
     assert all(s.seconds is None or s.seconds < 1e3 for s in plan.stages)
 
 
+def test_a_runner_with_every_stage_cached_gets_no_throughput(tmp_path):
+    """One model on two data sets, one runner's stages all cached: the model is timed once, for the
+    runner with stages to run, and only that runner gets a throughput and seconds."""
+    from types import SimpleNamespace
+
+    from vitpos.study.cache import StageCache
+    from vitpos.study.plan import PlannedStage
+    from vitpos.study.run import _plan
+
+    work = StagePlan(forwards=10, blocks=60)
+
+    def runner(data: str, status: str):
+        return SimpleNamespace(spec="m", key_spec=f"m@{data}", data=data, surface=object(),
+                               data_problem=lambda: None,
+                               plan_all=lambda: [PlannedStage(f"m@{data}", data, "eval", work, status)])
+
+    calls = []
+
+    def measure(surface):
+        calls.append(surface)
+        return Throughput("cpu", embed_s=1e-4, block_s=1e-3, fit_work_s=1e-7, sae_token_s_per_latent=1e-9)
+
+    plan = _plan([runner("shapes", "cached"), runner("pairs", "run")], measure,  # type: ignore[list-item]
+                 StageCache(tmp_path, False))
+    assert set(plan.throughput) == {"m@pairs"}
+    assert [s.seconds is not None for s in plan.stages] == [False, True]
+    assert len(calls) == 2  # timed, then retaken (the first model timed): the same model only
+
+
 def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, monkeypatch, capsys):
     """Run a tiny APE study, then bump one experiment's version: `vitpos run --plan` on the cached DIR
     shows that experiment's stage (and those that read its result) to run, every other stage cached."""

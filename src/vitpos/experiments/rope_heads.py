@@ -426,7 +426,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
                     on_head(li, h)
         full = HeadDrops(preds == labels, torch.stack(ablated_rows).reshape(L, Hh, -1))
         n = len(labels)
-        cut = _screen_cut(n, batch_size, screen)
+        cut = screen_cut(n, batch_size, screen)
         if cut >= n:
             return full
         race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), keep)
@@ -436,7 +436,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
     dev = surface.device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
     clean, labels = [], []
-    cut = _screen_cut(len(dataset), batch_size, screen)
+    cut = screen_cut(len(dataset), batch_size, screen)
     race: set[tuple[int, int]] | None = None  # None: every head runs
     seen = 0
     for x, y in trimmed(dataset.batches(batch_size)):  # 24+ forwards a batch: hand freed memory back
@@ -472,7 +472,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
 RACE_GUESS = 2  # heads the plan assumes stay in the adaptive top-1 race (the leader and the primary)
 
 
-def _screen_cut(n: int, batch_size: int, screen: int | None) -> int:
+def screen_cut(n: int, batch_size: int, screen: int | None) -> int:
     """Images in the adaptive top-1 screen: whole batches, the first that reach `screen` (n: no screen)."""
     if screen is None or screen >= n:
         return n
@@ -1032,7 +1032,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         for _ in REBUILD_KINDS:
             rebuild += StagePlan(blocks=n_p * (L - li)) + fits(L - li)
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
-    n_s = _screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images"))
+    n_s = screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images") or None)
     drops = StagePlan(forwards=n_t, blocks=n_s * (L + sum(L - li for li, _ in work.heads)))
     if n_s < n_t:  # adaptive top-1: after the screen, the clean pass and the heads in the race
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
@@ -1058,9 +1058,12 @@ class RopeHeadsSettings(Settings):
     probe_images: int = Field(default=500, ge=2)
     top1_images: int = Field(default=2000, ge=1)
     attn_images: int = Field(default=64, ge=1)
+    # 500 (issue 33): on the zoo's seed-0 RoPE members the race names the same largest head and gives
+    # C5 the same outcome as the exhaustive sweep for every head as primary (scripts/compare_top1_screen.py,
+    # tests/unit/test_top1_screen_zoo.py), and saves most of the identity sweep's time.
     top1_screen_images: int | None = Field(
-        default=None, ge=1, description="adaptive top-1: every head on this many images (whole batches), the rest "
-        "only for the heads still in the race; None = every head on every image")
+        default=500, ge=0, description="adaptive top-1: every head on this many images (whole batches), the rest "
+        "only for the heads still in the race; 0 or None = every head on every image")
     sweep_restore: list[int] | None = Field(
         default=None, description="restore points R at which the primary rebuilding head is chosen again (issue 29); "
         "None = every valid R (1..depth-1) in a full run, restore_from + 1 under --quick")
@@ -1097,7 +1100,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
                               n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"),
+                              top1_screen=s.get("top1_screen_images") or None, sweep_restore=s.get("sweep_restore"),
                               c5_ablation_heads=s.get("c5_ablation_heads"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:

@@ -109,8 +109,8 @@ def _probes(ax, models: Models, style: _FamilyStyle) -> None:
         L = max(len(p.layers) - 1, 1)
         x = [layer / L for layer in p.layers]
         color, lw, alpha, name = style.line(spec)
-        ax.plot(x, p.row_acc, "-", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} row")
-        ax.plot(x, p.col_acc, "--", color=color, lw=lw, alpha=alpha, label=None if name is None else f"{name} col")
+        ax.plot(x, p.row_acc, "-", color=color, lw=lw, alpha=alpha, label=name)  # one entry per family
+        ax.plot(x, p.col_acc, "--", color=color, lw=lw, alpha=alpha)
         drawn += 1
     if not drawn:
         _empty(ax, "no probe results")
@@ -118,8 +118,8 @@ def _probes(ax, models: Models, style: _FamilyStyle) -> None:
     ax.set_xlabel("layer / depth")
     ax.set_ylabel("probe accuracy")
     ax.set_ylim(0, 1.02)
-    # between the APE models' line at 1.0 and the RoPE curves below 0.5: where this study's lines are not
-    ax.legend(fontsize=6, ncol=2, frameon=False, loc="upper center", bbox_to_anchor=(0.5, 0.95))
+    # below the axes: inside, the curves of a 7-encoding zoo fill every height the legend could take
+    ax.legend(fontsize=6, ncol=3, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.13))
 
 
 def _ape(ax, models: Models, style: _FamilyStyle) -> None:
@@ -190,11 +190,11 @@ def _heads(fig, ax, models: Models) -> None:
     prim = doc.primary_rebuilding_head
     if prim:
         ax.scatter([prim[1]], [doc.layers.index(prim[0])], s=160, facecolors="none",
-                   edgecolors=OKABE_ITO["vermillion"], linewidths=2, label="primary rebuilding head")
-        ax.legend(fontsize=6, frameon=False, loc="lower right")
+                   edgecolors=OKABE_ITO["vermillion"], linewidths=2)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_yticks(range(len(doc.layers)), [str(layer) for layer in doc.layers])
-    ax.set_xlabel("head")
+    # said in the label, not a legend: a legend inside the heat map covers heads
+    ax.set_xlabel("head" + ("  (ringed: the primary rebuilding head)" if prim else "  (no primary rebuilding head)"))
     ax.set_ylabel("layer")
     ax.set_title(f"(d) C5 per-head drop: {mathtext_safe(legend_name(str(spec), 60))}", fontsize=9)
 

@@ -95,14 +95,21 @@ def _effect(x: AblationEffect | Skipped | None) -> AblationEffect | None:
 def _summary_sae(r: SAEResult) -> str:
     s = (f"{len(r.row_features)} row / {len(r.col_features)} col / {len(r.mixed_features)} mixed features at "
          f"layer {r.layer} (FVU {fnum(r.fvu)})")
-    if r.causal is not None:
-        row, col = _effect(r.causal.ablate_row), _effect(r.causal.ablate_col)
-        s += (f"; removing the row features: Δ row-probe acc {fnum(row and row.row_drop)}, Δ col-probe acc "
-              f"{fnum(row and row.col_drop)} (selectivity {fnum(row and row.selectivity, 2)} "
-              f"{ci(row and row.selectivity_ci95, digits=2)}); removing the col features: Δ col "
-              f"{fnum(col and col.col_drop)}, Δ row {fnum(col and col.row_drop)} (selectivity "
-              f"{fnum(col and col.selectivity, 2)} {ci(col and col.selectivity_ci95, digits=2)})")
-    return s
+    if r.causal is None:
+        return s
+    parts = []
+    for axis, other, features, effect in (("row", "col", r.row_features, r.causal.ablate_row),
+                                          ("col", "row", r.col_features, r.causal.ablate_col)):
+        e_ = _effect(effect)
+        if e_ is None:
+            why = effect.skipped if isinstance(effect, Skipped) else "not measured"
+            parts.append(f"no {axis} features to remove" if not features else f"removing the {axis} features: {why}")
+            continue
+        own, cross = (e_.row_drop, e_.col_drop) if axis == "row" else (e_.col_drop, e_.row_drop)
+        sel = f"{fnum(e_.selectivity, 2)} {ci(e_.selectivity_ci95, digits=2)}".rstrip()
+        parts.append(f"removing the {axis} features: Δ {axis}-probe acc {fnum(own)}, Δ {other}-probe acc "
+                     f"{fnum(cross)} (selectivity {sel})")
+    return s + "; " + "; ".join(parts)
 
 
 APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from vitpos.analysis.stats import seed_interval
 from vitpos.experiments.ape_permute import ApePermuteResult, VariantResult
 from vitpos.experiments.base import Result, Skipped
-from vitpos.experiments.common import ProbedCondition, Recovery
+from vitpos.experiments.common import MIN_GAP, ProbedCondition, Recovery
 from vitpos.experiments.evaluation import EvalResult
 from vitpos.experiments.probe import ProbeSiteResult
 from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
@@ -756,10 +756,15 @@ def _ci(iv: list[float]) -> str:
 
 
 def _c5_result(rh: RopeHeadsResult, prim: list[int] | None) -> Outcome:
-    """The paired margins (`primary_margin_ci95`): every other head's below the primary's drop."""
     margins = rh.primary_margin_ci95
     if prim is None or margins is None:
         return FAILS
+    return c5_outcome(margins)
+
+
+def c5_outcome(margins: list[list[list[float] | None]]) -> Outcome:
+    """C5 from the paired margins drop(primary) - drop(head) (`primary_margin_ci95`, None at the
+    primary): holds when every other head's interval lies above 0, fails when one lies below."""
     return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
 
 
@@ -860,11 +865,30 @@ def family_headlines(cid: str, found: list[tuple[str, ModelClaim]],
             value, ci = s.mean, s.ci95
         else:
             value, ci = _headline(cid, members[0][1].numbers), _headline_interval(cid, members[0][1].numbers)
+        first = members[0][1].numbers
         out.append(FamilyHeadline(family=fam, models=[spec for spec, _ in members],
                                   results=[r.result for _, r in members],
                                   holds=sum(r.result == HOLDS for _, r in members), number=HEADLINE_NUMBER[cid],
-                                  label=HEADLINE_LABEL[cid], unit=HEADLINE_UNIT[cid], value=value, ci95=ci))
+                                  label=HEADLINE_LABEL[cid], unit=HEADLINE_UNIT[cid], value=value, ci95=ci,
+                                  why_undefined=None if value is not None else headline_gap(cid, first)))
     return out
+
+
+def headline_gap(cid: str, nums: Mapping[str, Any]) -> str:
+    """Why a model has no headline number, in words: the reason its rule read nothing, where the
+    numbers say it (no feature set to remove, nothing removed to recover), else that it is undefined."""
+    if cid == "C1":
+        missing = [f"{n} {axis}" for axis in ("row", "col") if (n := nums.get(f"n_{axis}")) == 0]
+        if missing:
+            return f"its SAE has no {' and no '.join(a.split()[1] for a in missing)} feature set to remove"
+    if cid == "C2" and nums.get("n_all_positional") == 0:
+        return "its SAE has no positional features to permute"
+    if cid == "C4" and nums.get("median_recovery_row") is None and nums.get("median_recovery_col") is None:
+        return (f"removing the rotations lowers no layer's decodability by >= {100 * MIN_GAP:g} pts: nothing "
+                "to recover, recovery undefined")
+    if cid == "C5" and nums.get("primary_head") is None:
+        return "no head has a defined rebuilding score (recovery undefined), so there is no primary head to ablate"
+    return "a number its rule reads is undefined on this model"
 
 
 def _rule_gist(cid: str) -> str:

@@ -121,11 +121,12 @@ class FamilyHeadline(BaseModel):
     unit: str  # points | fraction
     value: float | None  # one model: its number; several seeds: their mean (None: not measured)
     ci95: list[float] | None  # one model: its own 95 % interval; several seeds: Student-t over them
+    why_undefined: str | None = None  # why `value` is None, in words (claims.headline_gap)
 
     def value_text(self) -> str:
         """The number with its interval, e.g. '23.1 [20.0, 26.2] pts' or '0.81 [0.70, 0.93]'."""
         if self.value is None or self.value != self.value:
-            return "n/a"
+            return "n/a" if self.why_undefined is None else f"n/a ({self.why_undefined})"
         fmt = "{:.1f}" if self.unit == "points" else "{:.2f}"
         iv = "" if self.ci95 is None else f" [{fmt.format(self.ci95[0])}, {fmt.format(self.ci95[1])}]"
         return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "")

@@ -141,16 +141,17 @@ def _plan(runners: list[_ModelStages], measure: Measure | None, cache: StageCach
     per_runner = []
     for runner in runners:
         stages = runner.plan_all()
-        if measure is not None and any(s.status == "run" for s in stages) and runner.spec not in measured:
+        runs = measure is not None and any(s.status == "run" for s in stages)
+        if measure is not None and runs and runner.spec not in measured:
             measured[runner.spec] = measure(runner.surface)
         problem = runner.data_problem()
         if problem:  # every stage would stop on it: refused before the first
             raise VitposError(f"{runner.spec} on {runner.data}: {' '.join(problem.split())}")
-        per_runner.append((runner, stages))
+        per_runner.append((runner, stages, runs))
     if measure is not None:
         _retake_starved(measured, {r.spec: r.surface for r in runners}, measure)
-    for runner, stages in per_runner:
-        if runner.spec in measured:
+    for runner, stages, runs in per_runner:
+        if runs:  # a runner whose stages are all cached gets no throughput, even if its model was timed
             plan.throughput[runner.key_spec] = tp = measured[runner.spec]
             for s in stages:
                 if s.status == "run" and s.plan is not None:

@@ -1,0 +1,99 @@
+"""Adaptive top-1 (`rope_heads.top1_screen_images`) against the exhaustive sweep on the shipped zoo.
+
+For each seed-0 RoPE member: every head's rotations removed on the rope_heads stage's top-1 images
+(the test split's first `--images`), every head on every image (exhaustive). The adaptive race is
+then derived from those same per-image results, exactly as `head_drops` would run it (every head on
+the screen's images, the rest only for the heads `in_the_race`), so both sides see identical numbers
+where they overlap. Compared: the largest-drop head, and C5's outcome with each head in turn taken as
+the primary rebuilding head (whatever the rebuild measurement picks, it is one of them), plus every
+head's drop. The per-image results are written beside the weights digest to
+tests/golden/top1_screen/<member>.npz, which tests/unit/test_top1_screen_zoo.py reads.
+
+Usage: python scripts/compare_top1_screen.py [--images 2000] [--screens 250,500,1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitpos.data.resolve import dataset_for
+from vitpos.experiments.rope_heads import HeadDrops, head_drops, in_the_race, screen_cut, sweep_batch
+from vitpos.models.spec import load_model
+from vitpos.study.claims import c5_outcome
+
+MEMBERS = ("pairs-rope-axial", "pairs-rope-mixed", "pairs-rope-mixed-ape")
+GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "top1_screen"
+
+
+def screened(full: HeadDrops, cut: int, keep: tuple[int, int] | None) -> HeadDrops:
+    """What head_drops(screen=...) measures, from the exhaustive per-image results."""
+    L, H, n = full.ablated.shape
+    if cut >= n:
+        return full
+    race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), [] if keep is None else [keep])
+    measured = torch.tensor([[n if (li, h) in race else cut for h in range(H)] for li in range(L)])
+    return HeadDrops(full.clean, full.ablated, measured, cut)
+
+
+def largest(drops: list[list[float]]) -> tuple[int, int]:
+    return max(((v, li, h) for li, row in enumerate(drops) for h, v in enumerate(row)))[1:]
+
+
+def compare(full: HeadDrops, cut: int) -> dict:
+    """The screened race against the exhaustive sweep, with each head in turn kept as the primary (the
+    race always keeps it): largest head, C5's outcome, every head's drop."""
+    L, H, n = full.ablated.shape
+    exact = full.drops()
+    big = largest(exact)
+    same_largest = same_c5 = 0
+    race_sizes, diffs = [], []
+    for p in [(li, h) for li in range(L) for h in range(H)]:
+        s = screened(full, cut, p)
+        approx = s.drops()
+        same_largest += largest(approx) == big
+        same_c5 += c5_outcome(full.margin_intervals(p)) == c5_outcome(s.margin_intervals(p))
+        race_sizes.append(sum(m == n for row in s.counts() for m in row))
+        diffs += [abs(a - b) for ra, rb in zip(approx, exact, strict=True) for a, b in zip(ra, rb, strict=True)]
+    # heads out of the race keep the screen's drop and interval: does that interval cover the full drop?
+    s = screened(full, cut, None)
+    ivs, out = s.drop_intervals(), [(li, h) for li in range(L) for h in range(H) if s.counts()[li][h] < n]
+    covered = sum(ivs[li][h][0] <= exact[li][h] <= ivs[li][h][1] for li, h in out)
+    return {"screen_images": cut, "same_largest": same_largest == L * H,
+            "out_of_race_covered": f"{covered}/{len(out)}",
+            "same_largest_for_primaries": f"{same_largest}/{L * H}", "c5_same_for_primaries": f"{same_c5}/{L * H}",
+            "heads_in_race": [min(race_sizes), max(race_sizes)], "max_abs_drop_diff_points": max(diffs),
+            "mean_abs_drop_diff_points": sum(diffs) / len(diffs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--images", type=int, default=2000, help="top-1 images (the rope_heads stage's default)")
+    ap.add_argument("--screens", default="250,500,1000")
+    args = ap.parse_args()
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for member in MEMBERS:
+        surface = load_model(f"builtin:{member}")
+        data = dataset_for(surface, "pairs", "test", limit=args.images)
+        t0 = time.time()
+        full = head_drops(surface, data)
+        seconds = time.time() - t0
+        np.savez_compressed(GOLDEN / f"{member}.npz", digest=surface.weights_digest(),
+                            clean=np.packbits(full.clean.numpy()),
+                            ablated=np.packbits(full.ablated.numpy(), axis=-1), shape=np.array(full.ablated.shape))
+        batch = sweep_batch(surface)
+        rows = [compare(full, screen_cut(args.images, batch, int(s))) for s in args.screens.split(",")]
+        report[member] = {"exhaustive_seconds": round(seconds, 1), "largest": largest(full.drops()),
+                          "base_top1": full.base_top1, "screens": rows}
+        print(json.dumps({member: report[member]}, indent=1), flush=True)
+    (GOLDEN / "comparison.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
