@@ -20,55 +20,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.rope_heads import HeadDrops, head_drops, in_the_race, screen_cut, sweep_batch
+from vitpos.experiments.rope_heads import head_drops, screen_cut, sweep_batch
 from vitpos.models.spec import load_model
-from vitpos.study.claims import c5_outcome
+from vitpos.study.top1_screen import compare, largest
 
 MEMBERS = ("pairs-rope-axial", "pairs-rope-mixed", "pairs-rope-mixed-ape")
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "top1_screen"
-
-
-def screened(full: HeadDrops, cut: int, keep: tuple[int, int] | None) -> HeadDrops:
-    """What head_drops(screen=...) measures, from the exhaustive per-image results."""
-    L, H, n = full.ablated.shape
-    if cut >= n:
-        return full
-    race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), [] if keep is None else [keep])
-    measured = torch.tensor([[n if (li, h) in race else cut for h in range(H)] for li in range(L)])
-    return HeadDrops(full.clean, full.ablated, measured, cut)
-
-
-def largest(drops: list[list[float]]) -> tuple[int, int]:
-    return max(((v, li, h) for li, row in enumerate(drops) for h, v in enumerate(row)))[1:]
-
-
-def compare(full: HeadDrops, cut: int) -> dict:
-    """The screened race against the exhaustive sweep, with each head in turn kept as the primary (the
-    race always keeps it): largest head, C5's outcome, every head's drop."""
-    L, H, n = full.ablated.shape
-    exact = full.drops()
-    big = largest(exact)
-    same_largest = same_c5 = 0
-    race_sizes, diffs = [], []
-    for p in [(li, h) for li in range(L) for h in range(H)]:
-        s = screened(full, cut, p)
-        approx = s.drops()
-        same_largest += largest(approx) == big
-        same_c5 += c5_outcome(full.margin_intervals(p)) == c5_outcome(s.margin_intervals(p))
-        race_sizes.append(sum(m == n for row in s.counts() for m in row))
-        diffs += [abs(a - b) for ra, rb in zip(approx, exact, strict=True) for a, b in zip(ra, rb, strict=True)]
-    # heads out of the race keep the screen's drop and interval: does that interval cover the full drop?
-    s = screened(full, cut, None)
-    ivs, out = s.drop_intervals(), [(li, h) for li in range(L) for h in range(H) if s.counts()[li][h] < n]
-    covered = sum(ivs[li][h][0] <= exact[li][h] <= ivs[li][h][1] for li, h in out)
-    return {"screen_images": cut, "same_largest": same_largest == L * H,
-            "out_of_race_covered": f"{covered}/{len(out)}",
-            "same_largest_for_primaries": f"{same_largest}/{L * H}", "c5_same_for_primaries": f"{same_c5}/{L * H}",
-            "heads_in_race": [min(race_sizes), max(race_sizes)], "max_abs_drop_diff_points": max(diffs),
-            "mean_abs_drop_diff_points": sum(diffs) / len(diffs)}
 
 
 def main() -> None:

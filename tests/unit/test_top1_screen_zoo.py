@@ -9,7 +9,6 @@ model's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,18 +19,11 @@ import torch
 from vitpos.data.resolve import dataset_for
 from vitpos.experiments.rope_heads import HeadDrops, RopeHeadsSettings, head_drops, screen_cut, sweep_batch
 from vitpos.models.spec import load_model
+from vitpos.study.top1_screen import compare, largest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "top1_screen"
 MEMBERS = ("pairs-rope-axial", "pairs-rope-mixed", "pairs-rope-mixed-ape")
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("compare_top1_screen", ROOT / "scripts" / "compare_top1_screen.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _stored(member: str) -> tuple[str, HeadDrops]:
@@ -52,7 +44,7 @@ def test_the_default_race_decides_as_the_exhaustive_sweep(member):
     assert n == RopeHeadsSettings().top1_images  # the stage's own image count
     cut = screen_cut(n, sweep_batch(surface), RopeHeadsSettings().top1_screen_images)
     assert cut < n  # the default really screens
-    cmp = _script().compare(full, cut)
+    cmp = compare(full, cut)
     L, H, _ = full.ablated.shape
     assert cmp["same_largest"] and cmp["c5_same_for_primaries"] == f"{L * H}/{L * H}"
     # the differences in the drops of heads out of the race (docs/results.md states them) are these
@@ -70,8 +62,8 @@ def test_a_race_that_stops_early_is_caught():
     ablated[0, 1, :10] = False  # head 1: 10 in the screen ...
     ablated[0, 1, 300:400] = False  # ... and 100 after it: the real leader
     full = HeadDrops(clean, ablated)
-    assert _script().largest(full.drops()) == (0, 1)
-    cmp = _script().compare(full, cut)
+    assert largest(full.drops()) == (0, 1)
+    cmp = compare(full, cut)
     assert not cmp["same_largest"]
 
 

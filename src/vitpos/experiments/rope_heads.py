@@ -366,6 +366,16 @@ class HeadDrops(NamedTuple):
         per_image = (self.clean.double().unsqueeze(0) - self.ablated.double().reshape(L * H, n)).T  # (n, L*H)
         return _grid(self._grouped(per_image, level), L, H)
 
+    def raced(self, cut: int, keep: Iterable[tuple[int, int]] = ()) -> HeadDrops:
+        """What the adaptive race measures, from these exhaustive results: every head on the first `cut`
+        images, the rest only for the heads `in_the_race` after them (with `keep`)."""
+        L, H, n = self.ablated.shape
+        if cut >= n:
+            return self
+        race = in_the_race(HeadDrops(self.clean[:cut], self.ablated[..., :cut]), keep)
+        measured = torch.tensor([[n if (li, h) in race else cut for h in range(H)] for li in range(L)])
+        return HeadDrops(self.clean, self.ablated, measured, cut)
+
     def margin_intervals(self, primary: tuple[int, int], level: float = LEVEL) -> list[list[list[float] | None]]:
         """Interval of drop(primary) - drop(head) per head (points; None at the primary): per
         image that is correct_ablated(head) - correct_ablated(primary), the intact run cancels; over
@@ -425,13 +435,7 @@ def head_drops(surface: ModelSurface, dataset, shared_prefix: bool = True, batch
                 if on_head:
                     on_head(li, h)
         full = HeadDrops(preds == labels, torch.stack(ablated_rows).reshape(L, Hh, -1))
-        n = len(labels)
-        cut = screen_cut(n, batch_size, screen)
-        if cut >= n:
-            return full
-        race = in_the_race(HeadDrops(full.clean[:cut], full.ablated[..., :cut]), keep)
-        measured = torch.tensor([[n if (li, h) in race else cut for h in range(Hh)] for li in range(L)])
-        return HeadDrops(full.clean, full.ablated, measured, cut)
+        return full.raced(screen_cut(len(labels), batch_size, screen), keep)
     surface.check_classifier(dataset.info)  # as predict: the drops are top-1
     dev = surface.device
     ablated: dict[tuple[int, int], list[torch.Tensor]] = {(li, h): [] for li in range(L) for h in range(Hh)}
