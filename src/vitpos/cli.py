@@ -630,7 +630,7 @@ def rope_heads(
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_heads(surface, data=data, axis=axis, restore_from=restore_from, seed=seed, out=out,
-                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen or None,
+                         progress=progress, n_top1_images=top1_images, top1_screen=top1_screen,
                          c5_ablation_heads=c5_ablation_heads).to_json()
     p = doc["primary_rebuilding_head"]
     out_console.print(f"primary rebuilding head L{p[0]}H{p[1]} (drop rank {doc['primary_head_drop_rank']} of "

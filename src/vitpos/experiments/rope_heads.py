@@ -477,8 +477,9 @@ RACE_GUESS = 2  # heads the plan assumes stay in the adaptive top-1 race (the le
 
 
 def screen_cut(n: int, batch_size: int, screen: int | None) -> int:
-    """Images in the adaptive top-1 screen: whole batches, the first that reach `screen` (n: no screen)."""
-    if screen is None or screen >= n:
+    """Images in the adaptive top-1 screen: whole batches, the first that reach `screen` (n: no screen,
+    which `screen` None or 0 asks for)."""
+    if not screen or screen >= n:
         return n
     return min(n, -(-max(1, screen) // batch_size) * batch_size)
 
@@ -1036,7 +1037,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         for _ in REBUILD_KINDS:
             rebuild += StagePlan(blocks=n_p * (L - li)) + fits(L - li)
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
-    n_s = screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images") or None)
+    n_s = screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images"))
     drops = StagePlan(forwards=n_t, blocks=n_s * (L + sum(L - li for li, _ in work.heads)))
     if n_s < n_t:  # adaptive top-1: after the screen, the clean pass and the heads in the race
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
@@ -1104,7 +1105,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
         return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
                               n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
                               n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images") or None, sweep_restore=s.get("sweep_restore"),
+                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"),
                               c5_ablation_heads=s.get("c5_ablation_heads"))
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:

@@ -878,9 +878,9 @@ def headline_gap(cid: str, nums: Mapping[str, Any]) -> str:
     """Why a model has no headline number, in words: the reason its rule read nothing, where the
     numbers say it (no feature set to remove, nothing removed to recover), else that it is undefined."""
     if cid == "C1":
-        missing = [f"{n} {axis}" for axis in ("row", "col") if (n := nums.get(f"n_{axis}")) == 0]
+        missing = [axis for axis in ("row", "col") if nums.get(f"n_{axis}") == 0]
         if missing:
-            return f"its SAE has no {' and no '.join(a.split()[1] for a in missing)} feature set to remove"
+            return f"its SAE has no {' and no '.join(missing)} feature set to remove"
     if cid == "C2" and nums.get("n_all_positional") == 0:
         return "its SAE has no positional features to permute"
     if cid == "C4" and nums.get("median_recovery_row") is None and nums.get("median_recovery_col") is None:
