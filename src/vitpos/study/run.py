@@ -331,6 +331,7 @@ class _ModelStages:
         head = self._attach_head()
         done: dict[str, Done] = {}
         not_applicable: dict[str, str] = {}
+        rebuilt: set[str] = set()  # stages recomputed although cached: what they feed is recomputed too
         for exp in EXPERIMENTS:
             reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
@@ -339,9 +340,15 @@ class _ModelStages:
                 not_applicable[exp.name] = reason
                 continue
             settings = exp.stage_settings(self.cfg, self.surface, done, self.quick)
-            result = self._stage(exp, settings, done)
-            if not exp.artifacts_ready(result, self.out):  # artifacts removed since: recompute
+            # a rebuilt SAE (its files were removed) is another SAE: a cached permutation of the old one's
+            # features would be served beside it otherwise
+            recompute = any(r in rebuilt for r in exp.requires)
+            result = self._stage(exp, settings, done, recompute=recompute)
+            if not recompute and not exp.artifacts_ready(result, self.out):  # artifacts removed since
+                recompute = True
                 result = self._stage(exp, settings, done, recompute=True)
+            if recompute:
+                rebuilt.add(exp.name)
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
                           not_applicable=not_applicable, results={k: d.result for k, d in done.items()}, head=head)
@@ -392,6 +399,7 @@ class _ModelStages:
         sizes = split_sizes(self.data)
         head_row, head_digest, needs_head = self._plan_head(sizes)
         rows = [head_row] if head_row is not None else []
+        rebuilt: set[str] = set()
         for exp in EXPERIMENTS:
             reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
@@ -409,7 +417,10 @@ class _ModelStages:
             # a head still to be fitted has no digest yet: nothing measured through it is cached
             result = None if needs_head and head_digest is None else self._cached(
                 exp, self._key(exp, settings, head_digest))
-            if result is not None and exp.artifacts_ready(result, self.out):
+            if result is not None and (any(r in rebuilt for r in exp.requires)
+                                       or not exp.artifacts_ready(result, self.out)):
+                rebuilt.add(exp.name)  # as run_all: cached, but recomputed (artifacts gone, or fed by such a stage)
+            elif result is not None:
                 done[exp.name] = Done(result, settings)
                 rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "cached"))
                 continue
