@@ -151,6 +151,29 @@ def test_memory_held_does_not_grow_with_images():
     assert buffers[2, 150] == buffers[2, 600] == buffers[4, 150] == buffers[4, 600] <= buffer  # flat in images
 
 
+def test_images_that_fit_the_buffer_are_held_in_memory_and_equal_the_stores(tmp_path):
+    """A site whose kept images all fit its buffer share is held in memory (no store written, read and
+    deleted); one that does not streams to a store. Both give back the same floats."""
+    grid, n = (4, 4), 90
+    g = torch.Generator().manual_seed(0)
+    feats = {f"blocks.{i}.resid_post": torch.randn(n, 16, 8, generator=g) for i in range(2)}
+    keep = Keep.whole(range(3, n, 2))
+    got = {}
+    for name, buffer in (("memory", 2**20), ("store", 4 * 2**10)):
+        spill = tmp_path / name
+        spill.mkdir()
+        keeper = TokenKeeper(dict.fromkeys(feats, keep), grid, buffer_bytes=buffer, spill_dir=spill)
+        _feed(keeper, feats, batch=16)
+        with keeper.finish() as kept:
+            got[name] = {k: (kept.images(k), torch.cat(list(kept.iter_images(k, 7)))) for k in feats}
+            assert (list(spill.iterdir()) == []) == (name == "memory")  # a store only when it does not fit
+            assert kept.peak_bytes <= buffer
+        assert list(spill.iterdir()) == []  # closed: nothing left
+    for k, f in feats.items():
+        for name in got:
+            assert torch.equal(got[name][k][0], f[keep.images]) and torch.equal(got[name][k][1], f[keep.images])
+
+
 def test_keep_refuses_what_was_not_captured():
     keeper = TokenKeeper({"a": Keep.whole([1, 5])}, (2, 2))
     keeper("a", torch.zeros(3, 4, 2))

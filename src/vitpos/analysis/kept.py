@@ -4,7 +4,9 @@ A consumer says before the forward what it will read of each site's (n_images, N
 (`Keep`, e.g. from a probe's `ProbeSample`, which depends on the seed alone): single tokens (a
 probe's sampled training tokens) stay in memory; whole images (a probe's validation and test images,
 an SAE's held-out set) stream into an on-disk activation store (``vitpos.store``), one per site, and
-are read back one site at a time. The hook hands each batch of each site over as the model computes
+are read back one site at a time, unless all of a site's fit its share of the shard buffers: then
+they are held in memory (the store would buffer them all in one shard anyway), and no store is
+written, read back and deleted. The hook hands each batch of each site over as the model computes
 it (`vitpos.hooks.capture` with a sink), so during the forward nothing piles up beyond the kept
 tokens and one store shard buffer per site. The values are the captured floats, unchanged.
 """
@@ -58,10 +60,12 @@ class KeptTokens:
     loaded from the site's store on each call. A context manager: closing deletes the stores."""
 
     def __init__(self, keep: Mapping[str, Keep], tokens: dict[str, torch.Tensor], stores: dict[str, Path],
-                 widths: dict[str, int], num_patches: int, tmp: tempfile.TemporaryDirectory, peak_bytes: int):
+                 widths: dict[str, int], num_patches: int, tmp: tempfile.TemporaryDirectory | None, peak_bytes: int,
+                 held: dict[str, torch.Tensor] | None = None):
         self.keep = dict(keep)
         self._tokens = tokens
         self._stores = stores
+        self._held = held or {}  # sites whose kept images fit one shard buffer: in memory, no store
         self._widths = widths
         self._num_patches = num_patches
         self._tmp: tempfile.TemporaryDirectory | None = tmp
@@ -75,6 +79,8 @@ class KeptTokens:
         """Every token of the kept images of `site`, (M, N, D) float32, rows in Keep.images order."""
         from vitpos.store.reader import ActivationStore
 
+        if site in self._held:
+            return self._held[site].clone()
         if site not in self._stores:
             return torch.empty(0, self._num_patches, self._widths.get(site, 0))
         st = ActivationStore(self._stores[site])
@@ -84,14 +90,19 @@ class KeptTokens:
         """The kept images of `site` in batches of `batch_images`, (b, N, D) float32, without loading them all."""
         from vitpos.store.reader import ActivationStore
 
-        if site in self._stores:
+        if site in self._held:
+            held = self._held[site]
+            for i in range(0, held.shape[0], batch_images):
+                yield held[i:i + batch_images].clone()
+        elif site in self._stores:
             for acts, _, _ in ActivationStore(self._stores[site]).iter_images(site, batch_images):
                 # a fresh copy: a batch may be a view into a shard's mapping, and numerics should
                 # not depend on where the floats sit
                 yield acts.clone()
 
     def close(self) -> None:
-        """Delete the on-disk stores (idempotent)."""
+        """Delete the on-disk stores and drop the images held in memory (idempotent)."""
+        self._held = {}
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -113,9 +124,11 @@ class TokenKeeper:
         self.grid = (int(grid[0]), int(grid[1]))
         self.num_patches = self.grid[0] * self.grid[1]
         self.buffer_bytes = int(buffer_bytes)
-        self._tmp = tempfile.TemporaryDirectory(prefix="vitpos-kept-", dir=spill_dir)
+        self.spill_dir = spill_dir
+        self._tmp: tempfile.TemporaryDirectory | None = None  # made when a site's images need a store
         self._seen: dict[str, int] = dict.fromkeys(self.keep, 0)
         self._tokens: dict[str, torch.Tensor] = {}
+        self._images: dict[str, torch.Tensor] = {}  # sites whose kept images fit their buffer share
         self._writers: dict = {}
         self._stores: dict[str, Path] = {}
         self._widths: dict[str, int] = {}
@@ -144,7 +157,11 @@ class TokenKeeper:
         if keep.images.numel():
             rows = keep.images[(keep.images >= first) & (keep.images < first + b)]
             if rows.numel():
-                self._writers[key].add({key: t[rows - first]}, torch.full_like(rows, -1), rows)
+                if key in self._images:
+                    at = torch.searchsorted(keep.images, rows)  # keep.images is sorted and distinct
+                    self._images[key][at] = t[rows - first].to(torch.float32)
+                else:
+                    self._writers[key].add({key: t[rows - first]}, torch.full_like(rows, -1), rows)
 
     def _start(self, key: str, keep: Keep, t: torch.Tensor) -> None:
         """Allocate the site's kept-token tensor and open its store, now that its width is known."""
@@ -158,6 +175,14 @@ class TokenKeeper:
             per_site = self.buffer_bytes // max(1, sum(int(k.images.numel() > 0) for k in self.keep.values()))
             image_bytes = self.num_patches * d * t.element_size()
             shard = max(1, min(int(keep.images.numel()), per_site // image_bytes))
+            if shard == keep.images.numel() and t.dtype == torch.float32:
+                # every kept image fits the site's one shard buffer: hold them there, as float32 as the
+                # store would give them back, without writing, reading and deleting a store
+                self._images[key] = torch.empty(shard, self.num_patches, d, dtype=torch.float32)
+                self._hold(self._images[key].nbytes)
+                return
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="vitpos-kept-", dir=self.spill_dir)
             folder = Path(self._tmp.name) / f"site-{len(self._stores):03d}"
             # labels are not kept (-1): consumers read tokens only; the meta says what the store is
             self._writers[key] = ActivationWriter(folder, sites=[key], grid=self.grid, num_prefix_tokens=0,
@@ -176,14 +201,16 @@ class TokenKeeper:
             w.close()
         self._writers.clear()
         return KeptTokens(self.keep, self._tokens, self._stores, self._widths, self.num_patches, self._tmp,
-                          self.peak_bytes)
+                          self.peak_bytes, held=self._images)
 
     def abort(self) -> None:
         """Drop everything kept so far (after a failed forward)."""
         for w in self._writers.values():
             w.abort()
         self._writers.clear()
-        self._tmp.cleanup()
+        self._images.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
 
 __all__ = ["DEFAULT_BUFFER_BYTES", "Keep", "KeptTokens", "TokenKeeper"]
