@@ -331,7 +331,8 @@ class _ModelStages:
         head = self._attach_head()
         done: dict[str, Done] = {}
         not_applicable: dict[str, str] = {}
-        rebuilt: set[str] = set()  # stages recomputed although cached: what they feed is recomputed too
+        computed: set[str] = set()  # stages computed in this run: what reads them is computed too (a cached
+        # permutation of an SAE retrained since, its files removed, would be served beside the new SAE)
         for exp in EXPERIMENTS:
             reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
@@ -340,15 +341,9 @@ class _ModelStages:
                 not_applicable[exp.name] = reason
                 continue
             settings = exp.stage_settings(self.cfg, self.surface, done, self.quick)
-            # a rebuilt SAE (its files were removed) is another SAE: a cached permutation of the old one's
-            # features would be served beside it otherwise
-            recompute = any(r in rebuilt for r in exp.requires)
-            result = self._stage(exp, settings, done, recompute=recompute)
-            if not recompute and not exp.artifacts_ready(result, self.out):  # artifacts removed since
-                recompute = True
-                result = self._stage(exp, settings, done, recompute=True)
-            if recompute:
-                rebuilt.add(exp.name)
+            result, fresh = self._stage(exp, settings, done, recompute=any(r in computed for r in exp.requires))
+            if fresh:
+                computed.add(exp.name)
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
                           not_applicable=not_applicable, results={k: d.result for k, d in done.items()}, head=head)
@@ -399,7 +394,7 @@ class _ModelStages:
         sizes = split_sizes(self.data)
         head_row, head_digest, needs_head = self._plan_head(sizes)
         rows = [head_row] if head_row is not None else []
-        rebuilt: set[str] = set()
+        computed: set[str] = set()  # as run_all: what reads a stage that runs runs too
         for exp in EXPERIMENTS:
             reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
             if reason is None:
@@ -417,13 +412,12 @@ class _ModelStages:
             # a head still to be fitted has no digest yet: nothing measured through it is cached
             result = None if needs_head and head_digest is None else self._cached(
                 exp, self._key(exp, settings, head_digest))
-            if result is not None and (any(r in rebuilt for r in exp.requires)
-                                       or not exp.artifacts_ready(result, self.out)):
-                rebuilt.add(exp.name)  # as run_all: cached, but recomputed (artifacts gone, or fed by such a stage)
-            elif result is not None:
+            if (result is not None and exp.artifacts_ready(result, self.out)
+                    and not any(r in computed for r in exp.requires)):
                 done[exp.name] = Done(result, settings)
                 rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "cached"))
                 continue
+            computed.add(exp.name)
             try:
                 counted = exp.plan(settings, self.surface, sizes)
             except ValueError as e:
@@ -440,13 +434,18 @@ class _ModelStages:
             return str(e)
         return None
 
-    def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False) -> Result:
+    def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False
+               ) -> tuple[Result, bool]:
+        """The stage's result, and whether it was computed (not served from the cache)."""
         key = self._key(exp, settings, self.surface.head.digest() if self.surface.head is not None else None)
         path = self.cache.path(self.slug, exp.name, key)
         result = None if recompute else self._cached(exp, key)
         if result is not None:
-            self.log(f"[{self.spec}] {exp.name}: cached")
-            return result
+            if exp.artifacts_ready(result, self.out):
+                self.log(f"[{self.spec}] {exp.name}: cached")
+                return result, False
+            self.log(f"[{self.spec}] {exp.name}: cached, but its files under {self.out / 'artifacts'} are gone: "
+                     "recomputing it")
         self.log(f"[{self.spec}] {exp.name} ...")
         t0 = time.time()
         stage = StageInput(data=self.data, seed=self.cfg.seed, settings=settings, prior=done,
@@ -457,7 +456,7 @@ class _ModelStages:
         self.timings[f"{self.key_spec}/{exp.name}"] = round(secs, 1)
         self.cache.put(path, key, result.to_json(), secs)
         self.log(f"[{self.spec}] {exp.name}: done in {secs:.0f} s{_peak_memory()}")
-        return result
+        return result, True
 
 
 def draw_figures(results: StudyResults, out: Path, log: Callable[[str], None] = print) -> dict[str, str]:
