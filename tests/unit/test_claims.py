@@ -583,3 +583,23 @@ def test_sweep_less_results_read_as_before():
         assert c.numbers["m"]["result"] == want and "read_over" not in c.numbers["m"]
         assert "plausible" not in c.details["m"]
         assert not any(x.threshold.endswith("plausible_layer") for x in c.sensitivity or [])
+
+
+def test_the_position_gain_reads_the_none_model_of_the_same_seed():
+    """C2's drop as a fraction of the position gain (clean minus `none` top-1) takes the `none` model of
+    the model's own training seed where it ran (the zoo's `none` seeds differ by up to 9 points)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from vitpos.study.claims import none_top1, seed_of
+
+    def run(scheme: str, top1: float) -> Any:
+        return SimpleNamespace(scheme=scheme, data="pairs", eval=SimpleNamespace(top1=top1))
+
+    models = cast(Any, {"builtin:pairs-none": run("none", 0.721), "builtin:pairs-none-seed1": run("none", 0.710),
+                        "builtin:pairs-ape-seed1": run("ape", 1.0), "builtin:pairs-ape-seed2": run("ape", 1.0)})
+    assert [seed_of(s) for s in models] == [0, 1, 1, 2]
+    assert none_top1(models, "pairs", "builtin:pairs-ape-seed1") == 0.710
+    assert none_top1(models, "pairs", "builtin:pairs-ape") == 0.721
+    assert none_top1(models, "pairs", "builtin:pairs-ape-seed2") == 0.721  # no seed-2 none ran: the first
+    assert none_top1(models, "shapes", "builtin:pairs-ape-seed1") is None  # none on other data does not count

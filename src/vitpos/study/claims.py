@@ -919,12 +919,20 @@ def claim_sentence(cid: str, results: list[Outcome]) -> str:
             f"{f' ({rest})' if rest else ''}: it needs that {_rule_gist(cid)}.")
 
 
-def none_top1(models: Mapping[str, ClaimInputs], data: str | None) -> float | None:
-    """Clean top-1 of a model without position (scheme `none`) on the same data, if one ran."""
-    for m in models.values():
-        if m.scheme == "none" and m.data == data and m.eval is not None:
-            return float(m.eval.top1)
-    return None
+def none_top1(models: Mapping[str, ClaimInputs], data: str | None, spec: str | None = None) -> float | None:
+    """Clean top-1 of a model without position (scheme `none`) on the same data, if one ran: the one of
+    `spec`'s training seed (`-seed<k>` suffix) where it ran, else the first (each seed's position gain
+    is its own: the zoo's `none` seeds reach 72.1 / 71.0 / 63.4 %)."""
+    nones = [(s, m.eval.top1) for s, m in models.items()
+             if m.scheme == "none" and m.data == data and m.eval is not None]
+    same = [top1 for s, top1 in nones if spec is not None and seed_of(s) == seed_of(spec)]
+    return float(same[0]) if same else float(nones[0][1]) if nones else None
+
+
+def seed_of(spec: str) -> int:
+    """The training seed a shipped model's name says (`NAME-seed<k>`; seed 0 is `NAME`)."""
+    m = SEED_SUFFIX.search(spec)
+    return int(m.group(1)) if m else 0
 
 
 # claims whose per-model rule reads the rule set's thresholds: their sensitivity curves are computed
@@ -957,7 +965,7 @@ def _per_model(models: Mapping[str, ClaimInputs]) -> dict[str, list[tuple[str, M
     for spec, m in models.items():
         if (c1 := _c1_model(spec, m)) is not None:
             per["C1"].append((spec, c1))
-        if (c2 := _c2_model(spec, m, none_top1=none_top1(models, m.data))) is not None:
+        if (c2 := _c2_model(spec, m, none_top1=none_top1(models, m.data, spec))) is not None:
             per["C2"].append((spec, c2))
         if m.rope_axis is not None:
             per["C3"].append((spec, _c3(spec, m.rope_axis, matched_none(spec, models))))
