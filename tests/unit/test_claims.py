@@ -603,3 +603,19 @@ def test_the_position_gain_reads_the_none_model_of_the_same_seed():
     assert none_top1(models, "pairs", "builtin:pairs-ape") == 0.721
     assert none_top1(models, "pairs", "builtin:pairs-ape-seed2") == 0.721  # no seed-2 none ran: the first
     assert none_top1(models, "shapes", "builtin:pairs-ape-seed1") is None  # none on other data does not count
+
+
+def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
+    """A Student-t interval over two seeds is wide; a selectivity lies in [-1, 1] and a top-1 drop in
+    [-100, 100] points, so the family's interval is cut there (the zoo's `ape` C1 gave [-3.14, 4.39])."""
+    from vitpos.study.claims import HOLDS, ModelClaim, seed_summaries
+
+    def c1(sel: float) -> ModelClaim:
+        return ModelClaim(result=HOLDS, numbers={"row_selectivity": sel, "col_selectivity": 1.0})
+
+    s = seed_summaries("C1", [("builtin:pairs-ape", c1(0.33)), ("builtin:pairs-ape-seed1", c1(0.92))])
+    ci = s["builtin:pairs-ape"].ci95
+    assert ci is not None and ci == [-1.0, 1.0] and s["builtin:pairs-ape"].mean == pytest.approx(0.625)
+    s = seed_summaries("C1", [("builtin:pairs-ape", c1(0.50)), ("builtin:pairs-ape-seed1", c1(0.52))])
+    ci = s["builtin:pairs-ape"].ci95
+    assert ci is not None and ci == pytest.approx([0.51 - 0.127062, 0.51 + 0.127062], abs=1e-5)  # inside: untouched

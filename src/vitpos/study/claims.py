@@ -796,6 +796,9 @@ HEADLINE_LABEL = {"C1": "smaller of the row and col sets' causal selectivity",
                   "C4": "mean of the row and col median recovery after restoring",
                   "C5": "top-1 drop ablating the primary rebuilding head"}
 HEADLINE_UNIT = {"C1": "fraction", "C2": "points", "C3": "fraction", "C4": "fraction", "C5": "points"}
+# where a headline number can lie at all: a selectivity own / (|own| + |other|) in [-1, 1], a top-1 drop in
+# points in [-100, 100]; removed shares and recoveries have no such bound (kept > 100 % happens)
+HEADLINE_RANGE: dict[str, tuple[float, float]] = {"C1": (-1.0, 1.0), "C2": (-100.0, 100.0), "C5": (-100.0, 100.0)}
 
 
 def model_family(spec: str) -> str:
@@ -848,6 +851,9 @@ def seed_summaries(cid: str, found: list[tuple[str, ModelClaim]]) -> dict[str, S
         values = [_headline(cid, r.numbers) for _, r in members]
         known_values = [v for v in values if v is not None]
         mean, ci = seed_interval(known_values) if known_values else (None, None)
+        lo, hi = HEADLINE_RANGE.get(cid, (-math.inf, math.inf))
+        if ci is not None:  # a t-interval over two or three seeds can leave the number's range: cut it there
+            ci = [max(ci[0], lo), min(ci[1], hi)]
         out[fam] = SeedSummary(models=[spec for spec, _ in members], holds=sum(r.result == HOLDS for _, r in members),
                                results=[r.result for _, r in members], number=HEADLINE_NUMBER[cid], values=values,
                                mean=mean, ci95=ci)
