@@ -61,11 +61,11 @@ class KeptTokens:
 
     def __init__(self, keep: Mapping[str, Keep], tokens: dict[str, torch.Tensor], stores: dict[str, Path],
                  widths: dict[str, int], num_patches: int, tmp: tempfile.TemporaryDirectory | None, peak_bytes: int,
-                 held: dict[str, torch.Tensor] | None = None):
+                 in_memory: dict[str, torch.Tensor] | None = None):
         self.keep = dict(keep)
         self._tokens = tokens
         self._stores = stores
-        self._held = held or {}  # sites whose kept images fit one shard buffer: in memory, no store
+        self._in_memory = in_memory or {}  # sites whose kept images fit one shard buffer: no store
         self._widths = widths
         self._num_patches = num_patches
         self._tmp: tempfile.TemporaryDirectory | None = tmp
@@ -79,8 +79,8 @@ class KeptTokens:
         """Every token of the kept images of `site`, (M, N, D) float32, rows in Keep.images order."""
         from vitpos.store.reader import ActivationStore
 
-        if site in self._held:
-            return self._held[site].clone()
+        if site in self._in_memory:
+            return self._in_memory[site].clone()
         if site not in self._stores:
             return torch.empty(0, self._num_patches, self._widths.get(site, 0))
         st = ActivationStore(self._stores[site])
@@ -90,10 +90,10 @@ class KeptTokens:
         """The kept images of `site` in batches of `batch_images`, (b, N, D) float32, without loading them all."""
         from vitpos.store.reader import ActivationStore
 
-        if site in self._held:
-            held = self._held[site]
-            for i in range(0, held.shape[0], batch_images):
-                yield held[i:i + batch_images].clone()
+        if site in self._in_memory:
+            acts = self._in_memory[site]
+            for i in range(0, acts.shape[0], batch_images):
+                yield acts[i:i + batch_images].clone()
         elif site in self._stores:
             for acts, _, _ in ActivationStore(self._stores[site]).iter_images(site, batch_images):
                 # a fresh copy: a batch may be a view into a shard's mapping, and numerics should
@@ -102,7 +102,7 @@ class KeptTokens:
 
     def close(self) -> None:
         """Delete the on-disk stores and drop the images held in memory (idempotent)."""
-        self._held = {}
+        self._in_memory = {}
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -159,7 +159,7 @@ class TokenKeeper:
             if rows.numel():
                 if key in self._images:
                     at = torch.searchsorted(keep.images, rows)  # keep.images is sorted and distinct
-                    self._images[key][at] = t[rows - first].to(torch.float32)
+                    self._images[key][at] = t[rows - first]  # float32: only such sites are held
                 else:
                     self._writers[key].add({key: t[rows - first]}, torch.full_like(rows, -1), rows)
 
@@ -201,7 +201,7 @@ class TokenKeeper:
             w.close()
         self._writers.clear()
         return KeptTokens(self.keep, self._tokens, self._stores, self._widths, self.num_patches, self._tmp,
-                          self.peak_bytes, held=self._images)
+                          self.peak_bytes, in_memory=self._images)
 
     def abort(self) -> None:
         """Drop everything kept so far (after a failed forward)."""
