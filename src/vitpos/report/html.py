@@ -277,7 +277,7 @@ def render_report(results: StudyResults | Mapping[str, Any], out_dir: str | Path
     figs = _figure_paths(results, out_dir)
     models = results.models
     datas = sorted({m.data for m in models.values()})
-    quick = ('<p class="na">quick mode: a seconds-long smoke run on tiny models; the numbers are not the study\'s.</p>'
+    quick = ('<p class="na">quick mode: a minutes-long smoke run on tiny models; the numbers are not the study\'s.</p>'
              if results.quick else "")
     desc = (f"This report compares where {len(models)} Vision Transformer(s) keep spatial position: absolute "
             "positional embeddings (APE) versus 2D rotary embeddings (RoPE). It checks the study's claims C1–C5 "
