@@ -114,3 +114,27 @@ def test_the_tiles_config_differs_from_the_natural_one_only_in_the_labelled_task
     assert tiles_cfg.data == ["tiles"] and tiles_cfg.head.images >= 5000
     assert tiles_cfg.sae == natural_cfg.sae and tiles_cfg.models == natural_cfg.models
     assert tiles_cfg.checkpoints == natural_cfg.checkpoints
+
+
+def test_extrapolation_is_not_applicable_to_tiles_and_the_plan_says_why(tmp_path, capsys):
+    """`tiles` exists only at the model's own input size (its tiles are the patches): the study marks
+    `extrapolate` not applicable with the reason, in the plan, instead of stopping at that stage with an
+    error after the stages before it have run; `vitpos extrapolate` on it is refused in one line."""
+    pytest.importorskip("skimage")
+    from vitpos.cli import main
+    from vitpos.experiments.extrapolate import ExtrapolateExperiment, check_scales
+    from vitpos.models.spec import load_model
+
+    exp = ExtrapolateExperiment()
+    assert exp.applies_to_data("shapes") is None and exp.applies_to_data("natural") is None
+    reason = exp.applies_to_data("tiles")
+    assert reason is not None and "only at the model's own input size" in reason
+    spec = "timm:vit_small_patch14_dinov2?img_size=224&depth=1&embed_dim=32&num_heads=2&num_classes=4"
+    with pytest.raises(VitposError, match="only at the model's own input size") as e:
+        check_scales(load_model(spec), [1.5], data="tiles")
+    assert "\n" not in str(e.value)
+    out = tmp_path / "out"
+    main(["run", "--models", spec, "--data", "tiles", "--quick", "--plan", "--out", str(out)])
+    rows = [line for line in capsys.readouterr().out.splitlines() if " extrapolate " in line]
+    assert len(rows) == 1 and "n/a" in rows[0] and "only at the model" in rows[0]
+    assert not out.exists()

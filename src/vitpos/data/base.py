@@ -25,6 +25,9 @@ class DatasetInfo:
     # vertical relation only vs a horizontal relation only. Empty when the data has none.
     class_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     description: str = ""
+    # Defined only at the model's own input size (`tiles`: its tiles are the model's patches), so
+    # nothing that needs the images at other sizes (larger grids: `extrapolate`) can read it.
+    fixed_size: bool = False
 
 
 def classes_problem(info: DatasetInfo, data: str | None = None) -> str | None:

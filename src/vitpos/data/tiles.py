@@ -47,6 +47,7 @@ INFO = DatasetInfo(
     image_size=(SIZE, SIZE),
     in_chans=3,
     class_groups={},
+    fixed_size=True,
     description=(f"natural crops (as `natural`) cut into {TILE}-px tiles ({GRID}x{GRID}) whose row order, column "
                  "order, both or neither are reversed; label = which (chance 25 %: every class holds the same tiles)"),
 )

@@ -195,6 +195,10 @@ class Experiment(ABC, Generic[R]):
             return f"no absolute position embedding (scheme {surface.scheme})"
         return None
 
+    def applies_to_data(self, data: str) -> str | None:
+        """None when the experiment can read `data`, else why not (by default every dataset it can load)."""
+        return None
+
     def disabled(self, config: Any) -> str | None:
         """None when the run config lets the stage run, else why it is off (the study records it as not
         applicable, with this reason, like a model without the experiment's position encoding)."""

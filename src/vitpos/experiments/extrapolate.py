@@ -86,10 +86,22 @@ def grid_at(surface: ModelSurface, scale: float) -> tuple[int, int]:
 MAX_SCALE = 8.0  # grids beyond 8x the training grid (64x the tokens) are refused, not attempted
 
 
+def fixed_size_problem(data: str) -> str | None:
+    """Why `data` cannot be extrapolated (it exists only at the model's own input size), or None."""
+    from vitpos.data import dataset_info
+
+    if not dataset_info(data).fixed_size:
+        return None
+    return (f"{data_name(data)} is defined only at the model's own input size: there is no larger grid of it to "
+            "extrapolate to")
+
+
 def check_scales(surface: ModelSurface, scales: Sequence[float], flag: str = "--scales",
                  data: object = None) -> list[float]:
     """Sorted scales, each giving a distinct grid of at least 2 x 2 other than the training grid (and,
     for generated data, a canvas the generator can draw on)."""
+    if isinstance(data, str) and (problem := fixed_size_problem(data)) is not None:
+        raise VitposError(f"{problem}; pass data that can be made at other sizes (e.g. natural for tiles)")
     grids = {surface.grid: 1.0}
     native = generated_size(data) if isinstance(data, str) else None
     for s in sorted(scales):
@@ -234,6 +246,9 @@ class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
 
     def applies_to(self, surface: ModelSurface) -> str | None:
         return None if surface.resizable else f"{type(surface).__name__} cannot be resized to another input size"
+
+    def applies_to_data(self, data: str) -> str | None:
+        return fixed_size_problem(data)
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         settings = self.settings_of(config).model_dump()

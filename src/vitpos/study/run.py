@@ -334,7 +334,7 @@ class _ModelStages:
         computed: set[str] = set()  # stages computed in this run: what reads them is computed too (a cached
         # permutation of an SAE retrained since, its files removed, would be served beside the new SAE)
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
+            reason = exp.applies_to(self.surface) or exp.applies_to_data(self.data) or exp.disabled(self.cfg)
             if reason is None:
                 reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
             if reason is not None:
@@ -396,7 +396,7 @@ class _ModelStages:
         rows = [head_row] if head_row is not None else []
         computed: set[str] = set()  # as run_all: what reads a stage that runs runs too
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface) or exp.disabled(self.cfg)
+            reason = exp.applies_to(self.surface) or exp.applies_to_data(self.data) or exp.disabled(self.cfg)
             if reason is None:
                 reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
             if reason is not None:
