@@ -814,7 +814,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     guard = OutputGuard(None)
     try:
-        guard = OutputGuard(_out_arg(args))
+        guard = OutputGuard(_out_arg(args), keep=_resume_points(args))
         code = app(args=args, standalone_mode=False)
         # typer (0.29 here) turns Ctrl-C into Exit(130) and, outside standalone mode, *returns* an Exit's
         # code instead of raising it (every command returns None): without this, an interrupt was a
@@ -824,19 +824,33 @@ def main(argv: list[str] | None = None) -> None:
     except OutputBusyError as e:  # another process writes there: leave everything alone
         _fail(_one_line(str(e)))
     except VitposError as e:
-        guard.restore()
-        _fail(_one_line(str(e)))
+        _fail(_one_line(str(e)) + _kept(guard.restore()))
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume", highlight=False, markup=False)
         sys.exit(130)
     except OSError as e:  # full disk, permission, a path that is a file: the environment, not a bug
-        guard.restore()
+        kept = _kept(guard.restore())
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        _fail(f"{e.strerror or e}{where}; check that the output location is a writable directory with free space")
+        _fail(f"{e.strerror or e}{where}; check that the output location is a writable directory with free space"
+              + kept)
     except Exception as e:
         if type(e).__name__ not in ("Exit", "NoArgsIsHelpError", "Abort"):
             guard.restore()
         _usage_or_raise(e)
+
+
+def _resume_points(args: list[str]) -> tuple[str, ...]:
+    """What a failed command keeps in --out: `vitpos run`'s finished stages (OUT/stages, their files under
+    OUT/artifacts), which a rerun resumes from; every other command's output is removed."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    return ("stages", "artifacts") if command == "run" else ()
+
+
+def _kept(paths: list[Path]) -> str:
+    """The error line's tail when a failed run kept its finished stages."""
+    if not paths:
+        return ""
+    return f"; the stages finished before it are kept ({paths[0]}): rerun the same command to resume from them"
 
 
 def _out_arg(args: list[str]) -> Path | None:

@@ -205,39 +205,47 @@ def relative_artifact(root: str | Path | None, path: str | Path) -> str:
 class OutputGuard:
     """What a command's --out folder held before it ran, so that a failed command can leave it as it
     found it: `restore()` removes every file and folder the command created there (the folder too,
-    when it did not exist). Files it replaced stay replaced: every write is atomic, so they are the
-    complete new version. A folder that is a file, or no folder, is left alone; an --out that is a
-    symlink to a folder is cleaned in that folder."""
+    when it did not exist), except its resume points `keep` (top-level names: `vitpos run`'s finished
+    stages, hours of work that a rerun resumes from, as after an interrupt). Files it replaced stay
+    replaced: every write is atomic, so they are the complete new version. A folder that is a file, or
+    no folder, is left alone; an --out that is a symlink to a folder is cleaned in that folder."""
 
-    def __init__(self, out: str | Path | None):
+    def __init__(self, out: str | Path | None, keep: tuple[str, ...] = ()):
         self.out = Path(out) if out is not None else None
+        self.keep = keep
         self.existed = self.out is not None and self.out.exists()
         self.before: set[str] | None = None
         if self.out is not None and self.out.is_dir():
             self.before = {str(p.relative_to(self.out)) for p in self.out.rglob("*")}
 
-    def restore(self) -> None:
+    def restore(self) -> list[Path]:
+        """Remove what the command created; returns the resume points kept (created or grown by it)."""
         import shutil
 
         out = self.out
         if out is not None and out.is_symlink():
             if not self.existed:  # a link that appeared meanwhile: not the command's to clean
-                return
+                return []
             out = out.resolve()  # --out names a link to a folder: clean the folder it points at
         if out is None or not out.is_dir():
-            return
-        if not self.existed:
+            return []
+        before = self.before or set()
+        kept = [out / name for name in self.keep if (out / name).exists()
+                and any(str(p.relative_to(out)) not in before for p in (out / name).rglob("*"))]
+        if not self.existed and not kept:
             shutil.rmtree(out, ignore_errors=True)
-            return
-        if self.before is None:
-            return
+            return []
+        if self.existed and self.before is None:
+            return []
         for p in sorted(out.rglob("*"), key=lambda q: len(q.parts), reverse=True):
-            if str(p.relative_to(out)) in self.before:
+            rel = p.relative_to(out)
+            if str(rel) in before or rel.parts[0] in self.keep:
                 continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+        return kept
 
 
 @contextmanager
