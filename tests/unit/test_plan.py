@@ -446,3 +446,15 @@ def test_a_starved_timing_goes_on_until_a_repeat_gets_the_cpu(monkeypatch):
                                                             process_time=clock.process_time))
     tp = plan.measure_throughput(surface, images=2, repeats=1)
     assert tp.cpu_share < plan.BUSY_SHARE and clock.calls // 3 == 3
+
+
+def test_ape_permute_plan_before_the_layer_is_chosen_bounds_every_layer():
+    """The probes choose the SAE layer after the plan is made: the count must bound the stage at any
+    layer (it was counted at depth // 2; DINOv2-S/14's permutation then chose layer 0 and took 2.3x)."""
+    ape = tiny_own("ape")
+    unknown = plan_ape_permute({"images": 40, "seeds": 2, "sae": {}}, ape, SplitSizes(test=300))
+    assert "counted at 0" in unknown.note
+    for layer in range(ape.depth):
+        known = plan_ape_permute({"images": 40, "seeds": 2, "sae": {"layer": layer, "site": "resid_post"}}, ape,
+                                 SplitSizes(test=300))
+        assert known.blocks <= unknown.blocks and known.forwards <= unknown.forwards
