@@ -675,8 +675,8 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     layer 0 took 2.3x its estimate)."""
     n, L, seeds = sizes.n("test", settings["images"]), surface.depth, settings["seeds"]
     sae = settings.get("sae") or {}
-    layer = sae.get("layer")
-    layer = 0 if layer is None else int(layer)
+    chosen = sae.get("layer")  # None: the probes have not chosen it yet
+    layer = 0 if chosen is None else int(chosen)
     resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
     runs = permute_runs(range(seeds))  # the work list run_ape_permute iterates
     at_site = sum(1 for r in runs if not r.at_input)
@@ -687,7 +687,7 @@ def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes
     else:  # the clean prefix once, then the blocks after the site for the baseline and every site run
         plan = plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + at_site))
     note = "upper bound: every variant has features" + ("; the SAE layer, still to be chosen, counted at 0"
-                                                         if sae.get("layer") is None else "")
+                                                         if chosen is None else "")
     return plan + StagePlan(note=note)
 
 

@@ -334,9 +334,7 @@ class _ModelStages:
         computed: set[str] = set()  # stages computed in this run: what reads them is computed too (a cached
         # permutation of an SAE retrained since, its files removed, would be served beside the new SAE)
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface) or exp.applies_to_data(self.data) or exp.disabled(self.cfg)
-            if reason is None:
-                reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
+            reason = self._why_not(exp, not_applicable)
             if reason is not None:
                 not_applicable[exp.name] = reason
                 continue
@@ -347,6 +345,14 @@ class _ModelStages:
             done[exp.name] = Done(result, settings)
         return ModelEntry(describe=ModelDescription.model_validate(self.surface.describe()), data=self.data,
                           not_applicable=not_applicable, results={k: d.result for k, d in done.items()}, head=head)
+
+    def _why_not(self, exp: Experiment, not_applicable: Mapping[str, str]) -> str | None:
+        """Why `exp` does not run on this model and data (None: it runs): its own reason, else that of a
+        stage it requires. The run and its plan ask here, so that they agree."""
+        reason = exp.applies_to(self.surface) or exp.applies_to_data(self.data) or exp.disabled(self.cfg)
+        if reason is not None:
+            return reason
+        return next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
 
     def _key(self, exp: Experiment, settings: dict, head: str | None) -> dict:
         return {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
@@ -396,9 +402,7 @@ class _ModelStages:
         rows = [head_row] if head_row is not None else []
         computed: set[str] = set()  # as run_all: what reads a stage that runs runs too
         for exp in EXPERIMENTS:
-            reason = exp.applies_to(self.surface) or exp.applies_to_data(self.data) or exp.disabled(self.cfg)
-            if reason is None:
-                reason = next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
+            reason = self._why_not(exp, not_applicable)
             if reason is not None:
                 not_applicable[exp.name] = reason
                 rows.append(PlannedStage(self.key_spec, self.data, exp.name, None, "n/a", reason))
