@@ -123,7 +123,7 @@ class VariantResult(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(handler(self), NEW_FIELDS)
+        return omit_unmeasured(self, handler(self), NEW_FIELDS)
 
 
 Outcome = VariantResult | Skipped
@@ -159,7 +159,7 @@ class ApePermuteResult(Result):
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(handler(self), NEW_FIELDS)
+        return omit_unmeasured(self, handler(self), NEW_FIELDS)
 
     def variant(self, name: str) -> VariantResult | None:
         v = getattr(self, name, None)

@@ -39,10 +39,14 @@ class Result(BaseModel):
         return cls.model_validate(doc)
 
 
-def omit_unmeasured(doc: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
-    """`doc` without those of `keys` whose value is None: measurements added later stay out of the
-    JSON of a result written before them, so it reads back exactly as it was written."""
-    return {k: v for k, v in doc.items() if not (v is None and k in keys)}
+def omit_unmeasured(model: BaseModel, doc: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+    """`doc` (the JSON of `model`) without those of `keys` whose value is None and whose field has a
+    default: measurements added later stay out of the JSON of a result written before them, so it reads
+    back exactly as it was written. A required field is always written, even None: left out, the JSON
+    would not load back (a stage-cache entry would then be recomputed on every resume)."""
+    fields = type(model).model_fields
+    return {k: v for k, v in doc.items()
+            if not (v is None and k in keys and k in fields and not fields[k].is_required())}
 
 
 class Settings(BaseModel):

@@ -104,7 +104,7 @@ class AblationEffect(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
 
 
 class RemovalControl(AblationEffect):
@@ -127,7 +127,7 @@ class CausalCheck(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
 
     def control(self, kind: str) -> RemovalControl | None:
         c = self.control_row if kind == "row" else self.control_col
@@ -262,7 +262,7 @@ class SAEResult(Result):
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(handler(self), ISSUE28_FIELDS)
+        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
 
 
 class GivenSAEResult(BaseModel):
