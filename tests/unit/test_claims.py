@@ -605,6 +605,27 @@ def test_the_position_gain_reads_the_none_model_of_the_same_seed():
     assert none_top1(models, "shapes", "builtin:pairs-ape-seed1") is None  # none on other data does not count
 
 
+def test_c3s_none_floor_is_the_none_model_of_the_same_data_and_seed_whatever_the_name():
+    """C3's floor reads the `none` model's probes: found by scheme, data and seed, so the hybrid
+    `pairs-rope-mixed-ape` gets `pairs-none` (a name rule looked for a `pairs-none-ape` that no zoo has)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from vitpos.study.claims import matched_none
+
+    def run(scheme: str, probe: str | None) -> Any:
+        return SimpleNamespace(scheme=scheme, data="pairs", probe=probe)
+
+    models = cast(Any, {"builtin:pairs-none": run("none", "none-0"), "builtin:pairs-none-seed1": run("none", "none-1"),
+                        "builtin:shapes-none-seed2": SimpleNamespace(scheme="none", data="shapes", probe="other"),
+                        "builtin:pairs-rope-mixed-ape-seed1": run("rope-mixed", None),
+                        "builtin:pairs-rope-axial": run("rope", None),
+                        "builtin:pairs-rope-axial-seed2": run("rope", None)})
+    assert matched_none("builtin:pairs-rope-mixed-ape-seed1", models) == "none-1"
+    assert matched_none("builtin:pairs-rope-axial", models) == "none-0"
+    assert matched_none("builtin:pairs-rope-axial-seed2", models) == "none-0"  # no pairs seed-2 none: the first
+
+
 def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     """A Student-t interval over two seeds is wide; a selectivity lies in [-1, 1] and a top-1 drop in
     [-100, 100] points, so the family's interval is cut there (the zoo's `ape` C1 gave [-3.14, 4.39])."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -616,13 +616,9 @@ def _c3_text(spec: str, nums: Mapping[str, Any], ivs: Mapping[str, Interval | No
 
 
 def matched_none(spec: str, models: Mapping[str, ClaimInputs]) -> ProbeSiteResult | None:
-    """The `probe` result of the `none` model matched to a RoPE model (rope-axial / rope-mixed in its
-    name replaced by none: builtin:rope-axial-seed1 -> builtin:none-seed1), if it ran."""
-    for pe in ("rope-axial", "rope-mixed"):
-        if pe in spec:
-            none = models.get(spec.replace(pe, "none"))
-            return None if none is None else none.probe
-    return None
+    """The `probe` result of the `none` model matched to a RoPE model (`_none_model`), if one ran."""
+    none = _none_model(models, models[spec].data, spec, lambda m: m.probe is not None)
+    return None if none is None else none.probe
 
 
 def _rank(v: int | None) -> str:
@@ -926,13 +922,20 @@ def claim_sentence(cid: str, results: list[Outcome]) -> str:
 
 
 def none_top1(models: Mapping[str, ClaimInputs], data: str | None, spec: str | None = None) -> float | None:
-    """Clean top-1 of a model without position (scheme `none`) on the same data, if one ran: the one of
-    `spec`'s training seed (`-seed<k>` suffix) where it ran, else the first (each seed's position gain
-    is its own: the zoo's `none` seeds reach 72.1 / 71.0 / 63.4 %)."""
-    nones = [(s, m.eval.top1) for s, m in models.items()
-             if m.scheme == "none" and m.data == data and m.eval is not None]
-    same = [top1 for s, top1 in nones if spec is not None and seed_of(s) == seed_of(spec)]
-    return float(same[0]) if same else float(nones[0][1]) if nones else None
+    """Clean top-1 of a model without position on the same data (`_none_model`), if one ran."""
+    none = _none_model(models, data, spec, lambda m: m.eval is not None)
+    return None if none is None or none.eval is None else float(none.eval.top1)
+
+
+def _none_model(models: Mapping[str, ClaimInputs], data: str | None, spec: str | None,
+                measured: Callable[[ClaimInputs], bool]) -> ClaimInputs | None:
+    """The model without position (scheme `none`) on the same data with the measurement `measured` asks
+    for: the one of `spec`'s training seed (`-seed<k>` suffix) where it ran, else the first (each seed's
+    position gain is its own: the zoo's `none` seeds reach 72.1 / 71.0 / 63.4 %). Found by scheme, not by
+    name, so that every model gets its `none` (`pairs-rope-mixed-ape` has no `pairs-none-ape`)."""
+    nones = [(s, m) for s, m in models.items() if m.scheme == "none" and m.data == data and measured(m)]
+    same = [m for s, m in nones if spec is not None and seed_of(s) == seed_of(spec)]
+    return same[0] if same else nones[0][1] if nones else None
 
 
 def seed_of(spec: str) -> int:
