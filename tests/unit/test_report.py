@@ -414,3 +414,15 @@ def test_claims_row_reads_at_a_glance_and_folds_the_models(tmp_path):
     assert "drop points: " not in glance and "drop points: " in row[fold:]
     assert "top-1 drop when permuting" not in glance and "top-1 drop when permuting" in row[fold:]
     assert len(glance) < len(row) / 3  # the glance is a small part of the cell
+
+
+def test_the_timings_table_does_not_count_the_run_total_as_a_stage(tmp_path):
+    """The footer lists the stages computed in this run, their sum, and the run's wall clock: the wall
+    clock (`total_this_run`) is not a stage (summed with them, the DINOv2 study's total read 11096 s for a
+    5548 s run)."""
+    results = make_results()
+    results["timings"] = {"m/sae": 100.0, "m/ape_permute": 200.0, "validation": 10.0, "total_this_run": 320.0}
+    page = render_report(results, tmp_path).read_text()
+    footer = page[page.index("<footer>"):]
+    assert "310.0 s" in footer and "this run, wall clock" in footer and "320.0 s" in footer
+    assert "630.0 s" not in footer

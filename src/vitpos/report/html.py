@@ -246,9 +246,13 @@ def _footer(results: StudyResults) -> str:
     out = ["<footer>", _versions(results)]
     t = results.timings
     if t:
-        rows = [[str(k), f"{num(v):.1f} s" if num(v) is not None else fmt_value(v)] for k, v in t.items()]
-        total = sum(num(v) or 0.0 for v in t.values())
-        rows.append(["total", f"{total:.1f} s"])
+        # `total_this_run` is the run's wall clock, not a stage: summed with the stages it counted them twice
+        stages = {k: v for k, v in t.items() if k != "total_this_run"}
+        rows = [[str(k), f"{num(v):.1f} s" if num(v) is not None else fmt_value(v)] for k, v in stages.items()]
+        rows.append(["stages computed in this run (sum; cached ones are not listed)",
+                     f"{sum(num(v) or 0.0 for v in stages.values()):.1f} s"])
+        if num(t.get("total_this_run")) is not None:
+            rows.append(["this run, wall clock", f"{num(t['total_this_run']):.1f} s"])
         out.append(table(["stage", "time"], rows, cls="data timings"))
     out.append("</footer>")
     return "".join(out)
