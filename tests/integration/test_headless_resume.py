@@ -42,3 +42,7 @@ def test_every_stage_of_a_headless_model_on_natural_crops_resumes_from_the_cache
     again = _stages(text.out + text.err)
     assert again.keys() == first.keys() and set(again.values()) == {"cached"}, again
     assert "damaged" not in text.out + text.err
+    # C1's causal check reads the labelled task (the SAE's natural crops have no labels): its top-1 is measured
+    sae = json.loads((tmp_path / "out" / "results.json").read_text())["models"][SPEC]["sae"]
+    assert sae["data"] == "natural" and sae["top1"] is None
+    assert sae["causal"]["data"] == "tiles" and sae["causal"]["clean_top1"] is not None

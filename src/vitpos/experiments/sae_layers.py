@@ -85,9 +85,11 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
+        from vitpos.experiments.sae_run import CAUSAL_ON_RUN_DATA
+
         sae_data = config.section("sae").data  # the sae stage's images for its SAEs (None: the run's data)
         return {**s, "layers": sweep_layers(surface.depth, s["max_layers"]),
-                **({"sae_data": sae_data} if sae_data is not None else {})}
+                **({"sae_data": sae_data, "causal_data": CAUSAL_ON_RUN_DATA} if sae_data is not None else {})}
 
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         from vitpos.experiments.sae_run import sae_config

@@ -21,7 +21,7 @@ import itertools
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
@@ -78,7 +78,7 @@ SAE_VERSION = 2
 
 # measured since issue 28: left out of a result's JSON where a result written before them has none
 ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
-                            "control_row", "control_col", "clean_top1", "eta2_null"})
+                            "control_row", "control_col", "clean_top1", "eta2_null", "data"})
 
 
 class AblationEffect(BaseModel):
@@ -124,6 +124,9 @@ class CausalCheck(BaseModel):
     control_row: RemovalControl | Skipped | None = None  # issue 28: the row set's matched random removal
     control_col: RemovalControl | Skipped | None = None
     clean_top1: float | None = None
+    # the labelled images the check read when the SAE's own are not (sae.data: unlabelled natural crops);
+    # None: the SAE's held-out images
+    data: str | None = None
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -383,6 +386,7 @@ class SAEJob:
     stability_seed: int | None
     given: Any  # the ActivationStore of `store=`, or None
     with_prefix: bool  # prefix tokens are mixed into the training batches
+    causal_data: Any = None  # the causal check's images when not `data` (None: `data`'s held-out images)
 
     def run_key(self) -> dict[str, Any]:
         """The settings that identify this SAE: a finished run under the same key is reused."""
@@ -397,7 +401,8 @@ class SAEJob:
                 **({"head": s.head.digest()} if s.head is not None else {}),
                 "special_tokens": "included" if self.include_special else
                 f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
-                **({"stability_seed": self.stability_seed} if self.stability_seed is not None else {})}
+                **({"stability_seed": self.stability_seed} if self.stability_seed is not None else {}),
+                **({"causal_data": data_name(self.causal_data)} if self.causal_data is not None else {})}
 
 
 def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: int, expansion: int,
@@ -514,7 +519,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
             lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
             high_norm: float | None = None, stability_seed: int | None = None,
-            include_special: bool = False) -> tuple[SAEResult, SAE]:
+            include_special: bool = False, causal_data: Any = None) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
@@ -531,9 +536,13 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     outlier rule's factor (e.g. 4 for DINOv2's high-norm artifact tokens). Per-layer prefix / outlier statistics of
     the held-out images go to sae.json. `stability_seed`: a
     second SAE is trained with that seed on the same tokens and its decoder matched to this one's
-    (`seed_stability`); it is not saved."""
+    (`seed_stability`); it is not saved. `causal_data`: labelled images for C1's causal check (its probe
+    read-outs, top-1 and controls; as many test images as the held-out set) when `data` has no labels, e.g.
+    `tiles` for an SAE on `natural` crops; the latents are still typed on `data`."""
     job = sae_job(surface, layer, site, data, arch, k, expansion, n_train_images, epochs, batch_tokens, seed, store,
                   buffer_tokens, lr, high_norm, stability_seed, include_special)
+    if causal_data is not None and data_name(causal_data) != data_name(data):
+        job = replace(job, causal_data=causal_data)
     out = Path(out) if out is not None else None
     if not force and (done := _finished(out, job)) is not None:
         return done
@@ -541,8 +550,11 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     trained = train_job(job, out, keep_acts, progress, force, options)
     # top-1 and the splice need class logits; a headless model without a head skips them
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
+    causal_set = (None if job.causal_data is None else
+                  dataset_for(surface, job.causal_data, "test", limit=n_eval_images))
     held = evaluate_sae(surface, trained.sae, job.site, eval_set, seed=seed, logits=no_logits is None,
-                        outlier_threshold=trained.cut, others=[trained.other] if trained.other is not None else [])
+                        outlier_threshold=trained.cut, others=[trained.other] if trained.other is not None else [],
+                        causal_set=causal_set)
     special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
     result = sae_result(job, trained, held, special)
     if out is not None:
@@ -613,13 +625,14 @@ class HeldOut:
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
                  batch_size: int | None = None, outlier_threshold: float | None = None,
-                 others: list[SAE] | tuple[SAE, ...] = ()) -> HeldOut:
+                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
     (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
     the transient memory of a batch, the numbers move in the last bits). `outlier_threshold`: the splice
     leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
     further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
+    `causal_set`: the causal check reads these (labelled) images instead of `eval_set`, captured apart.
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
@@ -653,9 +666,31 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
             top1 = float(clean_correct.float().mean())
             top1_spliced = float((preds == labels).float().mean())
             change = 100 * (top1_spliced - top1)
-        causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
-                              readout=Readout(labels, clean_correct, rms, sizes)) if later else None
+        if not later:
+            causal = None
+        elif causal_set is None:
+            causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
+                                  readout=Readout(labels, clean_correct, rms, sizes))
+        else:
+            causal = _causal_check_on(surface, sae, s, causal_set, later, scores, batch_size, seed)
     return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null, other_metrics)
+
+
+def _causal_check_on(surface: ModelSurface, sae: SAE, s: Site, dataset, later: list[int], scores, batch_size: int,
+                     seed: int) -> dict:
+    """causal_check on other images than the SAE's held-out set (labelled ones): their own capture,
+    probe sample, labels and RMS codes (the controls are matched where the removal happens)."""
+    sample = probe_sample(len(dataset), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
+    keep = {s: Keep.whole(range(len(dataset))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
+    logits = surface.classifier_problem(dataset.info, dataset.info.name) is None
+    kept, labels, clean_logits, _ = capture_condition(surface, dataset, None, keep, check_classifier=logits,
+                                                      batch_size=batch_size)
+    with kept:
+        rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
+        correct = clean_logits.argmax(-1) == labels if logits else None
+        out = causal_check(surface, sae, s, dataset, kept, sample, later, scores, batch_size,
+                           readout=Readout(labels, correct, rms, sizes))
+    return {**out, "data": dataset.info.name}
 
 
 def keep_outliers(x: torch.Tensor, recon: torch.Tensor, threshold: float | None) -> torch.Tensor:
@@ -696,8 +731,6 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
     over live latents per statistic as the null-derived threshold, and how many features each
     threshold admits on the real scores (row / col / mixed under FeatureThresholds with min_eta2 =
     min_eta2_pos = t, the other settings kept), on `ETA2_GRID` and at the null thresholds."""
-    from dataclasses import replace
-
     g = torch.Generator().manual_seed(50_000 + seed)
 
     def shuffled():
@@ -913,7 +946,13 @@ _SWEEP_DEFAULTS = {"data": None, "seeds": 1, "expansions": None, "high_norm": No
 def _sae_settings(settings: SAESettings) -> dict:
     """The `sae:` section as stage settings; the sweep / data / high-norm keys only when set, so the
     stage keys (and caches) of runs that do not use them are those from before the keys existed."""
-    return {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+    out = {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
+    if settings.data is not None:  # C1's causal check reads the run's labelled data (new: keyed apart)
+        out["causal_data"] = CAUSAL_ON_RUN_DATA
+    return out
+
+
+CAUSAL_ON_RUN_DATA = "the run's data"
 
 
 def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:
@@ -1038,7 +1077,8 @@ class SAEExperiment(Experiment[SAEResult]):
                               epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
                               keep_acts=sweep, high_norm=s.get("high_norm"),
                               stability_seed=stability_seed(s, stage.seed),
-                              include_special=s.get("include_special", False))
+                              include_special=s.get("include_special", False),
+                              causal_data=stage.data if s.get("causal_data") == CAUSAL_ON_RUN_DATA else None)
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
                                   "layer_choice": s["layer_choice"]}

@@ -126,8 +126,8 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
 
     `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each layer's SAE
     lives under out/L<layer>/ (reused when the same run is found there). `sae_data`: the images the
-    SAEs train and are scored on (C1's causal check too; None: `data`), as the sae stage's `sae.data`;
-    the permutation (C2) reads `data`."""
+    SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and the
+    permutation (C2) read `data`."""
     from vitpos.data.resolve import data_name
     from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.experiments.sae_run import run_sae
@@ -139,7 +139,7 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
         res, sae = run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo, progress=progress,
-                           **dict(sae_kw or {}))
+                           causal_data=None if sae_data is None else data, **dict(sae_kw or {}))
         correct: dict[str, torch.Tensor] = {}
         ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                              keep_correct=correct, progress=progress)
