@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitpos.data import fashion
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface, load_model
 from vitpos.sae import SAEConfig
+
+# Fashion-MNIST tests skip where the Debian package (or $VITPOS_FASHION_DIR) is absent, as the loader looks
+needs_fashion = pytest.mark.skipif(not fashion.data_dir().is_dir(), reason="dataset-fashion-mnist not installed")
 
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 # timm models at toy size (pretrained=False): the real timm classes, just small; _Q is their shared size

@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from vitpos.data import fashion
+from conftest import needs_fashion
 
 # random-init DINOv2 layout without a classifier (patch 14 at 56 px: a 4x4 grid), 2 blocks for speed
 HEADLESS = "timm:vit_small_patch14_dinov2?img_size=56&num_classes=0&depth=2"
@@ -47,7 +46,7 @@ def test_cli_refuses_a_classifier_that_does_not_fit_in_one_line(tmp_path):
     assert "weights digest" in line
 
 
-@pytest.mark.skipif(not Path(fashion.DEFAULT_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+@needs_fashion
 @pytest.mark.slow
 def test_fashion_feeds_a_64px_rgb_timm_model(tmp_path, capsys):
     from vitpos.cli import main

@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import needs_fashion
 from vitpos.data import BUILTIN, dataset_info, digits, fashion, imagefolder, load_split, shapes
 from vitpos.data.base import split_seed
 from vitpos.errors import VitposError
@@ -167,7 +168,7 @@ def test_fashion_missing_and_corrupt(tmp_path, monkeypatch):
         load_split("fashion", "train")
 
 
-@pytest.mark.skipif(not Path(fashion.DEFAULT_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+@needs_fashion
 def test_fashion_real_files(monkeypatch):
     monkeypatch.delenv("VITPOS_FASHION_DIR", raising=False)
     ds = load_split("fashion", "test", limit=10)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_fashion
 from vitpos.analysis.forward import capture_layers, evaluate
 from vitpos.analysis.heads import fit_head, fit_head_on_features, pooled_features
-from vitpos.data import fashion, load_split, to_float
+from vitpos.data import load_split, to_float
 from vitpos.data.resolve import dataset_for
 from vitpos.errors import VitposError
 from vitpos.hooks import capture
@@ -106,7 +107,7 @@ def test_a_wrong_class_count_is_refused():
     assert msg is not None and "7 classes" in msg and "shapes has 4" in msg
 
 
-@pytest.mark.skipif(not Path(fashion.DEFAULT_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+@needs_fashion
 def test_a_head_from_other_weights_or_classes_is_refused(tmp_path):
     a, b = _headless(seed=0), _headless(seed=1)
     shapes = load_split("shapes", "test", limit=2).info
@@ -138,7 +139,7 @@ def test_fit_head_writes_a_head_that_eval_uses(tmp_path):
     assert evaluate(headed, test)["top1"] == pytest.approx(want) == pytest.approx(doc["test_top1"])
 
 
-@pytest.mark.skipif(not Path(fashion.DEFAULT_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+@needs_fashion
 def test_builtin_data_at_any_input_size_stays_uint8():
     timm64 = load_model(FASHION_64)
     ds = dataset_for(timm64, "fashion", "test", limit=6)

@@ -639,10 +639,7 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     images; nothing grows with layers x images x grid."""
     batch_size = sweep_batch(surface, batch_size)
     later = list(range(s.layer + 1, surface.depth)) if s.layer is not None else []
-    sample = probe_sample(len(eval_set), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
-    keep = {s: Keep.whole(range(len(eval_set))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
-    kept, labels, clean_logits, _ = capture_condition(surface, eval_set, None, keep, check_classifier=logits,
-                                                      batch_size=batch_size)
+    sample, kept, labels, clean_logits = _capture_held(surface, s, eval_set, later, seed, logits, batch_size)
     with kept:
         metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
                                             for a in kept.iter_images(str(s), batch_size)))
@@ -676,15 +673,22 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null, other_metrics)
 
 
+def _capture_held(surface: ModelSurface, s: Site, dataset, later: list[int], seed: int, logits: bool,
+                  batch_size: int):
+    """The held-out capture: site `s` whole, at each later layer a probe sample's tokens; with labels and logits."""
+    sample = probe_sample(len(dataset), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
+    keep = {s: Keep.whole(range(len(dataset))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
+    kept, labels, clean_logits, _ = capture_condition(surface, dataset, None, keep, check_classifier=logits,
+                                                      batch_size=batch_size)
+    return sample, kept, labels, clean_logits
+
+
 def _causal_check_on(surface: ModelSurface, sae: SAE, s: Site, dataset, later: list[int], scores, batch_size: int,
                      seed: int) -> dict:
     """causal_check on other images than the SAE's held-out set (labelled ones): their own capture,
     probe sample, labels and RMS codes (the controls are matched where the removal happens)."""
-    sample = probe_sample(len(dataset), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
-    keep = {s: Keep.whole(range(len(dataset))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
     logits = surface.classifier_problem(dataset.info, dataset.info.name) is None
-    kept, labels, clean_logits, _ = capture_condition(surface, dataset, None, keep, check_classifier=logits,
-                                                      batch_size=batch_size)
+    sample, kept, labels, clean_logits = _capture_held(surface, s, dataset, later, seed, logits, batch_size)
     with kept:
         rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
         correct = clean_logits.argmax(-1) == labels if logits else None
@@ -1068,8 +1072,8 @@ class SAEExperiment(Experiment[SAEResult]):
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
         s = stage.settings
-        # sae.data: the SAE (its training, held-out metrics, feature scores and C1's causal check) may read
-        # other images than the run's labelled data, e.g. natural crops for a model measured on fashion
+        # sae.data: the SAE (its training, held-out metrics and feature scores) may read other images than the
+        # run's labelled data, e.g. natural crops for a model measured on fashion; C1's causal check reads the run's
         data = s.get("data") or stage.data
         sweep = is_sweep(s)
         result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
@@ -1078,7 +1082,7 @@ class SAEExperiment(Experiment[SAEResult]):
                               keep_acts=sweep, high_norm=s.get("high_norm"),
                               stability_seed=stability_seed(s, stage.seed),
                               include_special=s.get("include_special", False),
-                              causal_data=stage.data if s.get("causal_data") == CAUSAL_ON_RUN_DATA else None)
+                              causal_data=stage.data)  # dropped by run_sae where the SAE reads the run's data itself
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
                                   "layer_choice": s["layer_choice"]}

@@ -139,7 +139,7 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
         res, sae = run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo, progress=progress,
-                           causal_data=None if sae_data is None else data, **dict(sae_kw or {}))
+                           causal_data=data, **dict(sae_kw or {}))
         correct: dict[str, torch.Tensor] = {}
         ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                              keep_correct=correct, progress=progress)
