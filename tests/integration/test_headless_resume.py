@@ -46,3 +46,5 @@ def test_every_stage_of_a_headless_model_on_natural_crops_resumes_from_the_cache
     sae = json.loads((tmp_path / "out" / "results.json").read_text())["models"][SPEC]["sae"]
     assert sae["data"] == "natural" and sae["top1"] is None
     assert sae["causal"]["data"] == "tiles" and sae["causal"]["clean_top1"] is not None
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "causal check read</td><td>tiles held-out images (labelled; the SAE&#x27;s own have no labels)" in report

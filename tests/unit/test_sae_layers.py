@@ -94,3 +94,23 @@ def test_default_sizes_and_deeper_models_take_the_documented_subset():
     assert settings["layers"] == sweep_layers(ape.depth) == [0]
     assert sweep_layers(12) == [0, 1, 3, 4, 6, 7, 9, 10]  # DINOv2-S/14: 8 evenly spaced of 0..10
     assert sweep_layers(6) == [0, 1, 2, 3, 4]  # the zoo's depth 6: every layer but the last
+
+
+def test_each_layer_takes_the_sae_stages_high_norm_rule(tmp_path):
+    """`sae.high_norm` (DINOv2's artifact-token rule) reaches every swept layer's SAE; a run without it keeps
+    settings without the key (its cache keys unchanged)."""
+    from vitpos.io import read_json
+
+    exp, s = BY_NAME["sae_layers"], tiny_own("ape")
+    plain = exp.stage_settings(RunConfig.model_validate({"sae_layers": SMALL}), s, {}, False)
+    assert "high_norm" not in plain
+    settings = exp.stage_settings(RunConfig.model_validate({"sae_layers": SMALL, "sae": {"high_norm": 2.5}}), s, {},
+                                  False)
+    assert settings == {**plain, "high_norm": 2.5}
+    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=tmp_path / "stage",  # type: ignore[arg-type]
+                       progress=False, quick=False, root=tmp_path)
+    res = exp.run_stage(s, stage)
+    assert res.sae_high_norm == 2.5
+    for layer in res.layers:
+        training = read_json(tmp_path / "stage" / f"L{layer}" / "sae.json")["training"]
+        assert training["high_norm_factor"] == 2.5 and training["high_norm_threshold"] is not None

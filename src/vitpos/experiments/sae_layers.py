@@ -11,8 +11,9 @@ model when it holds at every plausible layer, fails when it fails at all of them
 inconclusive otherwise. The single-layer readings stay reported beside it.
 
 Each layer's SAE is smaller than the sae stage's (`SAELayersSettings`: sized so that the 4 APE
-models of the default zoo add about 5 minutes to `vitpos run` on 2 idle cores), trained on resid_post
-with the sae stage's architecture (TopK); `--quick` turns the stage off (not applicable, with the
+models of the default zoo add about 5 minutes to `vitpos run` on 2 idle cores; a config can set the sae
+stage's sizes, as configs/dinov2-tiles.yaml does), trained on resid_post with the sae stage's architecture
+(TopK), images (`sae.data`) and high-norm rule (`sae.high_norm`); `--quick` turns the stage off (not applicable, with the
 reason), so the quick run's results are those of the single layer.
 """
 
@@ -63,6 +64,7 @@ class SAELayersResult(SAESweepResult, Result):
     sae_k: int
     permute_images: int
     seeds: list[int]
+    sae_high_norm: float | None = None  # the outlier rule's factor (the sae stage's `high_norm`; None: OUTLIER_K)
 
     def point(self, layer: int) -> LayerPoint | None:
         return next((p for p in self.points if p.layer == layer), None)
@@ -87,9 +89,13 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
         s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
         from vitpos.experiments.sae_run import CAUSAL_ON_RUN_DATA
 
-        sae_data = config.section("sae").data  # the sae stage's images for its SAEs (None: the run's data)
+        sae = config.section("sae")
+        sae_data = sae.data  # the sae stage's images for its SAEs (None: the run's data)
+        # the sae stage's high-norm rule (DINOv2's artifact tokens) applies to every layer's SAE; added to the
+        # settings only when set, so the cache keys of runs without one stay as they were
         return {**s, "layers": sweep_layers(surface.depth, s["max_layers"]),
-                **({"sae_data": sae_data, "causal_data": CAUSAL_ON_RUN_DATA} if sae_data is not None else {})}
+                **({"sae_data": sae_data, "causal_data": CAUSAL_ON_RUN_DATA} if sae_data is not None else {}),
+                **({"high_norm": sae.high_norm} if sae.high_norm is not None else {})}
 
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         from vitpos.experiments.sae_run import sae_config
@@ -116,14 +122,15 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAELayersResult:
         s = stage.settings
         kw = {"k": s["k"], "expansion": s["expansion"], "n_train_images": s["images"],
-              "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False}
+              "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False,
+              "high_norm": s.get("high_norm")}
         seeds = tuple(range(s["seeds"]))
         sweep = run_sae_sweep(surface, stage.data, list(s["layers"]), sae_kw=kw, permute_images=s["permute_images"],
                               seeds=seeds, out=stage.out, sae_data=s.get("sae_data"), progress=stage.progress)
         return SAELayersResult(
             **dict(sweep), sae_images=s["images"], sae_eval_images=s["eval_images"],
             sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],
-            seeds=list(seeds))
+            seeds=list(seeds), sae_high_norm=s.get("high_norm"))
 
     def figures(self, result: SAELayersResult) -> list[Figure]:
         return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "

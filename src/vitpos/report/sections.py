@@ -267,7 +267,7 @@ def _probe_body(r: Result) -> str:
 
 def _sec_sae(r: SAEResult) -> str:
     pairs = [("architecture", f"{r.arch}, k = {r.k}, expansion {r.expansion}×"),
-             ("trained on", f"layer {r.layer} {r.site}"),
+             ("trained on", f"layer {r.layer} {r.site}, {r.data} images"),
              ("fraction of variance unexplained (FVU)", fnum(r.fvu)),
              ("L0 (active latents per token)", fnum(r.l0, 1)),
              ("dead latents", pct(r.dead_frac)),
@@ -279,7 +279,9 @@ def _sec_sae(r: SAEResult) -> str:
     c = r.causal
     if c is not None:
         row, col = _effect(c.ablate_row), _effect(c.ablate_col)
-        pairs += [("causal: row-probe drop on removing row features",
+        pairs += [("causal check read", f"{c.data or r.data} held-out images"
+                   + (" (labelled; the SAE's own have no labels)" if c.data not in (None, r.data) else "")),
+                  ("causal: row-probe drop on removing row features",
                    f"{fnum(row and row.row_drop)} {ci(row and row.row_drop_ci95, digits=4)}"),
                   ("causal: col-probe drop on removing col features",
                    f"{fnum(col and col.col_drop)} {ci(col and col.col_drop_ci95, digits=4)}"),
@@ -768,12 +770,25 @@ def _permuted(p: LayerPoint, variant: str) -> str:
     return "n/a" if p.permute is None else _drop_or_why(p.permute.outcome(variant))
 
 
+def _sweep_images(r: SAELayersResult) -> str:
+    """Which images the per-layer SAEs trained on and which C1's causal check read, where not the run's data."""
+    p = next((p for p in r.points if p.sae is not None), None)
+    if p is None or p.sae is None:
+        return ""
+    causal = p.sae.causal.data if p.sae.causal is not None else None
+    norm = "" if r.sae_high_norm is None else f"; tokens over {r.sae_high_norm:g}x the median norm left out"
+    if p.sae.data == r.data:
+        return norm
+    return f"; SAEs trained on {e(p.sae.data)} images, the causal check read on {e(causal or p.sae.data)}{norm}"
+
+
 def _sec_sae_layers(r: SAELayersResult) -> str:
     plaus = ", ".join(f"L{p.layer} ({p.selection_frequency:.0%})" for p in r.points if p.layer in r.plausible_layers)
     head = (f"<p>{e(r.model)} on {e(r.data)}: an SAE of its own at each of {e(r.layer_rule)} (resid_post, TopK k "
             f"{e(r.sae_k)}, expansion {e(r.sae_expansion)}, {e(r.sae_images)} training images x {e(r.sae_epochs)} "
-            f"epochs, {e(r.sae_eval_images)} held-out images for the causal check), and the permutation of its "
-            f"positional features on {e(r.permute_images)} images (seeds {e(fmt_value(r.seeds))}). The layer where "
+            f"epochs, {e(r.sae_eval_images)} held-out images for the causal check{_sweep_images(r)}), and the "
+            f"permutation of its positional features on {e(r.permute_images)} {e(r.data)} images (seeds "
+            f"{e(fmt_value(r.seeds))}). The layer where "
             "position matters most for behaviour is the largest all-positional drop; its selection frequency is "
             "bootstrapped over the images (the same resample at every layer). Plausible layers (chosen in at least "
             f"{PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. Over them C1 <b>{e(r.c1.result)}</b> "
