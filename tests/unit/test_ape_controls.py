@@ -13,6 +13,7 @@ from vitpos.experiments.ape_permute import (
     CONTROLS,
     NULLS,
     VARIANTS,
+    code_stats,
     crossed_edit,
     image_rotation,
     matched_control,
@@ -189,3 +190,17 @@ def test_every_variant_has_its_edit_size_and_the_norm_control_is_matched_on_it(m
             assert res[v]["edit_norm"] is not None and res[v]["edit_norm"] >= 0, v
     assert res["norm_all_positional"]["n_features"] == res["all_positional"]["n_features"]
     assert res["pos_embed_shuffle"].get("edit_norm") is None  # SAE-free: no SAE edit to size
+
+
+def test_code_stats_in_chunks_are_those_of_one_whole_encode_to_the_bit():
+    """The mass images' codes are encoded a few images at a time (memory); mean code, firing rate and
+    spread must be bit-identical to one encode of every token (the formulas before the chunking)."""
+    sae = toy_sae(16)
+    acts = torch.randn(10, 9, 16)
+    st = code_stats(sae, acts, chunk=3)  # 3 + 3 + 3 + 1 images
+    with torch.no_grad():
+        z = sae.encode(acts.reshape(-1, 16))
+        whole = sae.encode(acts)
+    assert torch.equal(st.mean_code, z.mean(0)) and torch.equal(st.fire, (z != 0).float().mean(0))
+    assert torch.equal(st.spread, whole.var(1, correction=0).mean(0).sqrt())
+    assert 0 < float(st.fire.mean()) < 1 and float(st.spread.max()) > 0  # codes that fire on some tokens only

@@ -13,8 +13,8 @@ inconclusive otherwise. The single-layer readings stay reported beside it.
 Each layer's SAE is smaller than the sae stage's (`SAELayersSettings`: sized so that the 4 APE
 models of the default zoo add about 5 minutes to `vitpos run` on 2 idle cores; a config can set the sae
 stage's sizes, as configs/dinov2-tiles.yaml does), trained on resid_post with the sae stage's architecture
-(TopK), images (`sae.data`) and high-norm rule (`sae.high_norm`); `--quick` turns the stage off (not applicable, with the
-reason), so the quick run's results are those of the single layer.
+(TopK), images (`sae.data`) and high-norm rule (`sae.high_norm`); `--quick` turns the stage off (not
+applicable, with the reason), so the quick run's results are those of the single layer.
 """
 
 from __future__ import annotations
