@@ -660,6 +660,21 @@ def test_versions_key_the_sae_dir_and_the_capture(tmp_path, tiny_ape, monkeypatc
     assert "\n" not in str(e.value) and "vitpos capture" in str(e.value)
 
 
+def test_a_finished_sae_measured_on_another_held_out_size_is_not_served(tmp_path, tiny_ape):
+    """The out dir's finished run is reused only for the same held-out size: a changed `n_eval_images` (e.g.
+    `sae_layers.eval_images`, whose layers reuse one folder per layer) measures again, not the old numbers."""
+    from vitpos.experiments.sae_run import run_sae
+
+    ds = toy_set(48)
+    kw = {**RUN_KW, "n_train_images": 32}
+    first, _ = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **{**kw, "n_eval_images": 8})
+    again, _ = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **{**kw, "n_eval_images": 8})
+    assert again.to_json() == first.to_json()  # same run: served
+    bigger, _ = run_sae(tiny_ape, 0, data=ds, out=tmp_path / "o", **{**kw, "n_eval_images": 16})
+    assert first.run["held_out_images"] == 8 and bigger.run["held_out_images"] == 16
+    assert bigger.tokens == 2 * first.tokens  # held-out patch tokens: measured on 16 images, not 8
+
+
 def test_results_follow_the_weights_not_just_the_spec(tmp_path, tiny_ape):
     """The same spec over retrained weights must neither reuse a finished SAE nor train on the old store."""
     from conftest import tiny_own

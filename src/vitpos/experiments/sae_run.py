@@ -387,6 +387,9 @@ class SAEJob:
     given: Any  # the ActivationStore of `store=`, or None
     with_prefix: bool  # prefix tokens are mixed into the training batches
     causal_data: Any = None  # the causal check's images when not `data` (None: `data`'s held-out images)
+    # held-out images the result was measured on (run_sae sets it): a finished run measured on another
+    # number is not served (the key once named the training only, so a changed eval size was)
+    n_eval_images: int | None = None
 
     def run_key(self) -> dict[str, Any]:
         """The settings that identify this SAE: a finished run under the same key is reused."""
@@ -402,7 +405,8 @@ class SAEJob:
                 "special_tokens": "included" if self.include_special else
                 f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
                 **({"stability_seed": self.stability_seed} if self.stability_seed is not None else {}),
-                **({"causal_data": data_name(self.causal_data)} if self.causal_data is not None else {})}
+                **({"causal_data": data_name(self.causal_data)} if self.causal_data is not None else {}),
+                **({"held_out_images": self.n_eval_images} if self.n_eval_images is not None else {})}
 
 
 def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: int, expansion: int,
@@ -541,6 +545,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     `tiles` for an SAE on `natural` crops; the latents are still typed on `data`."""
     job = sae_job(surface, layer, site, data, arch, k, expansion, n_train_images, epochs, batch_tokens, seed, store,
                   buffer_tokens, lr, high_norm, stability_seed, include_special)
+    job = replace(job, n_eval_images=n_eval_images)
     if causal_data is not None and data_name(causal_data) != data_name(data):
         job = replace(job, causal_data=causal_data)
     out = Path(out) if out is not None else None
