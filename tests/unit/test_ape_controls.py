@@ -192,15 +192,18 @@ def test_every_variant_has_its_edit_size_and_the_norm_control_is_matched_on_it(m
     assert res["pos_embed_shuffle"].get("edit_norm") is None  # SAE-free: no SAE edit to size
 
 
-def test_code_stats_in_chunks_are_those_of_one_whole_encode_to_the_bit():
-    """The mass images' codes are encoded a few images at a time (memory); mean code, firing rate and
-    spread must be bit-identical to one encode of every token (the formulas before the chunking)."""
+def test_code_stats_in_chunks_are_those_of_one_whole_encode():
+    """The mass images' codes are encoded a few images at a time (memory): the firing rate is exactly that of
+    one encode of every token, and the mean code and spread equal it up to the encoder matmul's rounding
+    (bit for bit at one thread; at two, BLAS splits a 27-row and a 90-row product differently: ~1e-8)."""
     sae = toy_sae(16)
+    torch.manual_seed(0)
     acts = torch.randn(10, 9, 16)
     st = code_stats(sae, acts, chunk=3)  # 3 + 3 + 3 + 1 images
     with torch.no_grad():
         z = sae.encode(acts.reshape(-1, 16))
         whole = sae.encode(acts)
-    assert torch.equal(st.mean_code, z.mean(0)) and torch.equal(st.fire, (z != 0).float().mean(0))
-    assert torch.equal(st.spread, whole.var(1, correction=0).mean(0).sqrt())
+    assert torch.equal(st.fire, (z != 0).float().mean(0))
+    torch.testing.assert_close(st.mean_code, z.mean(0), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(st.spread, whole.var(1, correction=0).mean(0).sqrt(), rtol=1e-6, atol=1e-7)
     assert 0 < float(st.fire.mean()) < 1 and float(st.spread.max()) > 0  # codes that fire on some tokens only

@@ -290,9 +290,10 @@ class CodeStats:
 
 @torch.no_grad()
 def code_stats(sae: SAE, acts: torch.Tensor, chunk: int = 32) -> CodeStats:
-    """CodeStats of `acts` (n, N, D), encoded `chunk` images at a time (the SAE encodes token by token, so
-    the codes are those of one whole-batch encode; its (tokens x F) pre-activations and float mask no
-    longer sit in memory at once: ~1.3 GB less at DINOv2-S/14's 256 x 256 tokens x 1536 latents)."""
+    """CodeStats of `acts` (n, N, D), encoded `chunk` images at a time: the peak holds the codes, not also
+    the whole set's pre-activations and float mask (+505 MB instead of +1268 MB at DINOv2-S/14's 256 x 256
+    tokens x 1536 latents). The codes are those of one whole encode up to the encoder matmul's rounding,
+    which BLAS may split differently by batch size (bit for bit at one thread; ~1e-8 at two)."""
     n = acts.shape[0]
     z = torch.empty(*acts.shape[:-1], sae.d_sae, dtype=acts.dtype)  # filled in place: no list of chunks beside it
     fired = torch.zeros(sae.d_sae, dtype=torch.long)
