@@ -281,7 +281,7 @@ def site_tokens(surface: ModelSurface, site: Site, dataset, n: int = MASS_IMAGES
 @dataclass(frozen=True)
 class CodeStats:
     """Per latent over the patch tokens of the mass images: mean code (mean ablation; decoder columns are
-    unit-norm, so also its mean activation mass), firing rate and within-image spread (`feature_spread`)."""
+    unit-norm, so also its mean activation mass), firing rate and within-image spread (`feature_spread_of`)."""
 
     mean_code: torch.Tensor  # (F,)
     fire: torch.Tensor  # (F,)
@@ -622,7 +622,6 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     st = code_stats(sae, mass_acts)
     feats = FeatureSets(sae, surface.grid, list(sae_doc["row_features"]), list(sae_doc["col_features"]),
                         list(sae_doc.get("mixed_features", [])), st.mean_code, st.fire >= 0.005, st.spread)
-    del st
     runs = permute_runs(seeds)  # the work list plan_ape_permute counts
     edits = site_edits(feats, runs)
     sizes = edit_sizes(feats, edits, mass_acts, seeds[0])
