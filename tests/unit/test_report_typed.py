@@ -129,3 +129,34 @@ def test_an_experiment_without_a_section_shows_its_fields(monkeypatch, tmp_path)
     page = render_report(make_results(), tmp_path).read_text(encoding="utf-8")
     top1 = GOLDEN["models"]["builtin:ape"]["eval"]["top1"]
     assert f"<tr><td>top1</td><td>{top1:.4g}</td></tr>" in page
+
+
+def test_the_sae_section_shows_the_seed_grid_and_both_high_norm_rules():
+    """The measured DINOv2 run (docs/measured): the sae stage's seeds x sizes and their matching reach the
+    report (they were in results.json only, while the one stability line read 1.4 % matched), and the
+    held-out outlier share (at the report's 5x) is not labelled as the training's rule (4x there)."""
+    import html
+    import json
+    from pathlib import Path
+
+    from vitpos.experiments.sae_run import SAEResult
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measured" / "dinov2-tiles.results.json")
+                     .read_text())
+    raw = next(m["sae"] for m in doc["models"].values() if "sae" in m)
+    text = html.unescape(re.sub(r"<[^>]+>", "|", sections._sec_sae(SAEResult.model_validate(raw))))
+    grid = raw["sweep"]
+    assert grid["runs"] and grid["stability"]
+    for run in grid["runs"]:
+        counts = f"{run['n_row_features']} / {run['n_col_features']} / {run['n_mixed_features']}"
+        seed = f"{run['seed']} *" if run["main"] else str(run["seed"])
+        row = f"|{seed}||×{run['expansion']} ({run['d_sae']})||{run['fvu']:.3f}||{run['l0']:.1f}|"
+        assert row in text and text.split(row, 1)[1].split("||", 2)[1] == counts, run
+    for m in grid["stability"]:
+        assert f"|{m['seeds'][0]} vs {m['seeds'][1]}||{m['d_sae']}|" in text
+        assert f"|{100 * m['row_agreement']:.1f}%||{100 * m['col_agreement']:.1f}%|" in text
+    factor, k = raw["training"]["high_norm_factor"], raw["special_tokens"]["k"]
+    assert factor != k  # the case the labels must tell apart
+    assert f"held-out patch tokens with norm > {k:g}× median" in text
+    assert f"norm > {factor:g}× the median training-token norm" in text
+    assert f"{k:g}× median) at this layer" not in text

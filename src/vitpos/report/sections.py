@@ -30,6 +30,7 @@ from vitpos.experiments.sae_layers import SAELayersResult
 from vitpos.experiments.sae_run import AblationEffect, RemovalControl, SAEResult
 from vitpos.experiments.sae_sweep import PLAUSIBLE, LayerPoint
 from vitpos.report.format import ci, e, fmt_value, fnum, kv_table, last, na, num, pct, pts, table
+from vitpos.sae.special import OUTLIER_K
 from vitpos.study.results import ModelEntry, figure_key, model_slug
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -304,7 +305,32 @@ def _sec_sae(r: SAEResult) -> str:
                   ("features admitted at the null-derived thresholds",
                    f"{nt.row} row / {nt.col} col / {nt.mixed} mixed"),
                   ("features admitted per η² threshold", adm)]
-    return kv_table(pairs + _sae_fidelity_pairs(r)) + _sae_browser_link(r)
+    return kv_table(pairs + _sae_fidelity_pairs(r)) + _sae_grid(r) + _sae_browser_link(r)
+
+
+def _sae_grid(r: SAEResult) -> str:
+    """The sae stage's seeds x dictionary sizes (`sae.seeds`, `sae.expansions`): every SAE's fit and
+    positional-feature counts, and each same-size seed pair's decoder matching (whole dictionary and
+    the positional sets), so a reader sees whether the features C1 / C2 read recur across seeds."""
+    g = r.sweep
+    if g is None:
+        return ""
+    runs = [[f"{x.seed}{' *' if x.main else ''}", f"×{x.expansion} ({x.d_sae})", fnum(x.fvu), fnum(x.l0, 1),
+             pct(x.dead_frac), f"{x.n_row_features} / {x.n_col_features} / {x.n_mixed_features}"] for x in g.runs]
+    cos = sorted({t for m in g.stability for t in m.stable_frac}, key=float)
+    pairs = [[f"{m.seeds[0]} vs {m.seeds[1]}", str(m.d_sae), fnum(m.mean_cos, 2), fnum(m.median_cos, 2),
+              *(pct(m.stable_frac.get(t)) for t in cos), pct(m.row_agreement), pct(m.col_agreement)]
+             for m in g.stability]
+    out = (f"<h4>seeds × dictionary sizes</h4><p>Every SAE of the grid trains on the same tokens with the same "
+           f"settings but its seed and size, and is scored on the same {e(g.eval_images)} held-out images; C1 and "
+           "C2 read the starred one. Seed pairs of one size are matched one-to-one by decoder direction (Hungarian "
+           "on cosine); a latent is stable when its match reaches the cosine (each threshold shown); a positional "
+           "set agrees when a row (col) latent's match is a row (col) latent of the other seed.</p>")
+    out += table(["seed", "size (latents)", "FVU", "L0", "dead", "row / col / mixed"], runs)
+    if pairs:
+        out += table(["seeds", "latents", "mean cos", "median cos", *(f"stable at cos ≥ {t}" for t in cos),
+                      "row latents matched to a row latent", "col latents matched to a col latent"], pairs)
+    return out
 
 
 def _own_drop(x: AblationEffect, kind: str) -> tuple[float, list[float] | None]:
@@ -351,11 +377,23 @@ def _sae_fidelity_pairs(r: SAEResult) -> list[tuple[str, str]]:
         if row is not None:
             prefix = ", ".join(f"{n} {fnum(v, 2)}×" for n, v in zip(sp.prefix, row.prefix_norm_ratio, strict=False))
             pairs.append(("prefix tokens (norm / median patch norm; never encoded)", prefix or "none"))
-            pairs.append((f"high-norm outlier patch tokens (norm > {sp.k}× median) at this layer",
-                          f"{pct(row.outlier_share)}, "
-                          f"{'included in' if r.include_special else 'left out of'} training "
-                          f"({r.excluded_outlier_tokens} training tokens left out)"))
+            by_k = ", ".join(f"{num(k):g}×: {pct(v)}" for k, v in (row.outlier_share_by_k or {}).items()
+                             if num(k) is not None and num(k) != sp.k)
+            pairs.append((f"held-out patch tokens with norm > {sp.k:g}× median at this layer",
+                          pct(row.outlier_share) + (f" ({by_k})" if by_k else "")))
+            pairs.append(("training's high-norm rule", _training_rule(r)))
     return pairs
+
+
+def _training_rule(r: SAEResult) -> str:
+    """Which patch tokens the SAE's training left out, by its own factor (the held-out statistics
+    above are at the report's factor, which may differ: DINOv2's config trains at 4x)."""
+    t = r.training
+    factor = t.high_norm_factor if t is not None and t.high_norm_factor is not None else OUTLIER_K
+    rule = f"norm > {factor:g}× the median training-token norm (> {fnum(r.outlier_threshold, 3)})"
+    if r.include_special:
+        return f"none left out (include_special): tokens with {rule} trained on"
+    return f"tokens with {rule} left out: {r.excluded_outlier_tokens} per epoch"
 
 
 def _sae_browser_link(r: SAEResult) -> str:
