@@ -14,7 +14,7 @@ from vitpos.cli import main
 SPEC = "timm:vit_small_patch14_dinov2?img_size=224&depth=2&embed_dim=32&num_heads=2&num_classes=0"
 SMALL = {"eval_images": 16, "head": {"images": 32}, "probe": {"images": 16},
          "sae": {"data": "natural", "images": 16, "eval_images": 8, "epochs": 1, "expansion": 1,
-                 "stability": False, "browse": False},
+                 "stability": False, "seeds": 2},
          "ape_permute": {"images": 8, "seeds": 1}}
 
 
@@ -48,3 +48,10 @@ def test_every_stage_of_a_headless_model_on_natural_crops_resumes_from_the_cache
     assert sae["causal"]["data"] == "tiles" and sae["causal"]["clean_top1"] is not None
     report = (tmp_path / "out" / "report.html").read_text()
     assert "causal check read</td><td>tiles held-out images (labelled; the SAE&#x27;s own have no labels)" in report
+    # the seed grid (sae.seeds 2) reaches the report and the latent browser's header (the page is written after
+    # the grid, from the stage's result: sae.json alone has no grid)
+    assert "<h4>seeds × dictionary sizes</h4>" in report and len(sae["sweep"]["stability"]) == 1
+    page = (tmp_path / "out" / sae["browser"]).read_text()
+    meta = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))["meta"]
+    pair = sae["sweep"]["stability"][0]
+    assert meta["stability_agreement"] == [pair["row_agreement"], pair["col_agreement"]]

@@ -167,6 +167,24 @@ def test_report_shows_fidelity_special_tokens_and_links_the_browser():
     out = SECTIONS["sae"](SAEResult.model_validate(doc))
     assert '<a href="artifacts/x%20y/sae/browse/index.html">' in out
     assert "11.5%" in out and "25.0%" in out and "0.00012" in out  # dense, stability, KL
-    assert "reg0 7.00×" in out and "0.1%, left out of training" in out
+    assert "reg0 7.00×" in out and "norm &gt; 5× median at this layer</td><td>0.1%</td>" in out
+    assert "norm &gt; 5× the median training-token norm (&gt; " in out and "left out: 0 per epoch" in out
     old = SECTIONS["sae"](SAEResult.model_validate(golden))  # an sae.json without them: no link, no new rows
     assert old.count("<a ") == 0 and "dense latents" not in old and "prefix tokens" not in old
+
+
+def test_the_browser_header_tells_the_held_out_factor_from_the_training_rule():
+    """DINOv2's run trains at 4x the median norm while the held-out share is measured at 5x: the header
+    once put both (and the red dashes, drawn at the training threshold) under 5x. It also carries the
+    seed grid's positional agreement beside the whole-dictionary stability."""
+    from vitpos.browse import _agreement, _special_line
+
+    special = {"k": 5.0, "prefix": ["cls"], "layers": [{"layer": 0, "prefix_norm_ratio": [0.83],
+                                                        "outlier_share": 0.0}]}
+    line = _special_line(special, 0, False, 4.0)
+    assert line is not None and "norm > 5x median: 0.00 % of held-out tokens" in line
+    assert "norm > 4x the median training-token norm are left out of SAE training and red-dashed" in line
+    assert "norm > 5x the median training" in (_special_line(special, 0, False, None) or "")  # the default rule
+    doc = {"d_sae": 1536, "sweep": {"stability": [{"d_sae": 3072, "row_agreement": 0.9, "col_agreement": 0.71},
+                                                  {"d_sae": 1536, "row_agreement": 0.91, "col_agreement": 0.83}]}}
+    assert _agreement(doc) == [0.91, 0.83] and _agreement({"d_sae": 1536}) is None

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from vitpos.errors import VitposError
+from vitpos.sae.special import OUTLIER_K
 
 PAGE = "index.html"
 
@@ -80,7 +81,9 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
         "stability": (fid.get("stability") or {}).get("share_matched"),
         "stability_median_cos": (fid.get("stability") or {}).get("median_cos"),
         "counts": counts, "outlier_threshold": thr, "thresholds": vars(s.thresholds),
-        "special": _special_line(special, int(doc["layer"]), doc.get("include_special")),
+        "stability_agreement": _agreement(doc),
+        "special": _special_line(special, int(doc["layer"]), doc.get("include_special"),
+                                 (doc.get("training") or {}).get("high_norm_factor")),
     }
     class_names: list[str] = [str(c) for c in getattr(dataset.info, "class_names", ()) or ()]
     data = page_data(col, heat, thumbs, meta, class_names, thr)
@@ -91,7 +94,15 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
             "counts": counts}
 
 
-def _special_line(special: dict | None, layer: int, included: bool | None) -> str | None:
+def _agreement(doc: dict) -> list[float | None] | None:
+    """[row, col]: the share of this SAE's row (col) latents whose seed-matched latent in the other seed's SAE of
+    its size is a row (col) latent (the sae stage's seed grid), None when no grid ran."""
+    grid = (doc.get("sweep") or {}).get("stability") or []
+    pair = next((m for m in grid if m.get("d_sae") == doc.get("d_sae")), None)
+    return None if pair is None else [pair.get("row_agreement"), pair.get("col_agreement")]
+
+
+def _special_line(special: dict | None, layer: int, included: bool | None, factor: float | None) -> str | None:
     if not isinstance(special, dict):
         return None
     row = next((r for r in special.get("layers", []) if r.get("layer") == layer), None)
@@ -100,7 +111,11 @@ def _special_line(special: dict | None, layer: int, included: bool | None) -> st
     prefix = ", ".join(f"{n} {r:.2g}x" for n, r in zip(special.get("prefix", []), row.get("prefix_norm_ratio", []),
                                                        strict=False))
     outl = row.get("outlier_share", 0.0)
-    how = "included in" if included else "excluded from"
-    return (f"prefix tokens ({prefix or 'none'} the median patch norm) are not encoded; high-norm outlier patch tokens "
-            f"(norm > {special.get('k', '?')}x median): {100 * outl:.2f} % at this layer, {how} SAE training, "
-            "red-dashed in the images")
+    train_k = OUTLIER_K if factor is None else factor
+    k = special.get("k")
+    held_k = f"{k:g}" if isinstance(k, (int, float)) else "?"
+    how = "trained on" if included else "left out of SAE training"
+    # the held-out share is measured at the report's factor; training (and the red dashes) use the run's own
+    return (f"prefix tokens ({prefix or 'none'} the median patch norm) are not encoded; patch tokens with norm > "
+            f"{held_k}x median: {100 * outl:.2f} % of held-out tokens at this layer; tokens with norm > "
+            f"{train_k:g}x the median training-token norm are {how} and red-dashed in the images")

@@ -28,7 +28,9 @@ function summary(){
     ["top-1 clean → spliced", M.top1 === null || M.top1 === undefined ? "not measured" : pct(M.top1) + " → " + pct(M.top1_spliced)],
     ["logit KL", fmt(M.logit_kl)],
     ["seed stability (decoder cos ≥ 0.9)", M.stability === null || M.stability === undefined ? "not measured" :
-      pct(M.stability) + " (median matched cos " + fmt(M.stability_median_cos, 2) + ")"],
+      pct(M.stability) + " (median matched cos " + fmt(M.stability_median_cos, 2) + ")" +
+      (M.stability_agreement && M.stability_agreement.some(v => v !== null) ? "; row / col latents matched to one of their axis " +
+        pct(M.stability_agreement[0]) + " / " + pct(M.stability_agreement[1]) : "")],
     ["latents", Object.entries(M.counts).map(kv => kv[1] + " " + kv[0]).join(", ")]];
   for (const r of rows){ const p = el("span", {class: "pill"}); p.appendChild(el("b", {}, r[0] + " "));
     p.appendChild(document.createTextNode(r[1])); box.appendChild(p); }

@@ -1106,7 +1106,9 @@ class SAEExperiment(Experiment[SAEResult]):
         if s.get("browse", True):
             from vitpos.browse import PAGE, browse_sae
 
-            browse_sae(surface, stage.out, stage.out / "browse", images=s["eval_images"], data=data)
+            # the page's header reads the seed grid too (positional agreement), which sae.json does not hold
+            browse_sae(surface, stage.out, stage.out / "browse", images=s["eval_images"], data=data,
+                       doc=result.model_copy(update=update).to_json())
             # relative to the study's folder, where report.html is: the study writes each stage to
             # OUT/artifacts/<model slug>/<experiment>
             update["browser"] = str(Path("artifacts", stage.out.parent.name, stage.out.name, "browse", PAGE))
