@@ -426,3 +426,25 @@ def test_the_timings_table_does_not_count_the_run_total_as_a_stage(tmp_path):
     footer = page[page.index("<footer>"):]
     assert "310.0 s" in footer and "this run, wall clock" in footer and "320.0 s" in footer
     assert "630.0 s" not in footer
+
+
+def test_the_permutation_figure_draws_each_sets_nulls_beside_its_control(tmp_path, monkeypatch):
+    """C2 reads the same-position swap: the per-model figure once drew only the matched random controls
+    (the nulls were in a table only). The measured DINOv2 result has all three nulls."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measured" / "dinov2-tiles.results.json")
+                     .read_text())
+    ape = ApePermuteResult.model_validate(next(m["ape_permute"] for m in doc["models"].values()))
+    assert ape.nulls
+    order = plots.ape_bar_order(ape)
+    names = [v for v, _ in order]
+    for null, of in ape.nulls.items():  # each null right after its set's control, drawn as a null
+        assert (null, "null") in order and names.index(null) > names.index(ape.controls[of]) > names.index(of)
+    assert sorted(names) == sorted(ape.variant_names())  # every variant drawn once
+    figs = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figs.append(fig) or Path(path))
+    plots.plot_ape_permute(ape, tmp_path / "a.png")
+    ticks = [t.get_text() for t in figs[0].axes[0].get_xticklabels()]
+    assert ticks == names

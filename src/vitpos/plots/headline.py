@@ -1,8 +1,8 @@
 """The report's headline figure: APE and RoPE side by side, one panel per kind of evidence.
 
 (a) probes: row and column decodability per layer (depth-normalised) for every model;
-(b) C2: the top-1 drop of each permuted feature set beside its matched random control (hatched),
-    with 95 % intervals (APE models);
+(b) C2: the top-1 drop of each permuted feature set beside its matched random control (//) and the
+    all-positional set beside the same-position swap C2 reads (xx), with 95 % intervals (APE models);
 (c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
 (d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
 A panel without data says so in place, so the figure's layout never depends on what ran.
@@ -19,7 +19,7 @@ from typing import TypeVar
 from matplotlib.ticker import MaxNLocator
 
 # the study-level figure reads several experiments' results (it sits above them, beside the report)
-from vitpos.experiments.ape_permute import ApePermuteResult
+from vitpos.experiments.ape_permute import NULLS, ApePermuteResult
 from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.probe import ProbeSiteResult
 from vitpos.experiments.rope_axis import RopeAxisResult
@@ -29,8 +29,10 @@ from vitpos.plots.sweeps import CYCLE, OKABE_ITO, drop_error, mathtext_safe, new
 Models = Mapping[str, Mapping[str, Result | Skipped]]  # spec -> experiment name -> its result
 R = TypeVar("R", bound=Result)
 
-# each permuted set beside its matched random control (hatched), then the SAE-free APE shuffle
+# each permuted set beside its matched random control (//; the all-positional set also beside the same-position
+# swap C2 reads, xx), then the SAE-free APE shuffle
 _APE_BARS = (("all_positional", "all\npositional"), ("random_all_positional", "its\ncontrol"),
+             ("swap_all_positional", "its null:\nswap"),
              ("all", "row+col"), ("random_features", "its\ncontrol"),
              ("row_only", "row"), ("random_row", "its\ncontrol"), ("col_only", "col"), ("random_col", "its\ncontrol"),
              ("pos_embed_shuffle", "APE table\nshuffled"))
@@ -138,7 +140,7 @@ def _ape(ax, models: Models, style: _FamilyStyle) -> None:
                 ys.append(d)
                 lows.append(lo)
                 highs.append(hi)
-                hatches.append("//" if v in _APE_CONTROLS else "")
+                hatches.append("//" if v in _APE_CONTROLS else "xx" if v in NULLS else "")
         colour, nth, _ = style(spec)  # the family's colour (as in (a)), lighter for each further seed
         ax.bar(xs, ys, width, yerr=[lows, highs], color=colour, alpha=max(1.0 - 0.3 * nth, 0.3),
                label=mathtext_safe(legend_name(spec)), capsize=2, hatch=hatches,

@@ -78,16 +78,19 @@ def _pct(v: Any) -> str:
 
 
 # ---------------------------------------------------------------- ape_permute
-def ape_bar_order(r: ApePermuteResult) -> list[tuple[str, bool]]:
-    """(variant, is a control) in plotting order: each permuted set followed by its matched control
-    (`controls`), then the remaining variants in `variants` order."""
-    out: list[tuple[str, bool]] = []
+def ape_bar_order(r: ApePermuteResult) -> list[tuple[str, str]]:
+    """(variant, kind) in plotting order, kind "set", "control" or "null": each permuted set followed by
+    its matched random control (`controls`) and its nulls by construction (`nulls`: the same-position swap
+    C2 reads, the crossed design, the edit-norm-matched set), then the remaining variants in `variants` order."""
+    out: list[tuple[str, str]] = []
     for kept, ctrl in (r.controls or {}).items():
-        out.append((str(kept), False))
+        out.append((str(kept), "set"))
         if r.outcome(ctrl) is not None:
-            out.append((str(ctrl), True))
+            out.append((str(ctrl), "control"))
+        out += [(str(null), "null") for null, of in (r.nulls or {}).items()
+                if of == kept and r.outcome(null) is not None]
     seen = {v for v, _ in out}
-    return out + [(str(v), False) for v in r.variants if v not in seen]
+    return out + [(str(v), "set") for v in r.variants if v not in seen]
 
 
 def drop_error(entry: VariantResult) -> tuple[float, float, float]:
@@ -103,18 +106,18 @@ def drop_error(entry: VariantResult) -> tuple[float, float, float]:
 
 def plot_ape_permute(r: ApePermuteResult, path: str | Path) -> Path:
     """Bars of the top-1 drop (points) per permutation variant, each permuted set beside its matched
-    random control (grey, hatched); error bars are the 95 % bootstrap interval (± drop_std for
-    results without one). A second panel with the per-group drops (vertical vs horizontal) for all /
-    row_only / col_only when available."""
+    random control (grey, //) and its nulls by construction (white, xx); error bars are the 95 % bootstrap
+    interval (± drop_std for results without one). A second panel with the per-group drops (vertical vs
+    horizontal) for all / row_only / col_only when available."""
     order = ape_bar_order(r)
     names, drops, lows, highs, notes, colors, hatches = [], [], [], [], [], [], []
     pair = -1
-    for v, is_ctrl in order:
+    for v, kind in order:
         entry = r.variant(v)
         names.append(v)
-        pair += 0 if is_ctrl else 1
-        colors.append("0.75" if is_ctrl else CYCLE[pair % len(CYCLE)])
-        hatches.append("//" if is_ctrl else "")
+        pair += 1 if kind == "set" else 0
+        colors.append({"control": "0.75", "null": "white"}.get(kind, CYCLE[pair % len(CYCLE)]))
+        hatches.append({"control": "//", "null": "xx"}.get(kind, ""))
         if entry is None:
             drops.append(0.0)
             lows.append(0.0)
@@ -147,7 +150,8 @@ def plot_ape_permute(r: ApePermuteResult, path: str | Path) -> Path:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("top-1 drop (points, 95% CI)")
-    ax.set_xlabel("intervention (grey, hatched: the matched random control of the bar before)")
+    ax.set_xlabel("intervention; after each permuted set: grey //, its matched random control;\n"
+                  "white xx, its nulls by construction (C2 reads swap_all_positional)")
     ax.grid(axis="y", alpha=0.3)
     model = mathtext_safe(r.model)
     where = mathtext_safe(f"layer {r.layer} {r.site}".strip())
