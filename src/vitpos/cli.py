@@ -593,11 +593,7 @@ def rope_axis(
     Rs = None if restore is None else _int_list(restore, "--restore")
     doc = run_rope_axis(surface, data=data, n_images=images, restore_points=Rs, seed=seed, out=out,
                         progress=progress).to_json()
-    t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
-    for name, c in doc["conditions"].items():
-        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
-                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
-    out_console.print(t)
+    _print_conditions(doc)
     out_console.print(f"chance row {doc['chance_row']:.3f}, col {doc['chance_col']:.3f} -> {out}")
 
 
@@ -667,11 +663,7 @@ def rope_prefix(
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     doc = run_rope_prefix(surface, data=data, n_images=images, restore_from=restore_from, block_from=block_from,
                           n_attn_images=attn_images, seed=seed, out=out, progress=progress).to_json()
-    t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
-    for name, c in doc["conditions"].items():
-        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
-                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
-    out_console.print(t)
+    _print_conditions(doc)
     rec = "; ".join(f"{a} mean Rec open {_fmt(r['open']['mean_rec'])}, blocked {_fmt(r['blocked']['mean_rec'])}"
                     for a, r in doc["recovery"].items())
     mass = " ".join(f"{v:.3f}" for v in doc["prefix_attention"])
@@ -712,6 +704,15 @@ def rope_freq(
     splits = "; ".join(f"{s['axis']} L{s['window'][0]}-{s['window'][1] - 1}: high - low "
                        f"{s['high_minus_low_axis_drop_points']:+.1f} pts ({s['position_in']})" for s in doc["splits"])
     out_console.print(f"{splits} -> {out}")
+
+
+def _print_conditions(doc: dict) -> None:
+    """rope-axis' and rope-prefix' conditions: top-1 and the row / col probe accuracy per layer."""
+    t = Table("condition", "top-1", "row acc by layer", "col acc by layer")
+    for name, c in doc["conditions"].items():
+        t.add_row(name, f"{c['top1']:.3f}", " ".join(f"{v:.2f}" for v in c["row_acc"]),
+                  " ".join(f"{v:.2f}" for v in c["col_acc"]))
+    out_console.print(t)
 
 
 def _fmt(v: float | None) -> str:
