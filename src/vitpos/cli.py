@@ -549,8 +549,9 @@ def ape_permute(
     progress: bool = ProgressOpt,
 ):
     """Permute the SAE's positional features across patches; OUT/ape_permute.json and .png."""
-    from vitpos.experiments.ape_permute import load_sae_doc, run_ape_permute
+    from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.sae import SAE
+    from vitpos.sae.description import load_sae_doc
 
     surface = _surface(model, pretrained, checkpoint, head, data, top1=True)
     if not surface.has_ape:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from vitpos.errors import VitposError
+from vitpos.sae.description import load_sae_doc
 from vitpos.sae.special import OUTLIER_K
 
 PAGE = "index.html"
@@ -25,8 +26,6 @@ def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
     if not (d / "sae.json").is_file() or not (d / "sae.safetensors").is_file():
         raise VitposError(f"{d} is not an SAE folder (no sae.json and sae.safetensors); pass the --out folder of "
                           "`vitpos sae`")
-    from vitpos.experiments.ape_permute import load_sae_doc
-
     return load_sae_doc(d)  # the typed check: one line naming sae.json, not a confusing model-spec error
 
 

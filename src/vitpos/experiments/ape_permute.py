@@ -46,10 +46,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers
@@ -70,7 +70,7 @@ from vitpos.experiments.base import (
 )
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
-from vitpos.io import artifact_path, read_json, validate_doc
+from vitpos.io import artifact_path
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
 from vitpos.runtime.device import trimmed
@@ -335,27 +335,6 @@ def check_sae_matches(surface: ModelSurface, sae_doc: Mapping) -> None:
     if weights is not None and weights != surface.weights_digest():
         raise VitposError(f"the SAE was trained on other weights of {surface.spec} (digest {weights}, now "
                           f"{surface.weights_digest()}); retrain it with `vitpos sae --model {surface.spec} ...`")
-
-
-class SAEDescription(BaseModel):
-    """The keys of sae.json that ape-permute reads (the rest of the file is kept as it is)."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    layer: int = Field(ge=0)
-    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
-    row_features: list[Annotated[int, Field(ge=0)]]
-    col_features: list[Annotated[int, Field(ge=0)]]
-    mixed_features: list[Annotated[int, Field(ge=0)]] = []
-    run: dict[str, Any] = {}
-
-
-def load_sae_doc(sae_dir: str | Path) -> dict[str, Any]:
-    """SAE_DIR/sae.json, checked for the keys ape-permute reads (one VitposError otherwise)."""
-    path = Path(sae_dir) / "sae.json"
-    doc = read_json(path, "it is not an SAE description; retrain the SAE with `vitpos sae`")
-    validate_doc(SAEDescription, doc, path, "it is not an SAE description; retrain the SAE with `vitpos sae`")
-    return doc
 
 
 def check_sae_weights(surface: ModelSurface, sae: SAE, sae_doc: Mapping) -> None:
