@@ -1,5 +1,5 @@
 """Planted RoPE models: the study's own measurements and verdict rules say `supported` where C3-C5
-are true by construction and `not supported` where they are false (vitpos.validation.planted_rope)."""
+are true by construction and `not supported` where they are false (vitpos.models.planted_rope)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitpos.hooks import remove_rope
-from vitpos.validation.planted_rope import (
+from vitpos.models.planted_rope import (
     ValidationTable,
     make_inert,
     make_one_axis,

@@ -8,7 +8,7 @@ import torch
 
 from vitpos.experiments.common import rebuilt_share, rebuilt_share_samples
 from vitpos.experiments.rope_heads import null_split, restore_axis_index, selection_frequency
-from vitpos.validation.planted_rope import make_one_axis, make_symmetric, planted_surface
+from vitpos.models.planted_rope import make_one_axis, make_symmetric, planted_surface
 
 
 def test_rebuilt_share_against_the_clean_gain_over_the_same_layers():

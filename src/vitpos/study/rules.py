@@ -67,7 +67,7 @@ CHANGES = {
     2: "issue 28: rules as data with a version and hash; C1 adds floors on the own-axis probe drop and on the "
        "top-1 drop, and a matched random-latent removal the probe drop must beat; C2 reads the same-position "
        "cross-image swap (a null by construction) instead of the count/mass-matched random control, which is "
-       "reported beside it. Changed after seeing results: the planted models (validation/planted_ape.py) and the "
+       "reported beside it. Changed after seeing results: the planted models (models/planted_ape.py) and the "
        "issue's reading of the quick run showed the version-1 C1/C2 rules giving the wrong verdict there.",
     3: "issue 28 (the layer as a sweep): where a model has the sae_layers stage's result, C1 and C2 are read over "
        "its plausible layers (C1.plausible_layer, C2.plausible_layer: chosen as the largest all-positional drop in "

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from vitpos.validation import planted_rope
-from vitpos.validation.planted_ape import APE_CASES, PlantedCase
+from vitpos.models import planted_rope
+from vitpos.models.planted_ape import APE_CASES, PlantedCase
 
 if TYPE_CHECKING:
     from vitpos.study.claims import ClaimInputs
