@@ -121,23 +121,33 @@ def _attach(surface: ModelSurface, reg: _Registry, site: Site,
     _hook(reg, surface.hook_point(layer, name), fn)
 
 
-class CaptureCache(dict[str, torch.Tensor]):
-    """Captured tensors by site name; batches from repeated forwards are concatenated on read."""
+class CaptureCache(Mapping[str, torch.Tensor]):
+    """Captured tensors by site name; batches from repeated forwards are concatenated on read.
+
+    A read-only Mapping (not a dict subclass: a dict's own storage would stay empty while the
+    batches live in `_parts`, so `get`, `items`, `len` and iteration would silently see nothing).
+    A site is a key once something was captured for it (a table such as pos_embed at once, an
+    activation after its first forward) and until `pop_batch` empties it."""
 
     def __init__(self, fixed: dict[str, torch.Tensor], parts: dict[str, list[torch.Tensor]]):
-        super().__init__(fixed)
+        self._fixed = fixed
         self._parts = parts
 
-    def __missing__(self, key: str) -> torch.Tensor:
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self._fixed:
+            return self._fixed[key]
         if self._parts.get(key):
             return torch.cat(self._parts[key])
-        raise KeyError(f"{key} was not captured (captured: {', '.join(self.keys())})")
+        raise KeyError(f"{key} was not captured (captured: {', '.join(self) or 'nothing yet'})")
 
-    def __contains__(self, key) -> bool:
-        return dict.__contains__(self, key) or key in self._parts
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set(self._fixed) | {k for k, v in self._parts.items() if v}))
 
-    def keys(self) -> list[str]:
-        return sorted(set(dict.keys(self)) | set(self._parts))
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._fixed or bool(self._parts.get(key))  # type: ignore[arg-type]
 
     def pop_batch(self, key: str) -> torch.Tensor:
         """Everything captured for `key` since the last pop, then forget it (bounded memory)."""
