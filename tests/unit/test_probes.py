@@ -233,8 +233,8 @@ def test_probe_rejects_wrong_width(row_only):
 
 
 def test_plot_probe_curves_writes_png(tmp_path, row_only):
-    from vitpos.experiments.probe import ProbeSiteResult
     from vitpos.plots.probe import plot_probe_curves
+    from vitpos.results.probe import ProbeSiteResult
 
     res = ProbeSiteResult(
         layers=[0, 1, 2], site="resid_post", row_acc=[0.2, 0.6, 0.9], col_acc=[0.1, 0.3, 0.5],

@@ -10,11 +10,11 @@ import re
 import pytest
 
 from conftest import APE, GOLDEN, ROPE, XSS, make_results, tiny_own, toy_set
-from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import EXPERIMENTS
-from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.report import sections
 from vitpos.report.html import render_report
+from vitpos.results.base import Result, Skipped
+from vitpos.results.rope_heads import RopeHeadsResult
 from vitpos.study.results import StudyResults, figure_key
 
 EXTRA = "tiny:rope-mixed"  # the golden quick run has no rope_freq / extrapolate: a tiny model runs them
@@ -28,8 +28,8 @@ def every_result() -> dict:
     real result in one file."""
     from vitpos.experiments.extrapolate import run_extrapolate
     from vitpos.experiments.rope_freq import run_rope_freq
-    from vitpos.experiments.sae_layers import SAELayersResult
     from vitpos.experiments.sae_sweep import run_sae_sweep
+    from vitpos.results.sae_layers import SAELayersResult
 
     s = tiny_own("rope-mixed")
     results = make_results()
@@ -139,7 +139,7 @@ def test_the_sae_section_shows_the_seed_grid_and_both_high_norm_rules():
     import json
     from pathlib import Path
 
-    from vitpos.experiments.sae_run import SAEResult
+    from vitpos.results.sae_run import SAEResult
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measured" / "dinov2-tiles.results.json")
                      .read_text())

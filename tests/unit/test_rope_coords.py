@@ -236,8 +236,9 @@ def test_report_shows_c5_under_each_ablation():
     import copy
 
     from conftest import GOLDEN
-    from vitpos.experiments.rope_heads import RopeHeadsResult, _c5_entry
+    from vitpos.experiments.rope_heads import _c5_entry
     from vitpos.report.sections import _sec_heads
+    from vitpos.results.rope_heads import RopeHeadsResult
 
     doc = copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"]["rope_heads"])
     assert "C5 under each ablation" not in _sec_heads(RopeHeadsResult.from_json(doc))  # results before the ablations

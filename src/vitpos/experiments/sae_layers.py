@@ -24,11 +24,11 @@ from typing import Any, cast
 
 from pydantic import Field
 
-from vitpos import plots
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.sae_sweep import LayerPoint, SAESweepResult, plan_sae_sweep, run_sae_sweep, sweep_layers
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.sae_sweep import plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
+from vitpos.results.sae_layers import SAELayersResult
 
 SWEEP_BATCH_TOKENS = 4096  # run_sae's training batch (the sae stage's)
 
@@ -49,25 +49,6 @@ class SAELayersSettings(Settings):
     permute_images: int = Field(default=400, ge=1, description="test images of each layer's permutation (C2) and "
                                 "of the bootstrap selection of the layer")
     seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
-
-
-class SAELayersResult(SAESweepResult, Result):
-    """The per-layer curve: one point per swept layer (its SAE's features, C1 and C2 there, the typed
-    results they read), the selection frequency of each layer and the claims over the plausible ones
-    (the sweep's fields), with the sizes each layer was measured with."""
-
-    # the sizes each layer was measured with
-    sae_images: int
-    sae_eval_images: int
-    sae_epochs: int
-    sae_expansion: int
-    sae_k: int
-    permute_images: int
-    seeds: list[int]
-    sae_high_norm: float | None = None  # the outlier rule's factor (the sae stage's `high_norm`; None: OUTLIER_K)
-
-    def point(self, layer: int) -> LayerPoint | None:
-        return next((p for p in self.points if p.layer == layer), None)
 
 
 class SAELayersExperiment(Experiment[SAELayersResult]):
@@ -133,6 +114,8 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
             seeds=list(seeds), sae_high_norm=s.get("high_norm"))
 
     def figures(self, result: SAELayersResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "
                        "largest all-positional drop", lambda r, p: plots.plot_sae_layers(r, p))]
 
@@ -143,4 +126,4 @@ def _sae_sizes(settings: Mapping[str, Any]) -> dict[str, Any]:
             "expansion": settings["expansion"]}
 
 
-__all__ = ["SAELayersExperiment", "SAELayersResult", "SAELayersSettings"]
+__all__ = ["SAELayersExperiment", "SAELayersSettings"]

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from vitpos.analysis.stats import N_BOOT
-from vitpos.experiments.ape_permute import ApePermuteResult
 from vitpos.experiments.base import SplitSizes, StagePlan
-from vitpos.experiments.sae_run import GivenSAEResult
 from vitpos.models.surface import ModelSurface
+from vitpos.results.sae_layers import LayerPoint, SAESweepResult, SweepClaim
+from vitpos.results.sae_run import GivenSAEResult
 
 PLAUSIBLE = 0.05  # a layer chosen in at least this fraction of the bootstrap resamples is a plausible choice
 
@@ -46,45 +45,6 @@ def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
         return list(range(last + 1))
     step = last / (max_layers - 1)
     return sorted({round(i * step) for i in range(max_layers)})
-
-
-class LayerPoint(BaseModel):
-    """One layer of the sweep: the SAE's features and the numbers and results C1 and C2 read."""
-
-    layer: int
-    fvu: float
-    n_row: int
-    n_col: int
-    n_mixed: int
-    c1: str  # holds / fails / inconclusive under the C1 rule at this layer
-    c2: str
-    c1_numbers: dict[str, Any]
-    c2_numbers: dict[str, Any]
-    all_positional_drop: float | None
-    all_positional_drop_ci95: list[float] | None
-    swap_null_drop: float | None
-    selection_frequency: float  # how often the bootstrap picks this layer as the largest drop
-    # what C1 and C2 read at this layer, typed, so the claims re-read the curve with their own rules
-    # (None: a sweep written without them; the claims then read `c1` / `c2` as they were)
-    sae: GivenSAEResult | None = None
-    permute: ApePermuteResult | None = None
-
-
-class SweepClaim(BaseModel):
-    result: str  # holds / fails / inconclusive over the plausible layers
-    per_plausible_layer: dict[str, str]
-
-
-class SAESweepResult(BaseModel):
-    model: str
-    data: str
-    layers: list[int]
-    layer_rule: str
-    points: list[LayerPoint]
-    selected_layer: int | None  # the point argmax of the all-positional drop
-    plausible_layers: list[int]
-    c1: SweepClaim
-    c2: SweepClaim
 
 
 def _over(results: Mapping[int, str], plausible: list[int]) -> SweepClaim:
@@ -192,5 +152,4 @@ def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], 
                      "feature set found at every layer")
 
 
-__all__ = ["PLAUSIBLE", "LayerPoint", "SAESweepResult", "SweepClaim", "layer_rule", "plan_sae_sweep", "run_sae_sweep",
-           "selection_frequency", "sweep_layers"]
+__all__ = ["PLAUSIBLE", "layer_rule", "plan_sae_sweep", "run_sae_sweep", "selection_frequency", "sweep_layers"]

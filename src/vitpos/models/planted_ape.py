@@ -214,8 +214,9 @@ def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: t
     """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
     model with the planted SAE at block 0's output, on `n_images` planted test images."""
     from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.experiments.sae_run import GivenSAEResult, sae_doc_from_held
+    from vitpos.experiments.sae_run import sae_doc_from_held
     from vitpos.models.surface import Site
+    from vitpos.results.sae_run import GivenSAEResult
     from vitpos.study.claims import ClaimInputs
 
     sae = planted_sae()
