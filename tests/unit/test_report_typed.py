@@ -27,6 +27,7 @@ def every_result() -> dict:
     extrapolate results and a tiny APE model's layer sweep, so that every registered experiment has a
     real result in one file."""
     from vitpos.experiments.extrapolate import run_extrapolate
+    from vitpos.experiments.registry import LAYER_MEASURES
     from vitpos.experiments.rope_freq import run_rope_freq
     from vitpos.experiments.sae_sweep import run_sae_sweep
     from vitpos.results.sae_layers import SAELayersResult
@@ -39,7 +40,7 @@ def every_result() -> dict:
     results["models"][EXTRA] = entry
     a = tiny_own("ape")
     kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=1, batch_tokens=256, buffer_tokens=512)
-    sweep = run_sae_sweep(a, toy_set(64), sae_kw=kw, permute_images=32)
+    sweep = run_sae_sweep(a, toy_set(64), LAYER_MEASURES, sae_kw=kw, permute_images=32)
     layers = SAELayersResult(**dict(sweep), sae_images=64, sae_eval_images=32, sae_epochs=1, sae_expansion=2, sae_k=4,
                              permute_images=32, seeds=[0])
     results["models"][EXTRA_APE] = {"describe": a.describe(), "data": "toy", "not_applicable": {},

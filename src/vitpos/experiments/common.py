@@ -1,5 +1,5 @@
 """What several experiments share: hook contexts for RoPE conditions, probing under a condition,
-recovery, SAE edits. Experiments import this module and the layers below, never each other."""
+recovery, SAE edits and configs. Experiments import this module and the layers below, never each other."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from vitpos.errors import VitposError
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.results.common import MIN_GAP
+from vitpos.sae import SAEConfig
 
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
 BATCH = 256  # images per forward in the sweeps on grids of up to 8x8 patches (the shipped models)
@@ -368,3 +369,16 @@ def sae_edit(surface: ModelSurface, sae, fn):
         new = fn(x, sae.encode(x))
         return torch.cat([t[:, :npt], new.to(t.dtype)], dim=1)
     return edit_fn
+
+
+def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
+    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
+    if arch != "relu" and k > expansion * surface.width:
+        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
+                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
+    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
+
+
+# the sae stage's `causal_data` when its SAEs train on other images than the run's: C1's causal check
+# reads the run's labelled data (the sae and sae_layers stages key their caches by it)
+CAUSAL_ON_RUN_DATA = "the run's data"

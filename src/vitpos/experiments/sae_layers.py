@@ -26,7 +26,7 @@ from pydantic import Field
 
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.sae_sweep import plan_sae_sweep, run_sae_sweep, sweep_layers
+from vitpos.experiments.sae_sweep import LayerMeasures, plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
 from vitpos.results.sae_layers import SAELayersResult
 
@@ -60,6 +60,9 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
     settings_type = SAELayersSettings
     scheme = "ape"  # as ape_permute: a model with a learned / explicit APE
 
+    def __init__(self, measures: LayerMeasures):
+        self.measures = measures  # the sae and ape_permute run functions, handed in by the registry
+
     def disabled(self, config: Any) -> str | None:
         if cast(SAELayersSettings, self.settings_of(config)).enabled:
             return None
@@ -68,7 +71,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
-        from vitpos.experiments.sae_run import CAUSAL_ON_RUN_DATA
+        from vitpos.experiments.common import CAUSAL_ON_RUN_DATA
 
         sae = config.section("sae")
         sae_data = sae.data  # the sae stage's images for its SAEs (None: the run's data)
@@ -79,7 +82,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
                 **({"high_norm": sae.high_norm} if sae.high_norm is not None else {})}
 
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        from vitpos.experiments.sae_run import sae_config
+        from vitpos.experiments.common import sae_config
 
         if not settings["layers"]:
             raise VitposError(f"sae_layers: {surface.spec} has depth {surface.depth}, no layer with a later one to "
@@ -98,7 +101,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_sae_sweep(surface, sizes, list(settings["layers"]), _sae_sizes(settings),
-                              settings["permute_images"], settings["seeds"])
+                              settings["permute_images"], settings["seeds"], self.measures)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAELayersResult:
         s = stage.settings
@@ -106,8 +109,9 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
               "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False,
               "high_norm": s.get("high_norm")}
         seeds = tuple(range(s["seeds"]))
-        sweep = run_sae_sweep(surface, stage.data, list(s["layers"]), sae_kw=kw, permute_images=s["permute_images"],
-                              seeds=seeds, out=stage.out, sae_data=s.get("sae_data"), progress=stage.progress)
+        sweep = run_sae_sweep(surface, stage.data, self.measures, list(s["layers"]), sae_kw=kw,
+                              permute_images=s["permute_images"], seeds=seeds, out=stage.out,
+                              sae_data=s.get("sae_data"), progress=stage.progress)
         return SAELayersResult(
             **dict(sweep), sae_images=s["images"], sae_eval_images=s["eval_images"],
             sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],

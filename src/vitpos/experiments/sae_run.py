@@ -34,9 +34,15 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fi
 from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import matched_control
 from vitpos.experiments.base import Done, Experiment, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
+from vitpos.experiments.common import (
+    CAUSAL_ON_RUN_DATA,
+    SWEEP_TRAIN_TOKENS,
+    capture_condition,
+    sae_config,
+    sae_edit,
+    sweep_batch,
+)
 from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
@@ -44,6 +50,7 @@ from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.sae_run import Eta2Count, Eta2Null, NullThresholds, SAEResult, SAETraining
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
+from vitpos.sae.controls import matched_control
 from vitpos.sae.special import (
     OUTLIER_K,
     SpecialTokens,
@@ -134,14 +141,6 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
                      force=force, progress=progress, device=opts.device, amp=opts.amp, keep_prefix=keep_prefix)
     return ActivationStore(acts_dir)
-
-
-def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
-    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
-    if arch != "relu" and k > expansion * surface.width:
-        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
-                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
-    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
 
 
 @dataclass(frozen=True)
@@ -739,9 +738,6 @@ def _sae_settings(settings: SAESettings) -> dict:
     if settings.data is not None:  # C1's causal check reads the run's labelled data (new: keyed apart)
         out["causal_data"] = CAUSAL_ON_RUN_DATA
     return out
-
-
-CAUSAL_ON_RUN_DATA = "the run's data"
 
 
 def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:
