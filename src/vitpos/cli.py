@@ -17,7 +17,7 @@ from vitpos.errors import VitposError
 from vitpos.study.config import SEED_MAX
 
 if TYPE_CHECKING:
-    from vitpos.experiments.sae_run import SAEResult
+    from vitpos.results.sae_run import SAEResult
 
 COUNT_MAX = 10**9  # the largest count (images, tokens, batch, layer) an option takes: huge values are refused
 
@@ -345,7 +345,8 @@ def probe(
     amp: str = AmpOpt,
 ):
     """Linear row/column probes per layer: OUT/probe.json and OUT/probe.png."""
-    from vitpos.experiments.probe import probe_sites, run_probe
+    from vitpos.experiments.probe import run_probe
+    from vitpos.results.probe import probe_sites
 
     sites = _sites(sites)
     surface = _surface(model, pretrained, checkpoint, head, data)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.adapter import HookPoint
+from vitpos.models.hookpoint import HookPoint
 from vitpos.models.surface import (
     AXES,
     CAPTURE_ONLY,
@@ -330,7 +330,7 @@ def rope_coordinates(surface: ModelSurface, coord_edit: CoordEdit, layers: Itera
     The rotary tensor is recomputed by vitpos from the coordinates `coord_edit` makes of the model's
     own (`surface.rope_coords()`, `rope_from_coords`: the family's own arithmetic, on the device timm
     computes on), once on entry; heads not chosen keep the model's tensor bit for bit. CoordEdit()
-    (kind 'none') is the plain forward bit for bit (`vitpos.rope.self_test` checks it per family).
+    (kind 'none') is the plain forward bit for bit (`vitpos.rope_selftest.self_test` checks it per family).
     Works for every timm RoPE family vitpos supports (axial cat, mixed, DINOv3, EVA-02; own models).
     layout: force the rotary layout of the recomputation (self-tests only)."""
     if not surface.has_rope:

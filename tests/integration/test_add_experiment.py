@@ -22,8 +22,9 @@ from vitpos.analysis.forward import capture_layers
 from vitpos.cli import main
 from vitpos.data.resolve import dataset_for
 from vitpos.experiments import registry
-from vitpos.experiments.base import Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site
+from vitpos.results.base import Result
 
 MODEL = "builtin:ape"
 # the built-in stages below --quick's sizes: this test is about the added stage, not theirs

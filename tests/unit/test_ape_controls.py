@@ -9,20 +9,10 @@ import torch
 
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
-from vitpos.experiments.ape_permute import (
-    CONTROLS,
-    NULLS,
-    VARIANTS,
-    code_stats,
-    crossed_edit,
-    image_rotation,
-    matched_control,
-    matched_random_features,
-    run_ape_permute,
-    swap_features,
-    variant_names,
-)
+from vitpos.experiments.ape_permute import code_stats, crossed_edit, image_rotation, run_ape_permute, swap_features
+from vitpos.results.ape_permute import CONTROLS, NULLS, VARIANTS, variant_names
 from vitpos.sae import SAE, SAEConfig
+from vitpos.sae.controls import matched_control, matched_random_features
 
 INFO = DatasetInfo(name="toy", num_classes=4, class_names=("a", "b", "c", "d"), image_size=(16, 16), in_chans=3)
 

@@ -151,8 +151,8 @@ def test_report_shows_fidelity_special_tokens_and_links_the_browser():
     import copy
 
     from conftest import GOLDEN
-    from vitpos.experiments.sae_run import SAEResult
     from vitpos.report.sections import SECTIONS
+    from vitpos.results.sae_run import SAEResult
 
     golden = copy.deepcopy(GOLDEN["models"]["builtin:ape"]["sae"])
     doc = {**golden, "layer": 1, "fvu": 0.01, "logit_kl": 0.00012, "include_special": False,

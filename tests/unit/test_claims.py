@@ -7,11 +7,11 @@ import copy
 import pytest
 
 from conftest import GOLDEN
-from vitpos.experiments.ape_permute import ApePermuteResult
-from vitpos.experiments.evaluation import EvalResult
-from vitpos.experiments.rope_axis import RopeAxisResult
-from vitpos.experiments.rope_heads import RopeHeadsResult
-from vitpos.experiments.sae_run import SAEResult
+from vitpos.results.ape_permute import ApePermuteResult
+from vitpos.results.evaluation import EvalResult
+from vitpos.results.rope_axis import RopeAxisResult
+from vitpos.results.rope_heads import RopeHeadsResult
+from vitpos.results.sae_run import SAEResult
 from vitpos.study.claims import (
     CONTROL_FACTOR,
     FAILS,
@@ -514,9 +514,8 @@ def layer_sweep(per_layer: list[tuple[dict, dict]], freq: list[float]):
     """A sae_layers result: at layer i the SAE result and the ape_permute result per_layer[i] (constructed
     as above) and selection frequency freq[i]. The results each point recorded (`c1`, `c2`) are set to
     'fails' on purpose: the claims re-read the typed results with their own rules."""
-    from vitpos.experiments.sae_layers import SAELayersResult
-    from vitpos.experiments.sae_run import GivenSAEResult
-    from vitpos.experiments.sae_sweep import LayerPoint, SweepClaim
+    from vitpos.results.sae_layers import LayerPoint, SAELayersResult, SweepClaim
+    from vitpos.results.sae_run import GivenSAEResult
 
     points = []
     for i, ((sae_doc, ape_doc), f) in enumerate(zip(per_layer, freq, strict=True)):

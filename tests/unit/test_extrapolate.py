@@ -14,10 +14,10 @@ from vitpos.data import load_split
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
 from vitpos.experiments.extrapolate import ExtrapolateExperiment, check_scales, run_extrapolate
-from vitpos.experiments.rope_freq import RopeFreqResult
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import parse_timm_spec
 from vitpos.models.timm_adapter import surface_for
+from vitpos.results.rope_freq import RopeFreqResult
 
 OWN = ["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none"]
 FAMILIES = [pytest.param(("own", pe), id=f"own-{pe}") for pe in OWN] + [

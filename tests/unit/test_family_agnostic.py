@@ -13,7 +13,8 @@ import vitpos
 from conftest import tiny_own, tiny_timm
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, edit
-from vitpos.models.adapter import FamilyAdapter, HookPoint
+from vitpos.models.adapter import FamilyAdapter
+from vitpos.models.hookpoint import HookPoint
 from vitpos.models.surface import LAYER_SITES, ModelSurface
 
 PACKAGE = Path(vitpos.__file__).parent

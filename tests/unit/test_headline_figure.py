@@ -7,7 +7,7 @@ from pathlib import Path
 
 import vitpos.plots.headline as headline
 from conftest import GOLDEN
-from vitpos.experiments.probe import ProbeSiteResult
+from vitpos.results.probe import ProbeSiteResult
 from vitpos.study.claims import model_family
 
 _GOLDEN_PROBE = ProbeSiteResult.model_validate(copy.deepcopy(GOLDEN["models"]["builtin:ape"]["probe"]))

@@ -43,7 +43,7 @@ def test_a_result_missing_a_measurement_is_one_error_line_naming_it(model, path,
 def test_an_sae_result_without_class_logits_reads_back_as_written():
     """A headless model's SAE (DINOv2 on natural crops) has no top-1: its JSON must still load, or the
     study's stage cache recomputes the SAE stage on every resume (it once did: 19 min on DINOv2)."""
-    from vitpos.experiments.sae_run import SAEResult
+    from vitpos.results.sae_run import SAEResult
 
     doc = {**copy.deepcopy(GOLDEN["models"]["builtin:ape"]["sae"]),
            "logit_kl": None, "top1": None, "top1_spliced": None, "top1_change_points": None}

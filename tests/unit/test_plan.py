@@ -13,13 +13,14 @@ import torch
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
-from vitpos.experiments.base import Done, Skipped, SplitSizes, StageInput, StagePlan, probe_train_tokens
+from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
 from vitpos.experiments.extrapolate import plan_extrapolate, run_extrapolate
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
 from vitpos.experiments.rope_freq import plan_rope_freq, run_rope_freq
 from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
 from vitpos.experiments.rope_prefix import plan_rope_prefix, run_rope_prefix
+from vitpos.results.base import Skipped
 from vitpos.study.config import RunConfig
 from vitpos.study.plan import Throughput, measure_throughput
 

@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from vitpos.hooks import remove_rope
-from vitpos.models.planted_rope import (
-    ValidationTable,
-    make_inert,
-    make_one_axis,
-    make_silent,
-    planted_surface,
-    rope_cases,
-    run_case,
-    verdict,
-)
+from vitpos.models.planted_rope import make_inert, make_one_axis, make_silent, planted_surface
+from vitpos.validation.rope_cases import ValidationTable, rope_cases, run_case, verdict
 
 CASES = rope_cases()
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from vitpos.analysis.linear_probe import LinearProbe
 from vitpos.analysis.probes import (
-    LinearProbe,
     control_labels,
     fit_position_probes,
     position_labels,
@@ -233,8 +233,8 @@ def test_probe_rejects_wrong_width(row_only):
 
 
 def test_plot_probe_curves_writes_png(tmp_path, row_only):
-    from vitpos.experiments.probe import ProbeSiteResult
     from vitpos.plots.probe import plot_probe_curves
+    from vitpos.results.probe import ProbeSiteResult
 
     res = ProbeSiteResult(
         layers=[0, 1, 2], site="resid_post", row_acc=[0.2, 0.6, 0.9], col_acc=[0.1, 0.3, 0.5],
@@ -252,7 +252,7 @@ def test_plot_probe_curves_writes_png(tmp_path, row_only):
 
 def test_direct_weight_is_the_logit_change_of_an_added_component():
     """Probe logits are affine in the features: adding c moves them by c @ direct_weight()."""
-    from vitpos.analysis.probes import LinearProbe
+    from vitpos.analysis.linear_probe import LinearProbe
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(200, 6, generator=g), torch.randint(0, 3, (200,), generator=g)

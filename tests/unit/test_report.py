@@ -13,13 +13,13 @@ import pytest
 
 from conftest import APE, CLAIM_VERDICTS, GOLDEN, ROPE, XSS, XSS_DATA, make_results
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import VARIANTS, ApePermuteResult
-from vitpos.experiments.base import Skipped
-from vitpos.experiments.rope_axis import RopeAxisResult
-from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.plots import sweeps as plots
 from vitpos.report.html import render_report
 from vitpos.report.sections import PNG_MAGIC
+from vitpos.results.ape_permute import VARIANTS, ApePermuteResult
+from vitpos.results.base import Skipped
+from vitpos.results.rope_axis import RopeAxisResult
+from vitpos.results.rope_heads import RopeHeadsResult
 from vitpos.study.results import HEADLINE_FIGURE, figure_key, model_slug
 
 L, H = 4, 3  # toy depth and heads

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vitpos.experiments.ape_permute import ApePermuteResult
-from vitpos.experiments.evaluation import EvalResult
 from vitpos.report.html import _CSS, _badge
 from vitpos.report.sections import _sec_ape, _sec_eval, _summary_ape
+from vitpos.results.ape_permute import ApePermuteResult
+from vitpos.results.evaluation import EvalResult
 
 
 def _v(drop, ci, n, note=None) -> dict:
@@ -66,9 +66,9 @@ def test_rope_sections_show_the_c3_c4_intervals():
     result has them; a result written before them renders as before."""
     from test_report import rope_axis_doc, rope_heads_doc
 
-    from vitpos.experiments.rope_axis import RopeAxisResult
-    from vitpos.experiments.rope_heads import RopeHeadsResult
     from vitpos.report.sections import _sec_axis, _sec_heads, _summary_axis
+    from vitpos.results.rope_axis import RopeAxisResult
+    from vitpos.results.rope_heads import RopeHeadsResult
 
     old = RopeAxisResult.model_validate(rope_axis_doc())
     assert "removed of its own axis" not in _sec_axis(old) and "of above-chance" not in _summary_axis(old, "C3")

@@ -10,11 +10,11 @@ import re
 import pytest
 
 from conftest import APE, GOLDEN, ROPE, XSS, make_results, tiny_own, toy_set
-from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import EXPERIMENTS
-from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.report import sections
 from vitpos.report.html import render_report
+from vitpos.results.base import Result, Skipped
+from vitpos.results.rope_heads import RopeHeadsResult
 from vitpos.study.results import StudyResults, figure_key
 
 EXTRA = "tiny:rope-mixed"  # the golden quick run has no rope_freq / extrapolate: a tiny model runs them
@@ -27,9 +27,10 @@ def every_result() -> dict:
     extrapolate results and a tiny APE model's layer sweep, so that every registered experiment has a
     real result in one file."""
     from vitpos.experiments.extrapolate import run_extrapolate
+    from vitpos.experiments.registry import LAYER_MEASURES
     from vitpos.experiments.rope_freq import run_rope_freq
-    from vitpos.experiments.sae_layers import SAELayersResult
     from vitpos.experiments.sae_sweep import run_sae_sweep
+    from vitpos.results.sae_layers import SAELayersResult
 
     s = tiny_own("rope-mixed")
     results = make_results()
@@ -39,7 +40,7 @@ def every_result() -> dict:
     results["models"][EXTRA] = entry
     a = tiny_own("ape")
     kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=32, epochs=1, batch_tokens=256, buffer_tokens=512)
-    sweep = run_sae_sweep(a, toy_set(64), sae_kw=kw, permute_images=32)
+    sweep = run_sae_sweep(a, toy_set(64), LAYER_MEASURES, sae_kw=kw, permute_images=32)
     layers = SAELayersResult(**dict(sweep), sae_images=64, sae_eval_images=32, sae_epochs=1, sae_expansion=2, sae_k=4,
                              permute_images=32, seeds=[0])
     results["models"][EXTRA_APE] = {"describe": a.describe(), "data": "toy", "not_applicable": {},
@@ -139,7 +140,7 @@ def test_the_sae_section_shows_the_seed_grid_and_both_high_norm_rules():
     import json
     from pathlib import Path
 
-    from vitpos.experiments.sae_run import SAEResult
+    from vitpos.results.sae_run import SAEResult
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measured" / "dinov2-tiles.results.json")
                      .read_text())

@@ -10,7 +10,8 @@ from conftest import images_for, permute_patches, tiny_own, tiny_timm
 from vitpos.errors import VitposError
 from vitpos.hooks import capture, head_means, mean_ablate_heads, remove_rope, rope_coordinates
 from vitpos.models.surface import Site
-from vitpos.rope import CoordEdit, RopeCoords, self_test
+from vitpos.rope import CoordEdit, RopeCoords
+from vitpos.rope_selftest import self_test
 
 # random-init naver axial / mixed / axial+APE, DINOv3, EVA-02, and vitpos' own RoPE models
 ROPE_FAMILIES = [("timm", k) for k in ("rope_axial", "rope_mixed", "rope_ape", "dinov3", "eva02")] + [
@@ -235,8 +236,9 @@ def test_report_shows_c5_under_each_ablation():
     import copy
 
     from conftest import GOLDEN
-    from vitpos.experiments.rope_heads import RopeHeadsResult, _c5_entry
+    from vitpos.experiments.rope_heads import _c5_entry
     from vitpos.report.sections import _sec_heads
+    from vitpos.results.rope_heads import RopeHeadsResult
 
     doc = copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"]["rope_heads"])
     assert "C5 under each ablation" not in _sec_heads(RopeHeadsResult.from_json(doc))  # results before the ablations

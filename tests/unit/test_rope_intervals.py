@@ -9,14 +9,9 @@ import pytest
 import torch
 from test_experiments import planted_rope_model, toy_images
 
-from vitpos.experiments.rope_axis import (
-    MIN_ABOVE_CHANCE,
-    kept_fraction,
-    kept_fraction_samples,
-    median_samples,
-    run_rope_axis,
-)
+from vitpos.experiments.rope_axis import kept_fraction_samples, median_samples, run_rope_axis
 from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
+from vitpos.results.rope_axis import MIN_ABOVE_CHANCE, kept_fraction
 from vitpos.study.claims import ClaimInputs, summarise
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from test_claims import axis_doc, claim
 
-from vitpos.experiments.rope_axis import ReadoutRemoval, RopeAxisResult
 from vitpos.report.sections import _axis_calibrated
+from vitpos.results.rope_axis import ReadoutRemoval, RopeAxisResult
 
 KEYS = ("removed", "kept", "removed_pair", "kept_pair")
 

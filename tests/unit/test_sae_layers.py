@@ -8,7 +8,7 @@ import torch
 from conftest import TINY, tiny_own, toy_set
 from vitpos.experiments.base import StageInput
 from vitpos.experiments.registry import BY_NAME
-from vitpos.experiments.sae_layers import SAELayersResult
+from vitpos.results.sae_layers import SAELayersResult
 from vitpos.study.config import RunConfig, load_config
 
 SMALL = {"images": 300, "eval_images": 40, "epochs": 1, "expansion": 2, "k": 4, "permute_images": 40, "seeds": 1}

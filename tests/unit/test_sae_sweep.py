@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import toy_set
+from vitpos.experiments.registry import LAYER_MEASURES
 from vitpos.experiments.sae_sweep import _over, run_sae_sweep, selection_frequency, sweep_layers
 
 
@@ -45,7 +46,7 @@ def test_run_sae_sweep_measures_every_layer(tmp_path):
         for p in s.model.parameters():
             p.normal_(0, 0.3)
     kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=48, epochs=1, batch_tokens=256, buffer_tokens=512)
-    res = run_sae_sweep(s, toy_set(96), sae_kw=kw, permute_images=48, out=tmp_path)
+    res = run_sae_sweep(s, toy_set(96), LAYER_MEASURES, sae_kw=kw, permute_images=48, out=tmp_path)
     assert res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]  # depth 3: the last has no downstream
     assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
     assert res.plausible_layers and set(res.c2.per_plausible_layer) == {str(v) for v in res.plausible_layers}

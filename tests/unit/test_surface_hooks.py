@@ -290,7 +290,8 @@ def test_rope_heads_restore_stats_are_the_captured_means_and_probe_readouts():
     from types import SimpleNamespace
 
     from vitpos.analysis.kept import Keep
-    from vitpos.analysis.probes import LinearProbe, position_labels
+    from vitpos.analysis.linear_probe import LinearProbe
+    from vitpos.analysis.probes import position_labels
     from vitpos.data.base import DatasetInfo, TensorImageDataset
     from vitpos.experiments.common import capture_condition, condition_context
     from vitpos.experiments.rope_heads import _restore_stats

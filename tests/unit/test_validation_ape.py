@@ -6,16 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitpos.models.planted_ape import (
-    APE_CASES,
-    CH,
-    Label,
-    Positional,
-    build_planted_ape,
-    planted_data,
-    planted_sae,
-)
+from vitpos.models.planted_ape import CH, Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.study.rules import RULES
+from vitpos.validation.ape_cases import APE_CASES
 from vitpos.validation.table import CASES, validation_table
 
 
@@ -80,7 +73,7 @@ def test_planted_measurements_behind_the_verdicts():
     """On the planted positive: the eta2 null admits nothing (q99 far below 0.3), the row set's
     removal costs the vertical group only and its random control (non-positional latents) lowers no
     probe; the nulls cost nothing while the permutation costs ~half the images."""
-    from vitpos.models.planted_ape import measure_ape
+    from vitpos.validation.ape_cases import measure_ape
 
     entry = measure_ape(build_planted_ape("row_col", "position"), "position", n_images=160, seeds=(0,))
     assert entry.sae is not None and entry.ape_permute is not None

@@ -10,8 +10,8 @@ import torch
 from vitpos.analysis.stats import bootstrap_mean_interval
 from vitpos.errors import VitposError
 
-if TYPE_CHECKING:  # annotations only: vitpos.analysis.probes imports this module
-    from vitpos.analysis.probes import LinearProbe
+if TYPE_CHECKING:
+    from vitpos.analysis.linear_probe import LinearProbe
 
 
 @dataclass

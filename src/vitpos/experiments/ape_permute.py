@@ -49,132 +49,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import (
-    Done,
-    Experiment,
-    Figure,
-    Result,
-    Settings,
-    Skipped,
-    SplitSizes,
-    StageInput,
-    StagePlan,
-    omit_unmeasured,
-)
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.io import artifact_path
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.results.ape_permute import (
+    ALL_VARIANTS,
+    CONTROL_VARIANTS,
+    CONTROLS,
+    NULL_VARIANTS,
+    NULLS,
+    VARIANTS,
+    ApePermuteResult,
+)
 from vitpos.runtime.device import trimmed
 from vitpos.sae import SAE
+from vitpos.sae.controls import matched_control, matched_random_features
 
 MASS_IMAGES = 256  # images whose codes give each latent's mean activation
-# `variants` of the result (kept as format 1 wrote it); the matched controls added since are listed in `controls`
-VARIANTS = ("all", "row_only", "col_only", "all_positional", "random_features", "mean_ablate", "pos_embed_shuffle")
-CONTROLS = {"all_positional": "random_all_positional", "all": "random_features", "row_only": "random_row",
-            "col_only": "random_col"}  # permuted set -> its matched random control (C2 reads the first)
-CONTROL_VARIANTS = ("random_row", "random_col", "random_all_positional")
-NULLS = {"swap_all_positional": "all_positional", "crossed": "all", "norm_all_positional": "all_positional"}
-NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 reads swap_all_positional)
-ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS
 _CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS + NULL_VARIANTS)}  # + 10_000 + seed
 EDIT_STREAM = 900_000  # + seed: the fresh draws that measure each variant's edit size
-
-
-def variant_names(doc: Mapping) -> list[str]:
-    """Every variant of a result's JSON: its `variants` then the matched controls it lists."""
-    names: list[str] = [str(v) for v in doc.get("variants") or VARIANTS]
-    names += [c for c in (doc.get("controls") or {}).values() if c not in names]
-    return names + [c for c in (doc.get("nulls") or {}) if c not in names]
-
-
-# measured since issue 28: left out of a result's JSON where a result written before them has none
-NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS})
-
-
-class GroupDrop(BaseModel):
-    top1: float
-    drop_points: float
-
-
-class VariantResult(BaseModel):
-    """Top-1 under one intervention, mean (and std) over seeds; drops in points vs the baseline."""
-
-    top1: float
-    top1_std: float
-    drop_points: float
-    drop_std: float
-    per_seed_top1: list[float]
-    n_features: int | None  # latents moved (None: the SAE-free APE-table shuffle)
-    per_group: dict[str, GroupDrop]
-    drop_ci95: list[float] | None = None  # paired bootstrap over images (seeds pooled), points
-    activation_mass: float | None = None  # sum of the moved latents' mean activation (mean over seeds)
-    note: str | None = None  # e.g. a control smaller than its set
-    edit_norm: float | None = None  # mean ||x' - x|| over patch tokens (first MASS_IMAGES images, fresh draws)
-    edit_rel: float | None = None  # edit_norm / mean ||x||
-
-    @model_serializer(mode="wrap")
-    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(self, handler(self), NEW_FIELDS)
-
-
-Outcome = VariantResult | Skipped
-
-
-class ApePermuteResult(Result):
-    model: str
-    layer: int
-    site: str
-    data: str
-    n_images: int
-    seeds: list[int]
-    baseline_top1: float
-    baseline_per_group: dict[str, float]
-    baseline_top1_ci95: list[float] | None = None  # Wilson
-    variants: list[str]
-    feature_counts: dict[str, int]
-    all: Outcome
-    row_only: Outcome
-    col_only: Outcome
-    all_positional: Outcome
-    random_features: Outcome
-    mean_ablate: Outcome
-    pos_embed_shuffle: Outcome
-    random_row: Outcome | None = None
-    random_col: Outcome | None = None
-    random_all_positional: Outcome | None = None
-    controls: dict[str, str] | None = None  # permuted set -> its matched control variant
-    swap_all_positional: Outcome | None = None
-    crossed: Outcome | None = None
-    norm_all_positional: Outcome | None = None
-    nulls: dict[str, str] | None = None  # null variant -> the permuted set it is the null of
-
-    @model_serializer(mode="wrap")
-    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(self, handler(self), NEW_FIELDS)
-
-    def variant(self, name: str) -> VariantResult | None:
-        v = getattr(self, name, None)
-        return v if isinstance(v, VariantResult) else None
-
-    def outcome(self, name: str) -> Outcome | None:
-        """One variant's outcome, measured or skipped (None: not run in this result)."""
-        v = getattr(self, name, None) if name in type(self).model_fields else None
-        return v if isinstance(v, (VariantResult, Skipped)) else None
-
-    def variant_names(self) -> list[str]:
-        """Every variant: `variants`, then the matched controls and the nulls it lists."""
-        names = list(self.variants or VARIANTS)
-        names += [c for c in (self.controls or {}).values() if c not in names]
-        return names + [c for c in (self.nulls or {}) if c not in names]
 
 
 def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
@@ -224,52 +126,6 @@ def random_perms(kind: str, B: int, grid: tuple[int, int], g: torch.Generator) -
         else:
             out.append(idx[:, torch.randperm(W, generator=g)].flatten())
     return torch.stack(out)
-
-
-MASS_TOLERANCE = 0.10  # a control whose total activation mass is further off than this is flagged
-
-
-def _pick_matched(mass: torch.Tensor, targets: list[int], cands: list[int], g: torch.Generator, pool: int) -> list[int]:
-    """For each target latent in turn, a random still-free candidate among the `pool` closest in mass."""
-    chosen: list[int] = []
-    for f in targets:
-        free = [c for c in cands if c not in chosen]
-        free.sort(key=lambda c: abs(float(mass[c] - mass[f])))
-        near = free[:pool]
-        chosen.append(near[int(torch.randint(len(near), (1,), generator=g))])
-    return chosen
-
-
-def matched_random_features(mass: torch.Tensor, positional: list[int], live: torch.Tensor, g: torch.Generator,
-                            pool: int = 5) -> list[int]:
-    """For each positional latent, a random non-positional live latent among the `pool` closest in mass."""
-    pos = set(positional)
-    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
-    if len(cands) < len(positional):
-        return []
-    return _pick_matched(mass, positional, cands, g, pool)
-
-
-def matched_control(mass: torch.Tensor, targets: list[int], positional: list[int], live: torch.Tensor,
-                    g: torch.Generator, pool: int = 5, what: str = "mass") -> tuple[list[int], str | None]:
-    """A random control for the permuted set `targets`: live latents outside `positional` (every
-    positional latent), one matched in mass to each target. With fewer such latents than targets,
-    all of them (the largest matched set) and a note saying so; ([], note) when there are none."""
-    pos = set(positional)
-    cands = [f for f in torch.nonzero(live).flatten().tolist() if f not in pos]
-    if len(cands) >= len(targets):
-        ids = _pick_matched(mass, targets, cands, g, pool)
-        want, got = float(mass[targets].sum()), float(mass[ids].sum())
-        if want > 0 and abs(got / want - 1) > MASS_TOLERANCE:  # the candidates' masses cannot match: said so
-            return ids, (f"{what} not matched within {MASS_TOLERANCE:.0%}: the control's {got:.3g} vs the set's "
-                         f"{want:.3g} (the closest live non-positional latents)")
-        return ids, None
-    if not cands:
-        return [], "no live non-positional latents"
-    cands.sort(key=lambda c: -float(mass[c]))
-    k = len(cands)
-    return cands, (f"only {k} live non-positional latent{'s' if k != 1 else ''} for a set of {len(targets)}: "
-                   f"the control moves {'all ' if k != 1 else ''}{k}")
 
 
 @torch.no_grad()
@@ -721,6 +577,8 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
                                seeds=tuple(range(s["seeds"])))
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("ape_permute", "top-1 drop per permuted feature set, with controls",
                        lambda r, p: plots.plot_ape_permute(r, p))]
 

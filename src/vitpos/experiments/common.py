@@ -1,5 +1,5 @@
 """What several experiments share: hook contexts for RoPE conditions, probing under a condition,
-recovery, SAE edits. Experiments import this module and the layers below, never each other."""
+recovery, SAE edits and configs. Experiments import this module and the layers below, never each other."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from pydantic import BaseModel
 
 from vitpos.analysis.forward import accuracy_report, forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.analysis.stats import accuracy_interval, bootstrap_means, percentile_interval
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Result
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
+from vitpos.results.common import MIN_GAP
+from vitpos.sae import SAEConfig
 
-MIN_GAP = 0.05  # accuracy gap below which recovery is not defined (nothing to recover)
 SWEEP_TRAIN_TOKENS = 8000  # position-balanced training tokens per probe in the sweeps (speed)
 BATCH = 256  # images per forward in the sweeps on grids of up to 8x8 patches (the shipped models)
 BATCH_PATCH_TOKENS = BATCH * 64  # patch tokens per forward: larger grids get fewer images per batch
@@ -273,46 +272,6 @@ def recovery(clean: list[float], off: list[float], restored: list[float], R: int
     return {"layers": layers, "rec": rec, "mean_rec": (sum(vals) / len(vals)) if vals else None}
 
 
-class ProbedCondition(BaseModel):
-    """Probe accuracies per layer (retrained and clean-probe) and top-1 under one condition; the
-    retrained accuracies with a bootstrap interval over the probes' test images (None in results
-    written before the intervals)."""
-
-    row_acc: list[float]
-    col_acc: list[float]
-    row_acc_orig_probe: list[float]
-    col_acc_orig_probe: list[float]
-    row_acc_ci95: list[list[float] | None] | None = None
-    col_acc_ci95: list[list[float] | None] | None = None
-    top1: float
-    top1_ci95: list[float] | None = None  # Wilson, over the condition's images
-    per_group: dict[str, float]
-    axis: str | None  # row | col | both removed; None: rotations intact
-    restore_from: int | None  # first layer whose rotations come back; None: removed everywhere (or never)
-
-
-class AxisSweepResult(Result):
-    """What every probe sweep over RoPE conditions reports first: which model, data and images, the
-    probed site and layers, and the chance level of each axis' probe."""
-
-    model: str
-    data: str
-    split: str
-    n_images: int
-    site: str
-    layers: list[int]
-    chance_row: float
-    chance_col: float
-
-
-class Recovery(BaseModel):
-    layers: list[int]
-    rec: list[float | None]  # per layer; None before R or where nothing was removed
-    mean_rec: float | None
-    # paired bootstrap over the probes' test images (the same images under every condition)
-    mean_rec_ci95: list[float] | None = None
-
-
 def recovery_samples(clean: Mapping[int, Any], off: Mapping[int, Any], restored: Mapping[int, Any], axis: str,
                      rec: Mapping[str, Any]) -> torch.Tensor | None:
     """(n_boot,) bootstrap samples of `rec`'s mean Rec for one axis, over the layers its point
@@ -329,24 +288,6 @@ def recovery_samples(clean: Mapping[int, Any], off: Mapping[int, Any], restored:
     boot = bootstrap_means(torch.stack(cols, dim=1)).reshape(-1, len(used), 3)  # (n_boot, layers, [c, o, r])
     c, o, r = boot.unbind(-1)
     return ((r - o) / (c - o)).mean(-1)
-
-
-class CountMatched(BaseModel):
-    """Recovery against a count-matched reference (restore point R): per layer l >= R the clean
-    model's own gain over the same layers, P_clean(l) - P_clean(R-1), the restore condition's gain
-    P_restore(l) - P_restore(R-1) (= P_off(R-1): before R the two are the same run), and the
-    rebuilt share B(l) = (gain_restore - gain_clean) / deficit, deficit = P_clean(R-1) - P_off(R-1):
-    the share of the deficit at R that the restored layers close beyond what the same layers add in
-    the clean model, = 1 - (P_clean(l) - P_restore(l)) / deficit. B = 0: the layers after R only do
-    what they do anyway; B = 1: the deficit is closed. None where the deficit is < MIN_GAP."""
-
-    layers: list[int]
-    deficit: float | None  # P_clean(R-1) - P_off(R-1)
-    clean_gain: list[float | None]
-    restore_gain: list[float | None]
-    share: list[float | None]
-    mean_share: float | None
-    mean_share_ci95: list[float] | None = None  # paired bootstrap over the probes' test images
 
 
 def rebuilt_share(clean: list[float], off: list[float], restored: list[float], R: int, layers: list[int]) -> dict:
@@ -428,3 +369,16 @@ def sae_edit(surface: ModelSurface, sae, fn):
         new = fn(x, sae.encode(x))
         return torch.cat([t[:, :npt], new.to(t.dtype)], dim=1)
     return edit_fn
+
+
+def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
+    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
+    if arch != "relu" and k > expansion * surface.width:
+        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
+                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
+    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
+
+
+# the sae stage's `causal_data` when its SAEs train on other images than the run's: C1's causal check
+# reads the run's labelled data (the sae and sae_layers stages key their caches by it)
+CAUSAL_ON_RUN_DATA = "the run's data"

@@ -9,16 +9,9 @@ from collections.abc import Mapping
 from vitpos.analysis.forward import accuracy_report, predict
 from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Done, Experiment, Result, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface
-
-
-class EvalResult(Result):
-    top1: float
-    n: int
-    per_class: dict[str, float]  # class name -> accuracy
-    per_group: dict[str, float]  # class group (e.g. vertical / horizontal) -> accuracy
-    top1_ci95: list[float]  # Wilson 95 % interval of top1
+from vitpos.results.evaluation import EvalResult
 
 
 class EvalExperiment(Experiment[EvalResult]):

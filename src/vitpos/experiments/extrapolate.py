@@ -28,50 +28,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.kept import Keep
 from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeTokens, fit_probe_tokens, probe_sample
 from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import data_name, dataset_at_size, generated_size
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
-
-
-class SizeResult(BaseModel):
-    """Probes per layer and top-1 at one input size."""
-
-    scale: float  # grid rows at this size / at the training size
-    img_size: list[int]  # (H, W) px the model takes
-    grid: list[int]
-    data_px: int | None  # px shapes were generated at (32 at the training size); None: fixed images, resized
-    row_acc: list[float]
-    col_acc: list[float]
-    chance_row: float
-    chance_col: float
-    row_skill: list[float]  # (acc - chance) / (1 - chance), comparable across grids
-    col_skill: list[float]
-    top1: float | None  # None: refused (see the result's top1_refused)
-    top1_ci: list[float] | None  # Wilson 95% interval over images
-    per_group: dict[str, float] | None
-
-
-class ExtrapolateResult(Result):
-    model: str
-    data: str
-    split: str
-    n_images: int  # per size
-    site: str
-    layers: list[int]
-    scheme: str
-    ape: str | None  # how the APE table reaches the larger grid; None: no APE
-    rope_grid: Literal["extended", "rescaled"] | None  # None: no RoPE
-    top1_refused: str | None
-    sizes: list[SizeResult]  # the training size first, then by scale
+from vitpos.results.extrapolate import ExtrapolateResult
 
 
 def skill(acc: float, chance: float) -> float:
@@ -270,5 +238,7 @@ class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
                                progress=stage.progress)
 
     def figures(self, result: ExtrapolateResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("extrapolate", "row / column probe skill above chance per layer and top-1 at the training "
                        "size and larger grids", lambda r, p: plots.plot_extrapolate(r, p))]

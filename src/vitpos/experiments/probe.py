@@ -12,57 +12,17 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.base import Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site, expand_sites
+from vitpos.results.probe import MultiSiteProbeResult, ProbeResults, ProbeSiteResult, probe_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
 PROBE_TRAIN_TOKENS = 20000  # position-balanced training tokens per probe (ample for <= 768 dims)
-
-
-class ContentBaseline(BaseModel):
-    row_acc: float
-    col_acc: float
-    note: str
-
-
-class ProbeSiteResult(Result):
-    """Row / column probe accuracies per layer at one site, with controls and the content baseline."""
-
-    layers: list[int]
-    site: str
-    row_acc: list[float]
-    col_acc: list[float]
-    chance_row: float
-    chance_col: float
-    row_control_acc: list[float | None]
-    col_control_acc: list[float | None]
-    row_selectivity: list[float | None]  # probe minus control-task accuracy
-    col_selectivity: list[float | None]
-    l2_row: list[float]
-    l2_col: list[float]
-    n_train_images: int
-    n_test_images: int
-    content_baseline: ContentBaseline
-    n_images: int
-
-
-class MultiSiteProbeResult(Result):
-    """`vitpos probe --sites a,b`: one ProbeSiteResult per site name."""
-
-    sites: dict[str, ProbeSiteResult]
-
-
-ProbeResults = ProbeSiteResult | MultiSiteProbeResult
-
-
-def probe_sites(result: ProbeResults) -> dict[str, ProbeSiteResult]:
-    return result.sites if isinstance(result, MultiSiteProbeResult) else {result.site: result}
 
 
 def content_features(surface: ModelSurface, dataset, batch_size: int = 256) -> torch.Tensor:
@@ -178,4 +138,6 @@ class ProbeExperiment(Experiment[ProbeResults]):
 
 
 def _plot_site(res: ProbeSiteResult, path: Path):
+    from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
     return plots.plot_probe_curves(res, path)

@@ -8,7 +8,7 @@ the report and results.json all follow the registry; nothing else needs an edit.
 
 from __future__ import annotations
 
-from vitpos.experiments.ape_permute import ApePermuteExperiment
+from vitpos.experiments.ape_permute import ApePermuteExperiment, plan_ape_permute, run_ape_permute
 from vitpos.experiments.base import Experiment, Settings
 from vitpos.experiments.evaluation import EvalExperiment
 from vitpos.experiments.extrapolate import ExtrapolateExperiment
@@ -18,7 +18,8 @@ from vitpos.experiments.rope_freq import RopeFreqExperiment
 from vitpos.experiments.rope_heads import RopeHeadsExperiment
 from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_layers import SAELayersExperiment
-from vitpos.experiments.sae_run import SAEExperiment
+from vitpos.experiments.sae_run import SAEExperiment, run_sae
+from vitpos.experiments.sae_sweep import LayerMeasures
 
 # Changed in place by register / unregister: whoever imported them sees every registered experiment.
 EXPERIMENTS: list[Experiment] = []
@@ -90,8 +91,13 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+# What the sae_layers sweep runs at each layer: two experiments' run functions, composed here (the one
+# module that imports every experiment) so that no experiment imports another.
+LAYER_MEASURES = LayerMeasures(run_sae=run_sae, run_ape_permute=run_ape_permute, plan_sae=SAEExperiment().plan,
+                               plan_ape_permute=plan_ape_permute)
+
 # sae_layers last: the stages before it run as they did before it existed (whatever global state it leaves)
 for _exp in (EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),
              RopeHeadsExperiment(), RopePrefixExperiment(), RopeFreqExperiment(), ExtrapolateExperiment(),
-             SAELayersExperiment()):
+             SAELayersExperiment(LAYER_MEASURES)):
     register(_exp)

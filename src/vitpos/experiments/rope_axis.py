@@ -16,7 +16,7 @@ resamples for every condition):
               the median over R of each resample's mean Rec
 Issue 29 (what C3 and C4 read now):
   count_matched[a][R]  the clean model's gain over the same layers and the rebuilt share
-              B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)) (`common.CountMatched`);
+              B(l) = 1 - (P_clean(l) - P_restore(l)) / (P_clean(R-1) - P_off(R-1)) (`results.common.CountMatched`);
               median_rebuilt_share[a] its median over R (C4)
   removal_floored[no_<a>]  C3's fractions above each layer's content floor max(chance, P_no_both)
   readouts    linear and MLP probes of row / col and of pairwise offsets Δrow / Δcol under baseline,
@@ -29,24 +29,17 @@ import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
-    MIN_GAP,
     SWEEP_TRAIN_TOKENS,
-    AxisSweepResult,
-    CountMatched,
-    ProbedCondition,
-    Recovery,
     advance,
     check_restore_points,
     condition_context,
@@ -60,25 +53,18 @@ from vitpos.experiments.common import (
 from vitpos.hooks import capture
 from vitpos.models.surface import AXES, Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
-
-Condition = ProbedCondition  # (the name results and plots know it by)
-MIN_ABOVE_CHANCE = 0.05  # a layer enters C3's fractions where its baseline accuracy is this far above chance
-
-
-def above_chance_layers(base: Sequence[float], chance: float) -> list[int]:
-    """Indices of the layers whose baseline accuracy is >= MIN_ABOVE_CHANCE above chance."""
-    return [i for i, b in enumerate(base) if b - chance >= MIN_ABOVE_CHANCE]
-
-
-def kept_fraction(base: Sequence[float], cond: Sequence[float], chance: float) -> float | None:
-    """Mean over the above-chance layers of (cond - chance) / (base - chance): the share of the
-    baseline's above-chance decodability a condition keeps (None without such a layer). C3's
-    removed fraction is 1 - this for the removed axis, its kept fraction this for the other."""
-    used = [i for i in above_chance_layers(base, chance) if i < len(cond)]
-    if not used:
-        return None
-    vals = [(cond[i] - chance) / (base[i] - chance) for i in used]
-    return sum(vals) / len(vals)
+from vitpos.results.common import MIN_GAP
+from vitpos.results.rope_axis import (
+    MIN_ABOVE_CHANCE,
+    ReadoutRemoval,
+    Readouts,
+    RopeAxisResult,
+    above_chance_layers,
+    floored_kept,
+    kept_fraction,
+    median_rebuilt_share,
+    median_recovery,
+)
 
 
 def kept_fraction_samples(base: Mapping[int, Any], cond: Mapping[int, Any], axis: str, base_acc: Sequence[float],
@@ -98,17 +84,6 @@ def kept_fraction_samples(base: Mapping[int, Any], cond: Mapping[int, Any], axis
     return ((c - chance) / (b - chance)).mean(-1)
 
 
-def median_recovery(per_r: Mapping[str, Mapping[str, Any]]) -> float:
-    """Median over the restore points of mean Rec (those with one; NaN if none): C4's number."""
-    return median([r["mean_rec"] for r in per_r.values() if r["mean_rec"] is not None] or [float("nan")])
-
-
-def median_rebuilt_share(per_r: Mapping[str, Mapping[str, Any]]) -> float:
-    """Median over the restore points of the mean rebuilt share (those with one; NaN if none):
-    what C4 reads, against the count-matched reference (`CountMatched`)."""
-    return median([r["mean_share"] for r in per_r.values() if r["mean_share"] is not None] or [float("nan")])
-
-
 def _defined(x: float) -> float | None:
     """An undefined median (no restore point with a value) is null in rope_axis.json, never NaN."""
     return x if math.isfinite(x) else None
@@ -123,101 +98,6 @@ def median_samples(samples: Sequence[torch.Tensor | None]) -> torch.Tensor | Non
     ordered, k = stacked.sort(dim=0).values, stacked.shape[0]
     mid = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
     return mid.masked_fill(stacked.isnan().any(0), float("nan"))  # an undefined Rec: an undefined median
-
-
-class AxisRemoval(BaseModel):
-    """C3's fractions for one no_<axis> condition: of the removed axis' above-chance decodability
-    the share removed, of the other axis' the share kept; each with its paired bootstrap interval."""
-
-    removed: float | None
-    removed_ci95: list[float] | None
-    kept: float | None
-    kept_ci95: list[float] | None
-    removed_layers: list[int]  # the layers each fraction averages (baseline above chance)
-    kept_layers: list[int]
-
-
-class MedianRecovery(BaseModel):
-    """C4's number for one axis: the median over restore points of mean Rec, with the median over
-    restore points of each paired resample's mean Rec as its interval."""
-
-    median_rec: float | None  # None: no restore point has a mean Rec (NaN in results written before)
-    median_rec_ci95: list[float] | None
-    restore_points: list[int]  # the Rs with a mean Rec
-
-
-class MedianShare(BaseModel):
-    """C4's count-matched number for one axis: the median over restore points of the mean rebuilt
-    share (`CountMatched`), its interval the median over restore points of each paired resample's."""
-
-    median_share: float | None  # None: no restore point has a mean share (NaN in results written before)
-    median_share_ci95: list[float] | None = None
-    restore_points: list[int]  # the Rs with a mean rebuilt share
-
-
-class ReadoutRemoval(BaseModel):
-    """C3's fractions of one no_<axis> condition for one read-out kind (linear or MLP), over the
-    read-outs' layers: of the removed axis (and of its offset Δ<axis>) the share removed, of the
-    other axis (and its offset) the share kept; each with its paired bootstrap interval."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    removed: float | None
-    removed_ci95: list[float] | None
-    kept: float | None
-    kept_ci95: list[float] | None
-    removed_pair: float | None
-    removed_pair_ci95: list[float] | None
-    kept_pair: float | None
-    kept_pair_ci95: list[float] | None
-
-    def fractions(self) -> list[tuple[float | None, list[float] | None]]:
-        """(point, interval) of removed, kept, removed_pair, kept_pair, in that order."""
-        return [(self.removed, self.removed_ci95), (self.kept, self.kept_ci95),
-                (self.removed_pair, self.removed_pair_ci95), (self.kept_pair, self.kept_pair_ci95)]
-
-
-class Readouts(BaseModel):
-    """The MLP and relative-position read-outs (`vitpos.analysis.readout`) under baseline, no_row,
-    no_col and no_both, at a few layers, on their own image split (the same test images under
-    every condition); removal fractions as C3's, over these layers, with paired intervals."""
-
-    layers: list[int]
-    n_images: int
-    n_test_images: int
-    chance: dict[str, float]  # row, col, drow, dcol: majority-class rate
-    accuracy: dict[str, dict[str, dict[str, dict[str, float]]]]  # condition -> str(layer) -> kind -> target
-    removal: dict[str, dict[str, ReadoutRemoval]]  # no_<axis> -> kind (linear, mlp) -> fractions
-
-
-class FlooredRemoval(BaseModel):
-    """C3's fractions with a per-layer floor instead of chance: the content baseline of each layer,
-    the same model's no_both accuracy (rotations gone: what content alone gives the probe there),
-    never below chance. A layer enters where the baseline is >= MIN_ABOVE_CHANCE above its floor."""
-
-    removed: float | None
-    removed_ci95: list[float] | None = None
-    kept: float | None
-    kept_ci95: list[float] | None = None
-    removed_layers: list[int]
-    kept_layers: list[int]
-    interaction: bool = False  # kept's interval lies above 1: the other axis gains when this one goes
-
-
-class RopeAxisResult(AxisSweepResult):
-    rope: dict[str, Any]  # the model's RopeAxisMap.to_json(): kind, layout, channels
-    conditions: dict[str, Condition]
-    recovery: dict[str, dict[str, Recovery]]  # axis -> str(R) -> recovery
-    min_gap: float
-    # C3 / C4 with intervals (None in results written before them)
-    removal: dict[str, AxisRemoval] | None = None  # no_row / no_col -> fractions
-    median_recovery: dict[str, MedianRecovery] | None = None  # row / col
-    # count-matched reference (None in results written before it): axis -> str(R) -> CountMatched
-    count_matched: dict[str, dict[str, CountMatched]] | None = None
-    median_rebuilt_share: dict[str, MedianShare] | None = None  # row / col: what C4 reads
-    # C3 calibrated (issue 29; None in results written before it): per-layer content floors, read-outs
-    removal_floored: dict[str, FlooredRemoval] | None = None  # no_row / no_col
-    content_floor: dict[str, list[float]] | None = None  # row / col: the floor per layer (no_both, >= chance)
-    readouts: Readouts | None = None
 
 
 def schedule(Rs: list[int], shared_prefix: bool) -> list[tuple[str, tuple[Axis, ...], int | None]]:
@@ -350,16 +230,6 @@ def axis_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[st
         out[key], out[f"{key}_ci95"] = point, sample_interval(samples)
         out[f"{key}_layers"] = [layers[i] for i in above_chance_layers(base[f"{a}_acc"], chance[a])]
     return out
-
-
-def floored_kept(base: Sequence[float], cond: Sequence[float],
-                 floor: Sequence[float]) -> tuple[float | None, list[int]]:
-    """Mean over layers whose baseline is >= MIN_ABOVE_CHANCE above the floor of
-    (cond - floor) / (base - floor), and those layers (None without one)."""
-    used = [i for i, (b, f) in enumerate(zip(base, floor, strict=True)) if b - f >= MIN_ABOVE_CHANCE]
-    if not used:
-        return None, []
-    return sum((cond[i] - floor[i]) / (base[i] - floor[i]) for i in used) / len(used), used
 
 
 def floored_removal(conditions: Mapping[str, Mapping[str, Any]], fitted: Mapping[str, Mapping[int, Any]], axis: str,
@@ -542,6 +412,8 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
                              readout_layer_list=s.get("readout_layers"))
 
     def figures(self, result: RopeAxisResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         figs = [Figure("rope_axis", "probe accuracy per layer under each condition",
                        lambda r, p: plots.plot_rope_axis(r, p))]
         if result.recovery:

@@ -24,84 +24,23 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import MIN_GAP, SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
+from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import AXES, Axis, FreqBand, ModelSurface
 from vitpos.progress import progress_bar
+from vitpos.results.common import MIN_GAP
+from vitpos.results.rope_freq import BandInfo, BandSplit, Condition, RopeFreqResult
 
 Window = tuple[int, int]  # layers [start, stop)
-
-
-class BandInfo(BaseModel):
-    """One band of an axis' frequencies: its rotary pairs per head and their frequency range
-    (radians per patch along the axis; over every layer and head for mixed RoPE)."""
-
-    name: str
-    index: int | None  # None: every band (the axis removed)
-    pairs: int
-    freq_min: float
-    freq_max: float
-
-
-class Condition(BaseModel):
-    """Probe accuracies at the probed layers and top-1 with one axis removed in one band and window."""
-
-    axis: str | None  # None: the clean model
-    band: str | None
-    window: list[int] | None  # [start, stop)
-    row_acc: list[float]  # retrained probes, per probed layer
-    col_acc: list[float]
-    row_acc_orig_probe: list[float]  # the clean model's probes
-    col_acc_orig_probe: list[float]
-    top1: float
-    top1_ci95: list[float]
-    top1_drop_points: float | None  # 100 x (clean - this); None for the clean model
-    top1_drop_ci95: list[float] | None  # points; paired bootstrap over the same images
-    axis_drop_points: list[float] | None  # per probed layer: 100 x (clean - this), the removed axis' retrained probe
-    axis_drop_ci95: list[list[float]] | None  # points; paired bootstrap over the probe test images
-    share: list[float | None] | None  # axis drop / the whole axis' drop in the window; None where < MIN_GAP
-
-
-class BandSplit(BaseModel):
-    """High band vs low band of one axis in one window, at the final probed layer."""
-
-    axis: str
-    window: list[int]
-    layer: int
-    high_minus_low_axis_drop_points: float  # > 0: removing the high band costs more of the axis' decodability
-    high_minus_low_axis_drop_ci95: list[float]  # points, paired over the probe test images
-    high_minus_low_top1_drop_points: float
-    high_minus_low_top1_drop_ci95: list[float]  # points, paired over the images
-    position_in: Literal["high", "low", "unresolved"]  # the band whose removal costs more position (interval off 0)
-
-
-class RopeFreqResult(Result):
-    model: str
-    data: str
-    split: str
-    n_images: int
-    n_probe_test_images: int
-    site: str
-    layers: list[int]  # probed layers
-    windows: list[list[int]]
-    bands: int
-    rope_kind: str
-    chance_row: float
-    chance_col: float
-    band_info: dict[str, list[BandInfo]]  # axis -> its bands, lowest first, then `all`
-    conditions: dict[str, Condition]
-    splits: list[BandSplit]
-    min_gap: float
 
 
 def band_names(count: int) -> list[str]:
@@ -395,6 +334,8 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
                              layers=s["layers"], seed=stage.seed)
 
     def figures(self, result: RopeFreqResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("rope_freq", "the removed axis' decodability and top-1 with one frequency band of it removed, "
                        "per layer window", lambda r, p: plots.plot_rope_freq(r, p))]
 

@@ -31,20 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import (
     AXIS_SETS,
-    MIN_GAP,
     SWEEP_TRAIN_TOKENS,
-    AxisSweepResult,
-    ProbedCondition,
-    Recovery,
     advance,
     check_restore_points,
     condition_context,
@@ -55,28 +50,8 @@ from vitpos.experiments.common import (
 from vitpos.hooks import block_prefix, observe
 from vitpos.models.surface import AXES, ModelSurface, Site
 from vitpos.progress import progress_bar
-
-
-class Condition(ProbedCondition):
-    prefix_blocked_from: int | None  # first layer whose patch queries cannot see the prefix; None: never
-
-
-class PrefixRecovery(BaseModel):
-    """Recovery of one axis after R with the prefix route open and blocked from R (same references)."""
-
-    open: Recovery
-    blocked: Recovery
-
-
-class RopePrefixResult(AxisSweepResult):
-    num_prefix_tokens: int
-    block_from: int
-    restore_from: int
-    prefix_attention: list[float]  # per layer: clean patch queries' mean attention mass on the prefix keys
-    attn_images: int
-    conditions: dict[str, Condition]
-    recovery: dict[str, PrefixRecovery]  # axis -> recovery after restore_from
-    min_gap: float
+from vitpos.results.common import MIN_GAP
+from vitpos.results.rope_prefix import RopePrefixResult
 
 
 @dataclass(frozen=True)
@@ -277,5 +252,7 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
                                block_from=s["block_from"], n_attn_images=s["attn_images"], seed=stage.seed)
 
     def figures(self, result: RopePrefixResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("rope_prefix", "probe accuracy per layer with patch → prefix attention blocked, and the "
                        "clean prefix attention mass", lambda r, p: plots.plot_rope_prefix(r, p))]

@@ -24,11 +24,11 @@ from typing import Any, cast
 
 from pydantic import Field
 
-from vitpos import plots
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Figure, Result, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.sae_sweep import LayerPoint, SAESweepResult, plan_sae_sweep, run_sae_sweep, sweep_layers
+from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.sae_sweep import LayerMeasures, plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
+from vitpos.results.sae_layers import SAELayersResult
 
 SWEEP_BATCH_TOKENS = 4096  # run_sae's training batch (the sae stage's)
 
@@ -51,25 +51,6 @@ class SAELayersSettings(Settings):
     seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
 
 
-class SAELayersResult(SAESweepResult, Result):
-    """The per-layer curve: one point per swept layer (its SAE's features, C1 and C2 there, the typed
-    results they read), the selection frequency of each layer and the claims over the plausible ones
-    (the sweep's fields), with the sizes each layer was measured with."""
-
-    # the sizes each layer was measured with
-    sae_images: int
-    sae_eval_images: int
-    sae_epochs: int
-    sae_expansion: int
-    sae_k: int
-    permute_images: int
-    seeds: list[int]
-    sae_high_norm: float | None = None  # the outlier rule's factor (the sae stage's `high_norm`; None: OUTLIER_K)
-
-    def point(self, layer: int) -> LayerPoint | None:
-        return next((p for p in self.points if p.layer == layer), None)
-
-
 class SAELayersExperiment(Experiment[SAELayersResult]):
     name = "sae_layers"
     version = 1
@@ -79,6 +60,9 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
     settings_type = SAELayersSettings
     scheme = "ape"  # as ape_permute: a model with a learned / explicit APE
 
+    def __init__(self, measures: LayerMeasures):
+        self.measures = measures  # the sae and ape_permute run functions, handed in by the registry
+
     def disabled(self, config: Any) -> str | None:
         if cast(SAELayersSettings, self.settings_of(config)).enabled:
             return None
@@ -87,7 +71,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
     def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
         s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
-        from vitpos.experiments.sae_run import CAUSAL_ON_RUN_DATA
+        from vitpos.experiments.common import CAUSAL_ON_RUN_DATA
 
         sae = config.section("sae")
         sae_data = sae.data  # the sae stage's images for its SAEs (None: the run's data)
@@ -98,7 +82,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
                 **({"high_norm": sae.high_norm} if sae.high_norm is not None else {})}
 
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        from vitpos.experiments.sae_run import sae_config
+        from vitpos.experiments.common import sae_config
 
         if not settings["layers"]:
             raise VitposError(f"sae_layers: {surface.spec} has depth {surface.depth}, no layer with a later one to "
@@ -117,7 +101,7 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
     def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_sae_sweep(surface, sizes, list(settings["layers"]), _sae_sizes(settings),
-                              settings["permute_images"], settings["seeds"])
+                              settings["permute_images"], settings["seeds"], self.measures)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAELayersResult:
         s = stage.settings
@@ -125,14 +109,17 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
               "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False,
               "high_norm": s.get("high_norm")}
         seeds = tuple(range(s["seeds"]))
-        sweep = run_sae_sweep(surface, stage.data, list(s["layers"]), sae_kw=kw, permute_images=s["permute_images"],
-                              seeds=seeds, out=stage.out, sae_data=s.get("sae_data"), progress=stage.progress)
+        sweep = run_sae_sweep(surface, stage.data, self.measures, list(s["layers"]), sae_kw=kw,
+                              permute_images=s["permute_images"], seeds=seeds, out=stage.out,
+                              sae_data=s.get("sae_data"), progress=stage.progress)
         return SAELayersResult(
             **dict(sweep), sae_images=s["images"], sae_eval_images=s["eval_images"],
             sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],
             seeds=list(seeds), sae_high_norm=s.get("high_norm"))
 
     def figures(self, result: SAELayersResult) -> list[Figure]:
+        from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
         return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "
                        "largest all-positional drop", lambda r, p: plots.plot_sae_layers(r, p))]
 
@@ -143,4 +130,4 @@ def _sae_sizes(settings: Mapping[str, Any]) -> dict[str, Any]:
             "expansion": settings["expansion"]}
 
 
-__all__ = ["SAELayersExperiment", "SAELayersResult", "SAELayersSettings"]
+__all__ = ["SAELayersExperiment", "SAELayersSettings"]

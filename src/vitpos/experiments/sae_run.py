@@ -26,34 +26,31 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from vitpos import plots
 from vitpos.analysis.forward import forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens
 from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import matched_control
-from vitpos.experiments.base import (
-    Done,
-    Experiment,
-    Result,
-    Settings,
-    Skipped,
-    SplitSizes,
-    StageInput,
-    StagePlan,
-    omit_unmeasured,
+from vitpos.experiments.base import Done, Experiment, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.common import (
+    CAUSAL_ON_RUN_DATA,
+    SWEEP_TRAIN_TOKENS,
+    capture_condition,
+    sae_config,
+    sae_edit,
+    sweep_batch,
 )
-from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
-from vitpos.experiments.sae_seeds import SAESweep, run_sweep, sweep_grid
+from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
+from vitpos.results.sae_run import Eta2Count, Eta2Null, NullThresholds, SAEResult, SAETraining
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
+from vitpos.sae.controls import matched_control
 from vitpos.sae.special import (
     OUTLIER_K,
     SpecialTokens,
@@ -74,218 +71,6 @@ STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched deco
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
 # 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
 SAE_VERSION = 2
-
-
-# measured since issue 28: left out of a result's JSON where a result written before them has none
-ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
-                            "control_row", "control_col", "clean_top1", "eta2_null", "data"})
-
-
-class AblationEffect(BaseModel):
-    """Clean-probe accuracies downstream after subtracting one feature set at the SAE's site."""
-
-    row_acc: list[float]
-    col_acc: list[float]
-    row_drop: float  # mean over later layers of clean - ablated accuracy
-    col_drop: float
-    selectivity: float | None  # own-axis drop / (|row drop| + |col drop|)
-    # 95 % paired-bootstrap intervals over the probes' test images (selectivity's None where it is
-    # undefined on too many resamples, `percentile_interval`)
-    row_drop_ci95: list[float] | None
-    col_drop_ci95: list[float] | None
-    selectivity_ci95: list[float] | None
-    # issue 28: the behavioural read-out and the size of the edit (None: written before they existed)
-    n_features: int | None = None
-    edit_norm: float | None = None  # mean ||removed contribution|| over the held-out patch tokens
-    top1: float | None = None  # top-1 with the set removed (None without class logits)
-    top1_drop: float | None = None  # points, clean - removed
-    top1_drop_ci95: list[float] | None = None  # paired bootstrap over the held-out images, points
-    per_group_drop: dict[str, float] | None = None  # points per class group of the data
-
-    @model_serializer(mode="wrap")
-    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
-
-
-class RemovalControl(AblationEffect):
-    """A matched random-latent removal: as many live non-positional latents as the set, each matched
-    on its RMS code (the size of what removing it subtracts; decoder rows are unit-norm)."""
-
-    features: list[int]
-    note: str | None = None
-
-
-class CausalCheck(BaseModel):
-    layers: list[int]
-    clean_row_acc: list[float]
-    clean_col_acc: list[float]
-    ablate_row: AblationEffect | Skipped
-    ablate_col: AblationEffect | Skipped
-    control_row: RemovalControl | Skipped | None = None  # issue 28: the row set's matched random removal
-    control_col: RemovalControl | Skipped | None = None
-    clean_top1: float | None = None
-    # the labelled images the check read when the SAE's own are not (sae.data: unlabelled natural crops);
-    # None: the SAE's held-out images
-    data: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
-
-    def control(self, kind: str) -> RemovalControl | None:
-        c = self.control_row if kind == "row" else self.control_col
-        return c if isinstance(c, RemovalControl) else None
-
-    def effect(self, kind: str) -> AblationEffect | None:
-        eff = self.ablate_row if kind == "row" else self.ablate_col
-        return eff if isinstance(eff, AblationEffect) else None
-
-
-class SAETraining(BaseModel):
-    train_store: str | None
-    train_images: int
-    lr: float
-    buffer_tokens: int | None
-    reader_peak_bytes: int
-    reader_bound_bytes: int
-    max_batch_tokens: int
-    dropped_tail_tokens: int
-    # high-norm exclusion (None: off): tokens above factor x the median patch-token norm left out of training
-    high_norm_factor: float | None = None
-    high_norm_threshold: float | None = None
-    excluded_high_norm_tokens: int | None = None  # in the last epoch's pass
-
-
-class SeedStability(BaseModel):
-    """A second SAE, same data and settings but another seed: decoder directions matched one-to-one
-    (Hungarian assignment on cosine, scipy's linear_sum_assignment) and the share with cos >= 0.9."""
-
-    seed: int
-    other_seed: int
-    cos_threshold: float
-    share_matched: float  # matched pairs with cos >= cos_threshold / latents
-    median_cos: float
-    other_fvu: float  # held-out FVU of the second SAE (is it as good a fit?)
-
-
-class SAEFidelity(BaseModel):
-    """What vision-SAE users ask besides FVU / L0 / dead / splice (those stay top-level in sae.json)."""
-
-    dense_threshold: float  # a latent is dense when it fires on more than this share of held-out tokens
-    dense_frac: float
-    dense_frac_by_threshold: dict[str, float]  # the threshold's sensitivity
-    stability: SeedStability | None = None  # None: no second seed was trained
-
-
-class Eta2Count(BaseModel):
-    """How many features one pair of eta2 thresholds admits (row / col / mixed)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    threshold: float
-    row: int
-    col: int
-    mixed: int
-
-
-class NullThresholds(BaseModel):
-    """The null-derived thresholds (`Eta2Null`'s quantile; axis: max of row and col) and what they admit."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    min_eta2: float
-    min_eta2_pos: float
-    row: int
-    col: int
-    mixed: int
-
-
-class Eta2Null(BaseModel):
-    """eta2 with positions shuffled within each image (`eta2_null`): its quantile and max over the
-    live latents per statistic (None: no live latent), the features each threshold admits."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    quantile: float
-    n_live: int
-    null_row_q: float | None
-    null_row_max: float | None
-    null_col_q: float | None
-    null_col_max: float | None
-    null_pos_q: float | None
-    null_pos_max: float | None
-    admitted: list[Eta2Count]  # one per threshold of ETA2_GRID, used for both axis and pos
-    null_thresholds: NullThresholds
-    used_above_null: bool  # the thresholds the feature lists use are at or above the null's
-
-
-class SAEResult(Result):
-    """sae.json: the run key, held-out metrics, the positional features and their causal check."""
-
-    run: dict[str, Any]  # the settings that identify this SAE (a finished run with the same key is reused)
-    model: str
-    layer: int
-    site: str
-    data: str
-    arch: str
-    k: int
-    expansion: int
-    d_sae: int
-    mse: float
-    fvu: float
-    l0: float
-    dead_frac: float
-    tokens: int
-    # None when the model's outputs are not logits over the data's classes (a headless model
-    # without --head): the SAE is trained and scored, the splice's top-1 is not measured
-    logit_kl: float | None
-    top1: float | None
-    top1_spliced: float | None
-    top1_change_points: float | None
-    train_tokens: int
-    train_seconds: float
-    training: SAETraining
-    row_features: list[int]
-    col_features: list[int]
-    mixed_features: list[int]
-    n_row_features: int
-    n_col_features: int
-    n_mixed_features: int
-    thresholds: dict[str, float]
-    causal: CausalCheck | None
-    eta2_null: Eta2Null | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
-    sae_dir: str | None = None  # set by the study: where the weights live
-    layer_choice: str | None = None  # set by the study: how the layer was chosen
-    sweep: SAESweep | None = None  # set by the study when sae.seeds > 1 or sae.expansions: seeds x sizes, stability
-    fidelity: SAEFidelity | None = None  # None: written before it existed
-    # special tokens (vitpos.sae.special): per-layer prefix / outlier stats on the held-out images,
-    # the outlier norm threshold on the training tokens, and whether outliers were trained on
-    special_tokens: SpecialTokens | None = None
-    outlier_threshold: float | None = None
-    include_special: bool = False
-    excluded_outlier_tokens: int | None = None  # training tokens left out as outliers (per epoch)
-    browser: str | None = None  # set by the study: the latent browser page, relative to the study's folder
-
-    @model_serializer(mode="wrap")
-    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
-
-
-class GivenSAEResult(BaseModel):
-    """What `sae_doc_from_held` measures of an SAE that is given, not trained here (a planted one):
-    the fields of SAEResult that C1 reads, named as there (training fields it has none of)."""
-
-    model_config = ConfigDict(extra="ignore")  # the held-out metrics beside these
-    model: str
-    layer: int
-    site: str
-    data: str
-    fvu: float
-    row_features: list[int]
-    col_features: list[int]
-    mixed_features: list[int]
-    n_row_features: int
-    n_col_features: int
-    n_mixed_features: int
-    causal: CausalCheck | None
-    eta2_null: Eta2Null | None = None
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -356,14 +141,6 @@ def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images
     capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
                      force=force, progress=progress, device=opts.device, amp=opts.amp, keep_prefix=keep_prefix)
     return ActivationStore(acts_dir)
-
-
-def sae_config(surface: ModelSurface, arch: str, k: int, expansion: int, seed: int = 0) -> SAEConfig:
-    """The SAE's config on this model, or one VitposError (e.g. k above the dictionary size)."""
-    if arch != "relu" and k > expansion * surface.width:
-        raise VitposError(f"SAE k={k} exceeds the dictionary size {expansion * surface.width} (expansion {expansion} x "
-                          f"width {surface.width} of {surface.spec}); use a smaller k or a larger expansion")
-    return SAEConfig.parse({"arch": arch, "d_in": surface.width, "expansion": expansion, "k": k, "seed": seed})
 
 
 @dataclass(frozen=True)
@@ -543,6 +320,8 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     (`seed_stability`); it is not saved. `causal_data`: labelled images for C1's causal check (its probe
     read-outs, top-1 and controls; as many test images as the held-out set) when `data` has no labels, e.g.
     `tiles` for an SAE on `natural` crops; the latents are still typed on `data`."""
+    from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
+
     job = sae_job(surface, layer, site, data, arch, k, expansion, n_train_images, epochs, batch_tokens, seed, store,
                   buffer_tokens, lr, high_norm, stability_seed, include_special)
     job = replace(job, n_eval_images=n_eval_images)
@@ -959,9 +738,6 @@ def _sae_settings(settings: SAESettings) -> dict:
     if settings.data is not None:  # C1's causal check reads the run's labelled data (new: keyed apart)
         out["causal_data"] = CAUSAL_ON_RUN_DATA
     return out
-
-
-CAUSAL_ON_RUN_DATA = "the run's data"
 
 
 def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:

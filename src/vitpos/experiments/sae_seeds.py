@@ -18,37 +18,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from vitpos.errors import VitposError
 from vitpos.models.surface import ModelSurface, Site
+from vitpos.results.sae_run import SAESweep, SweepRun
 from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
-from vitpos.sae.stability import DEFAULT_COS, SeedMatch, seed_match
+from vitpos.sae.stability import seed_match
 from vitpos.sae.stream import DEFAULT_BUFFER_TOKENS, median_token_norm, store_batches
 from vitpos.sae.train import default_lr
-
-
-class SweepRun(BaseModel):
-    seed: int
-    expansion: int
-    d_sae: int
-    main: bool  # the study's SAE (the one C1 / C2 read)
-    fvu: float
-    l0: float
-    dead_frac: float
-    n_row_features: int
-    n_col_features: int
-    n_mixed_features: int
-    train_seconds: float | None = None  # None for the main SAE (its own result has it)
-
-
-class SAESweep(BaseModel):
-    seeds: list[int]
-    expansions: list[int]
-    eval_images: int
-    runs: list[SweepRun]
-    stability: list[SeedMatch]  # every pair of seeds, per size
-    stable_cos: float = DEFAULT_COS  # the headline threshold; every SeedMatch carries the curve
 
 
 def _eval_store(surface: ModelSurface, site: Site, data, n_eval: int, folder: Path):
@@ -130,4 +106,4 @@ def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_stor
     return SAESweep(seeds=seeds, expansions=sizes, eval_images=n_eval, runs=runs, stability=stability)
 
 
-__all__ = ["SAESweep", "SweepRun", "run_sweep", "sweep_axes", "sweep_grid"]
+__all__ = ["run_sweep", "sweep_axes", "sweep_grid"]

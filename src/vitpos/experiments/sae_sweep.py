@@ -21,20 +21,38 @@ subset is recorded in the result).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from vitpos.analysis.stats import N_BOOT
-from vitpos.experiments.ape_permute import ApePermuteResult
 from vitpos.experiments.base import SplitSizes, StagePlan
-from vitpos.experiments.sae_run import GivenSAEResult
 from vitpos.models.surface import ModelSurface
+from vitpos.results.ape_permute import ApePermuteResult
+from vitpos.results.sae_layers import LayerPoint, SAESweepResult, SweepClaim
+from vitpos.results.sae_run import GivenSAEResult, SAEResult
+from vitpos.sae import SAE
 
 PLAUSIBLE = 0.05  # a layer chosen in at least this fraction of the bootstrap resamples is a plausible choice
+
+PlanStage = Callable[[Mapping[str, Any], ModelSurface, SplitSizes], StagePlan]
+
+
+@dataclass(frozen=True)
+class LayerMeasures:
+    """What the sweep runs at each layer: the sae and ape_permute experiments' run functions and plans.
+
+    Handed in by the registry (`vitpos.experiments.registry.LAYER_MEASURES`), which imports every
+    experiment: the sweep composes two experiments without importing either (an experiment never
+    imports another)."""
+
+    run_sae: Callable[..., tuple[SAEResult, SAE]]  # `run_sae`'s keywords (the sweep's `sae_kw` among them)
+    run_ape_permute: Callable[..., ApePermuteResult]
+    plan_sae: PlanStage  # the sae stage's plan for one layer's settings
+    plan_ape_permute: PlanStage
 
 
 def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
@@ -46,45 +64,6 @@ def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
         return list(range(last + 1))
     step = last / (max_layers - 1)
     return sorted({round(i * step) for i in range(max_layers)})
-
-
-class LayerPoint(BaseModel):
-    """One layer of the sweep: the SAE's features and the numbers and results C1 and C2 read."""
-
-    layer: int
-    fvu: float
-    n_row: int
-    n_col: int
-    n_mixed: int
-    c1: str  # holds / fails / inconclusive under the C1 rule at this layer
-    c2: str
-    c1_numbers: dict[str, Any]
-    c2_numbers: dict[str, Any]
-    all_positional_drop: float | None
-    all_positional_drop_ci95: list[float] | None
-    swap_null_drop: float | None
-    selection_frequency: float  # how often the bootstrap picks this layer as the largest drop
-    # what C1 and C2 read at this layer, typed, so the claims re-read the curve with their own rules
-    # (None: a sweep written without them; the claims then read `c1` / `c2` as they were)
-    sae: GivenSAEResult | None = None
-    permute: ApePermuteResult | None = None
-
-
-class SweepClaim(BaseModel):
-    result: str  # holds / fails / inconclusive over the plausible layers
-    per_plausible_layer: dict[str, str]
-
-
-class SAESweepResult(BaseModel):
-    model: str
-    data: str
-    layers: list[int]
-    layer_rule: str
-    points: list[LayerPoint]
-    selected_layer: int | None  # the point argmax of the all-positional drop
-    plausible_layers: list[int]
-    c1: SweepClaim
-    c2: SweepClaim
 
 
 def _over(results: Mapping[int, str], plausible: list[int]) -> SweepClaim:
@@ -119,9 +98,10 @@ def layer_rule(depth: int, layers: list[int]) -> str:
             else f"{len(layers)} evenly spaced layers of 0..{depth - 2}")
 
 
-def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = None, *, sae_kw: Mapping | None = None,
-                  permute_images: int = 500, seeds: tuple[int, ...] = (0,), out: str | Path | None = None,
-                  max_layers: int = 8, sae_data: Any = None, progress: bool = False) -> SAESweepResult:
+def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, layers: list[int] | None = None, *,
+                  sae_kw: Mapping | None = None, permute_images: int = 500, seeds: tuple[int, ...] = (0,),
+                  out: str | Path | None = None, max_layers: int = 8, sae_data: Any = None,
+                  progress: bool = False) -> SAESweepResult:
     """Train an SAE at each layer and measure C1 (its causal check) and C2 (the permutation) there.
 
     `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each layer's SAE
@@ -129,8 +109,6 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and the
     permutation (C2) read `data`."""
     from vitpos.data.resolve import data_name
-    from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.experiments.sae_run import run_sae
     from vitpos.study.claims import _c1, _c2
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
@@ -138,11 +116,11 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     c1s, c2s, docs, per_image = {}, {}, {}, []
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
-        res, sae = run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo, progress=progress,
-                           causal_data=data, **dict(sae_kw or {}))
+        res, sae = measures.run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo,
+                                    progress=progress, causal_data=data, **dict(sae_kw or {}))
         correct: dict[str, torch.Tensor] = {}
-        ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
-                             keep_correct=correct, progress=progress)
+        ap = measures.run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
+                                      keep_correct=correct, progress=progress)
         c1s[layer], c2s[layer] = _c1(surface.spec, res), _c2(surface.spec, ap)
         docs[layer] = (res, ap)
         if "all_positional" in correct:
@@ -173,24 +151,21 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
 
 
 def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],
-                   permute_images: int, seeds: int) -> StagePlan:
+                   permute_images: int, seeds: int, measures: LayerMeasures) -> StagePlan:
     """What run_sae_sweep computes over `layers`: at each, run_sae (as the sae stage counts it, without
     the latent browser and the seed-stability SAE, which the sweep does not run) and run_ape_permute
     (its upper bound: every variant has features). sae_settings: the sae stage's keys (images,
     eval_images, epochs, expansion)."""
-    from vitpos.experiments.ape_permute import plan_ape_permute
-    from vitpos.experiments.sae_run import SAEExperiment
-
     plan = StagePlan()
     for layer in layers:
         sae = {**sae_settings, "layer": layer, "site": "resid_post", "browse": False, "stability": False}
-        plan = plan + SAEExperiment().plan(sae, surface, sizes)
-        plan = plan + plan_ape_permute({"images": permute_images, "seeds": seeds, "sae": {"layer": layer}}, surface,
-                                       sizes)
+        plan = plan + measures.plan_sae(sae, surface, sizes)
+        plan = plan + measures.plan_ape_permute({"images": permute_images, "seeds": seeds, "sae": {"layer": layer}},
+                                                surface, sizes)
     return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
                      f"{len(layers)} layers x (an SAE, its causal check, the permutation); upper bound: every "
                      "feature set found at every layer")
 
 
-__all__ = ["PLAUSIBLE", "LayerPoint", "SAESweepResult", "SweepClaim", "layer_rule", "plan_sae_sweep", "run_sae_sweep",
-           "selection_frequency", "sweep_layers"]
+__all__ = ["PLAUSIBLE", "LayerMeasures", "layer_rule", "plan_sae_sweep", "run_sae_sweep", "selection_frequency",
+           "sweep_layers"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -36,12 +36,20 @@ from vitpos.io import (
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
-    from vitpos.models.surface import ModelSurface
 
 HEAD_FORMAT = "vitpos-head"
 HEAD_JSON = "head.json"
 HEAD_WEIGHTS = "head.safetensors"
 FEATURE_SITE = "pre_logits"
+
+
+class HeadTarget(Protocol):
+    """What `check_head` reads of a model (a `ModelSurface` is one; the surface imports this module,
+    so naming the protocol here keeps the import one-way)."""
+
+    spec: str
+
+    def weights_digest(self) -> str: ...
 
 
 class HeadInfo(BaseModel):
@@ -136,7 +144,7 @@ class Head:
         return cls(state["weight"], state["bias"], info)
 
 
-def check_head(head: Head, surface: ModelSurface, info: DatasetInfo | None = None, data: str | None = None) -> None:
+def check_head(head: Head, surface: HeadTarget, info: DatasetInfo | None = None, data: str | None = None) -> None:
     """One-line VitposError unless `head` was fitted on this model's weights (and on `data`'s classes)."""
     hi = head.info
     spec, on = shlex.quote(surface.spec), shlex.quote(data or hi.data)

@@ -47,8 +47,8 @@ import torch
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.adapter import HookPoint, Undo
-from vitpos.models.spec import parse_query_value
+from vitpos.models.hookpoint import HookPoint, Undo
+from vitpos.models.query import parse_query_value
 from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
 from vitpos.rope import axial_channel_axis, axial_channel_freqs, remove_axial_channels
 

@@ -26,7 +26,7 @@ random cell. Label `position` (4 classes): red square in the top / bottom half (
 group `vertical`), green square in the left / right half (classes 2, 3, group `horizontal`).
 Label `colour` (4 classes, 2 used): red -> 0, green -> 2 (position plays no part).
 
-Cases (`APE_CASES`, planted truth for C1 / C2):
+Cases (`vitpos.validation.ape_cases.APE_CASES`, which measures them; planted truth for C1 / C2):
   row_col_used   row and col one-hots, label = position through them     C1 true,  C2 true
   cell_used      a cell one-hot (no row- or col-only channel), label = position through it
                                                                           C1 false, C2 true
@@ -37,9 +37,8 @@ Cases (`APE_CASES`, planted truth for C1 / C2):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -47,9 +46,6 @@ from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface
 from vitpos.sae import SAE, SAEConfig
-
-if TYPE_CHECKING:
-    from vitpos.study.claims import ClaimInputs
 
 GRID = 4
 N = GRID * GRID
@@ -196,48 +192,3 @@ def planted_sae() -> SAE:
     return sae.eval()
 
 
-@dataclass(frozen=True)
-class PlantedCase:
-    """A planted model and what is true of it by construction (claim id -> true / false).
-
-    `measure(n_images, seeds)` returns the typed results the claims read of the model
-    (`study.claims.ClaimInputs`), measured by the experiments' own run functions."""
-
-    name: str
-    description: str
-    truth: dict[str, bool]
-    measure: Callable[[int, tuple[int, ...]], ClaimInputs]
-
-
-def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: tuple[int, ...] = (0, 1)
-                ) -> ClaimInputs:
-    """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
-    model with the planted SAE at block 0's output, on `n_images` planted test images."""
-    from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.experiments.sae_run import GivenSAEResult, sae_doc_from_held
-    from vitpos.models.surface import Site
-    from vitpos.study.claims import ClaimInputs
-
-    sae = planted_sae()
-    data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`
-    sae_doc = sae_doc_from_held(surface, sae, Site(0, "resid_post"), data, seed=0)
-    ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds)
-    return ClaimInputs(sae=GivenSAEResult.model_validate(sae_doc), ape_permute=ap, scheme=surface.scheme,
-                       data=data.info.name)
-
-
-def _case(name: str, description: str, positional: Positional, label: Label, c1: bool, c2: bool) -> PlantedCase:
-    return PlantedCase(name, description, {"C1": c1, "C2": c2},
-                       lambda n, seeds: measure_ape(build_planted_ape(positional, label), label, n, seeds))
-
-
-APE_CASES: tuple[PlantedCase, ...] = (
-    _case("ape:row_col_used", "row and col one-hots in the APE; the label reads them", "row_col", "position",
-          True, True),
-    _case("ape:cell_used", "a cell one-hot in the APE (no row- or col-only channel); the label reads it", "cell",
-          "position", False, True),
-    _case("ape:pos_unused", "row and col one-hots in the APE; the label reads colour only", "row_col", "colour",
-          False, False),
-    _case("ape:no_position", "APE table 0 (no position anywhere); the label needs position", "none", "position",
-          False, False),
-)

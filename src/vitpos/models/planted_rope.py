@@ -3,8 +3,8 @@
 A verdict is evidence only if the same pipeline says `supported` where the claim is planted true
 and `not supported` where it is planted false (METHODS.md, Validity). Each case below edits the
 weights of a tiny own RoPE ViT (timm's Eva, `vitpos.models.own`) so that the claim's truth follows
-from the weights alone, runs the study's own measurements on it (`run_rope_axis`,
-`run_rope_heads`) and reads the claim's verdict from `vitpos.study.claims.summarise`. Content is
+from the weights alone; `vitpos.validation.rope_cases` runs the study's own measurements on it
+(`run_rope_axis`, `run_rope_heads`) and reads the claim's verdict from `vitpos.study.claims.summarise`. Content is
 (near) constant where position is probed, so every bit of position comes from the rotations.
 
 The edits, each exact (not a tendency of training):
@@ -33,25 +33,19 @@ The cases (claim, planted truth):
             classifier reads, while the classifier is blind to L1H0's writes: the largest drop
             is not the rebuilding head's
 
-`validate_rope` runs the cases and returns a `ValidationTable` (claim x planted truth -> verdict).
-The table type is this module's for now; the APE cases (C1, C2) are meant to share it.
+This module builds the models (the weights); `vitpos.validation.rope_cases` lists the cases, measures
+them and reads their verdicts (`validate_rope`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from vitpos.data.base import DatasetInfo, TensorImageDataset, to_float
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface
-
-if TYPE_CHECKING:
-    from vitpos.study.claims import ClaimInputs
 
 GRID_PX, PATCH = 16, 4  # 4 x 4 patches
 WIDTH, HEADS = 64, 2  # head_dim 32: 8 row and 8 column rotary pairs per head
@@ -206,23 +200,11 @@ def varied_images(n: int, seed: int = 0, content: float = 0.5) -> torch.Tensor:
     return flat_images(n, seed, content)
 
 
-@dataclass(frozen=True)
-class PlantedCase:
-    """One planted model: the claim it tests, whether the claim is true for it by construction, why."""
-
-    claim: str
-    name: str
-    truth: bool
-    why: str
-    build: Callable[[], OwnSurface]
-    data: Callable[[OwnSurface], TensorImageDataset]  # what the experiments run on
-
-
-def _c3(pe: str) -> OwnSurface:
+def c3_model(pe: str) -> OwnSurface:
     return planted_surface(pe)
 
 
-def _c4(kind: str) -> OwnSurface:
+def c4_model(kind: str) -> OwnSurface:
     """Layers 0 and 1 build position on both axes (the clean model's probes saturate by layer 1, so
     the layers after R = 2 add nothing in the clean run); layer 2 holds the candidate rebuilders,
     their output scaled by REBUILD_SCALE so that restoring closes only part of the deficit."""
@@ -242,7 +224,7 @@ def _c4(kind: str) -> OwnSurface:
     return s
 
 
-def _c5(kind: str) -> OwnSurface:
+def c5_model(kind: str) -> OwnSurface:
     s = planted_surface("rope-axial", depth=2)
     make_inert(s, 0, 0)
     make_inert(s, 1, 1)
@@ -252,93 +234,16 @@ def _c5(kind: str) -> OwnSurface:
     return s
 
 
-def _flat(s: OwnSurface) -> TensorImageDataset:
+def flat_data(s: OwnSurface) -> TensorImageDataset:
     return dataset(flat_images(240))
 
 
-def _own(s: OwnSurface) -> TensorImageDataset:
+def own_data(s: OwnSurface) -> TensorImageDataset:
     return own_labels(s, varied_images(240))
 
 
-def _classified(s: OwnSurface, reads: tuple[int, int], blind_to: tuple[int, int] | None) -> OwnSurface:
+def classified(s: OwnSurface, reads: tuple[int, int], blind_to: tuple[int, int] | None) -> OwnSurface:
     set_classifier(s, varied_images(240, seed=1), reads, blind_to)
     return s
 
 
-def rope_cases() -> list[PlantedCase]:
-    return [
-        PlantedCase("C3", "rope-axial", True, "position only through the rotations", lambda: _c3("rope-axial"), _flat),
-        PlantedCase("C3", "rope-ape", False, "an APE carries both axes whatever the rotations", lambda: _c3("rope-ape"),
-                    _flat),
-        PlantedCase("C4", "one-axis rebuilders", True, "from R on one row-only and one col-only head",
-                    lambda: _c4("rebuild"), _flat),
-        PlantedCase("C4", "silent after R", False, "blocks from R on are the identity", lambda: _c4("silent"), _flat),
-        PlantedCase("C4", "symmetric rebuilders", False, "after R every head treats row and column alike",
-                    lambda: _c4("symmetric"), _flat),
-        PlantedCase("C5", "only the rebuilder matters", True, "every other head inert",
-                    lambda: _classified(_c5("true"), (1, 0), None), _own),
-        PlantedCase("C5", "a layer-0 head matters more", False, "an active layer-0 head that the classifier reads",
-                    lambda: _classified(_c5("false"), (0, 1), (1, 0)), _own),
-    ]
-
-
-class ValidationRow(BaseModel):
-    """One planted model's verdict on one claim."""
-
-    claim: str
-    case: str
-    planted: bool  # the claim's truth for this model, by construction
-    why: str
-    verdict: str  # the pipeline's verdict (claims.summarise over this model alone)
-    expected: str  # supported where planted true, not supported where planted false
-    ok: bool
-    evidence: str
-
-
-class ValidationTable(BaseModel):
-    """claim x planted truth -> verdict, for every planted case."""
-
-    rows: list[ValidationRow]
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    def markdown(self) -> str:
-        lines = ["| claim | planted model | planted | verdict | as planted |", "|---|---|---|---|---|"]
-        for r in self.rows:
-            lines.append(f"| {r.claim} | {r.case} ({r.why}) | {'true' if r.planted else 'false'} | {r.verdict} | "
-                         f"{'yes' if r.ok else 'NO'} |")
-        return "\n".join(lines)
-
-
-def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16,
-             readout_images: int = 48) -> ClaimInputs:
-    """The experiments a claim reads, on the case's model: its rope_axis and (C4, C5) rope_heads results."""
-    from vitpos.experiments.rope_axis import run_rope_axis
-    from vitpos.experiments.rope_heads import run_rope_heads
-    from vitpos.study.claims import ClaimInputs
-
-    s = case.build()
-    ds = case.data(s)
-    R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
-    axis = run_rope_axis(s, data=cast(Any, ds), n_images=probe_images, restore_points=[R],
-                         readout_images=readout_images if case.claim == "C3" else 0)
-    heads = None
-    if case.claim in ("C4", "C5"):
-        heads = run_rope_heads(s, data=cast(Any, ds), axis="both", restore_from=R, n_probe_images=probe_images,
-                               n_top1_images=top1_images, n_attn_images=attn_images)
-    return ClaimInputs(rope_axis=axis, rope_heads=heads, scheme=s.scheme)
-
-
-def verdict(case: PlantedCase, results: ClaimInputs) -> ValidationRow:
-    from vitpos.study.claims import summarise
-
-    claim = next(c for c in summarise({case.name: results}).claims if c.id == case.claim)
-    expected = "supported" if case.truth else "not supported"
-    return ValidationRow(claim=case.claim, case=case.name, planted=case.truth, why=case.why, verdict=claim.verdict,
-                         expected=expected, ok=claim.verdict == expected, evidence=claim.text())
-
-
-def validate_rope(cases: list[PlantedCase] | None = None, **sizes: int) -> ValidationTable:
-    return ValidationTable(rows=[verdict(c, run_case(c, **sizes)) for c in (cases or rope_cases())])

@@ -24,6 +24,7 @@ from vitpos.errors import VitposError
 from vitpos.io import check_finite, read_safetensors
 from vitpos.models.checkpoint import load_own_model
 from vitpos.models.own import OwnViTConfig
+from vitpos.models.query import parse_query_value
 from vitpos.models.surface import ModelSurface
 from vitpos.models.timm_adapter import TIMM_VERSION, TimmEvaSurface, surface_for
 
@@ -118,19 +119,6 @@ def available_builtins() -> list[str]:
     if not BUILTIN_DIR.is_dir():
         return []
     return sorted(p.name for p in BUILTIN_DIR.iterdir() if (p / "model.safetensors").is_file())
-
-
-def parse_query_value(text: str):
-    """A spec query's value: true/false, an int, a float, else the text (timm: and hf: specs alike)."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 # query keys that would make timm read a file or fetch weights by a route vitpos does not control

@@ -39,8 +39,8 @@ from vitpos.rope import RopeCoords, band_members, fold_frequency, pair_of_channe
 
 if TYPE_CHECKING:
     from vitpos.data.base import DatasetInfo
-    from vitpos.models.adapter import HookPoint
     from vitpos.models.head import Head
+    from vitpos.models.hookpoint import HookPoint
 
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "q_rot", "k_rot",
                "attn_pattern", "z")

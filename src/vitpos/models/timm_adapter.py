@@ -31,7 +31,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from vitpos.errors import VitposError
-from vitpos.models.adapter import HookPoint, Undo
+from vitpos.models.hookpoint import HookPoint, Undo
 from vitpos.models.surface import Axis, FreqBand, ModelSurface, RopeAxisMap
 from vitpos.rope import (
     RopeCoords,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from vitpos.plots.sweeps import OKABE_ITO, mathtext_safe, new_figure, save_figure
 
 if TYPE_CHECKING:
-    from vitpos.experiments.extrapolate import ExtrapolateResult, SizeResult
+    from vitpos.results.extrapolate import ExtrapolateResult, SizeResult
 
 _COLORS = [OKABE_ITO[k] for k in ("black", "blue", "vermillion", "green", "purple", "sky")]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vitpos.plots.sweeps import OKABE_ITO, mathtext_safe, new_figure, save_figure
 
 if TYPE_CHECKING:
-    from vitpos.experiments.rope_freq import RopeFreqResult
+    from vitpos.results.rope_freq import RopeFreqResult
 
 _COLORS = [OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["vermillion"], OKABE_ITO["green"], OKABE_ITO["purple"],
            OKABE_ITO["orange"]]

@@ -18,13 +18,14 @@ from typing import TypeVar
 
 from matplotlib.ticker import MaxNLocator
 
-# the study-level figure reads several experiments' results (it sits above them, beside the report)
-from vitpos.experiments.ape_permute import NULLS, ApePermuteResult
-from vitpos.experiments.base import Result, Skipped
-from vitpos.experiments.probe import ProbeSiteResult
-from vitpos.experiments.rope_axis import RopeAxisResult
-from vitpos.experiments.rope_heads import RopeHeadsResult
 from vitpos.plots.sweeps import CYCLE, OKABE_ITO, drop_error, mathtext_safe, new_figure, save_figure
+
+# the study-level figure reads several experiments' results (it sits above them, beside the report)
+from vitpos.results.ape_permute import NULLS, ApePermuteResult
+from vitpos.results.base import Result, Skipped
+from vitpos.results.probe import ProbeSiteResult
+from vitpos.results.rope_axis import RopeAxisResult
+from vitpos.results.rope_heads import RopeHeadsResult
 
 Models = Mapping[str, Mapping[str, Result | Skipped]]  # spec -> experiment name -> its result
 R = TypeVar("R", bound=Result)

@@ -11,8 +11,7 @@ from vitpos.plots.sweeps import CYCLE, OKABE_ITO, mathtext_safe, new_figure, sav
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from vitpos.experiments.sae_layers import SAELayersResult
-    from vitpos.experiments.sae_sweep import LayerPoint
+    from vitpos.results.sae_layers import LayerPoint, SAELayersResult
 
 
 def _v(x: Any, scale: float = 1.0) -> float:

@@ -12,7 +12,7 @@ from matplotlib.lines import Line2D
 from vitpos.plots.sweeps import OKABE_ITO, mathtext_safe, new_figure, save_figure
 
 if TYPE_CHECKING:
-    from vitpos.experiments.rope_prefix import RopePrefixResult
+    from vitpos.results.rope_prefix import RopePrefixResult
 
 
 def _floats(vals: Sequence[float | None], n: int) -> list[float] | None:

@@ -10,7 +10,7 @@ from vitpos.errors import VitposError
 from vitpos.io import atomic_path
 
 if TYPE_CHECKING:
-    from vitpos.experiments.probe import ProbeSiteResult
+    from vitpos.results.probe import ProbeSiteResult
 
 _COLORS = {"row": "tab:blue", "col": "tab:orange"}
 

@@ -21,10 +21,10 @@ from matplotlib.ticker import MaxNLocator
 from vitpos.errors import VitposError
 from vitpos.io import atomic_path
 
-if TYPE_CHECKING:  # the results these figures draw (plots sit below the experiments: no import at run time)
-    from vitpos.experiments.ape_permute import ApePermuteResult, VariantResult
-    from vitpos.experiments.rope_axis import RopeAxisResult
-    from vitpos.experiments.rope_heads import RopeHeadsResult
+if TYPE_CHECKING:  # the results these figures draw (annotations only)
+    from vitpos.results.ape_permute import ApePermuteResult, VariantResult
+    from vitpos.results.rope_axis import RopeAxisResult
+    from vitpos.results.rope_heads import RopeHeadsResult
 
 # Okabe-Ito palette
 OKABE_ITO = {

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Result
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.io import atomic_path
 from vitpos.report.format import e, families, fmt_value, num, table
 from vitpos.report.sections import img, model_section, models_table, reason, summary_line
+from vitpos.results.base import Result
 from vitpos.study.claims import CLAIM_TEXT, claim_scheme
 from vitpos.study.results import HEADLINE_FIGURE, ClaimVerdict, ModelEntry, StudyResults, Summary
 from vitpos.study.rules import Sensitivity

@@ -14,22 +14,22 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import CONTROLS as APE_CONTROLS
-from vitpos.experiments.ape_permute import ApePermuteResult, Outcome, VariantResult
-from vitpos.experiments.base import Result, Skipped
-from vitpos.experiments.common import ProbedCondition, Recovery
-from vitpos.experiments.evaluation import EvalResult
-from vitpos.experiments.extrapolate import ExtrapolateResult
-from vitpos.experiments.probe import MultiSiteProbeResult, ProbeSiteResult, probe_sites
 from vitpos.experiments.registry import EXPERIMENTS
-from vitpos.experiments.rope_axis import AxisRemoval, MedianRecovery, RopeAxisResult
-from vitpos.experiments.rope_freq import RopeFreqResult
-from vitpos.experiments.rope_heads import RopeHeadsResult, closest_rival
-from vitpos.experiments.rope_prefix import RopePrefixResult
-from vitpos.experiments.sae_layers import SAELayersResult
-from vitpos.experiments.sae_run import AblationEffect, RemovalControl, SAEResult
-from vitpos.experiments.sae_sweep import PLAUSIBLE, LayerPoint
+from vitpos.experiments.sae_sweep import PLAUSIBLE
 from vitpos.report.format import ci, e, fmt_value, fnum, kv_table, last, na, num, pct, pts, table
+from vitpos.results.ape_permute import CONTROLS as APE_CONTROLS
+from vitpos.results.ape_permute import ApePermuteResult, Outcome, VariantResult
+from vitpos.results.base import Result, Skipped
+from vitpos.results.common import ProbedCondition, Recovery
+from vitpos.results.evaluation import EvalResult
+from vitpos.results.extrapolate import ExtrapolateResult
+from vitpos.results.probe import MultiSiteProbeResult, ProbeSiteResult, probe_sites
+from vitpos.results.rope_axis import AxisRemoval, MedianRecovery, RopeAxisResult
+from vitpos.results.rope_freq import RopeFreqResult
+from vitpos.results.rope_heads import RopeHeadsResult, closest_rival
+from vitpos.results.rope_prefix import RopePrefixResult
+from vitpos.results.sae_layers import LayerPoint, SAELayersResult
+from vitpos.results.sae_run import AblationEffect, RemovalControl, SAEResult
 from vitpos.sae.special import OUTLIER_K
 from vitpos.study.results import ModelEntry, figure_key, model_slug
 

@@ -20,19 +20,18 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from vitpos.analysis.stats import seed_interval
-from vitpos.experiments.ape_permute import ApePermuteResult, VariantResult
-from vitpos.experiments.base import Result, Skipped
-from vitpos.experiments.common import MIN_GAP, ProbedCondition, Recovery
-from vitpos.experiments.evaluation import EvalResult
-from vitpos.experiments.probe import ProbeSiteResult
-from vitpos.experiments.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
-from vitpos.experiments.rope_axis import RopeAxisResult, floored_kept, kept_fraction
-from vitpos.experiments.rope_axis import median_recovery as _median_recovery
-from vitpos.experiments.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
-from vitpos.experiments.rope_heads import RopeHeadsResult, closest_rival
-from vitpos.experiments.sae_layers import SAELayersResult
-from vitpos.experiments.sae_run import AblationEffect, GivenSAEResult, SAEResult
-from vitpos.experiments.sae_sweep import LayerPoint
+from vitpos.results.ape_permute import ApePermuteResult, VariantResult
+from vitpos.results.base import Result, Skipped
+from vitpos.results.common import MIN_GAP, ProbedCondition, Recovery
+from vitpos.results.evaluation import EvalResult
+from vitpos.results.probe import ProbeSiteResult
+from vitpos.results.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE  # C3's layer rule, with its statistic
+from vitpos.results.rope_axis import RopeAxisResult, floored_kept, kept_fraction
+from vitpos.results.rope_axis import median_recovery as _median_recovery
+from vitpos.results.rope_heads import SPECIALISED as SPECIALISED  # |S| of an axis-specialised head
+from vitpos.results.rope_heads import RopeHeadsResult, closest_rival
+from vitpos.results.sae_layers import LayerPoint, SAELayersResult
+from vitpos.results.sae_run import AblationEffect, GivenSAEResult, SAEResult
 from vitpos.study.results import ClaimVerdict, FamilyHeadline, ModelEntry, SeedSummary, Summary
 from vitpos.study.rules import RULES, sensitivity
 

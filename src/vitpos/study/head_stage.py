@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from vitpos.experiments.base import Result
 from vitpos.models.head import Head
+from vitpos.results.base import Result
 
 # The head stage's version (in its cache key, as an experiment's `version`): bump it when the fit
 # changes, and a rerun refits the head; the stages measured through it follow its new digest.

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Result, Skipped
 from vitpos.experiments.registry import BY_NAME, names
+from vitpos.results.base import Result, Skipped
+from vitpos.results.validation import ValidationTable
 from vitpos.study.config import SEED_MAX, RunConfig
 from vitpos.study.head_stage import HeadResult
 from vitpos.study.rules import RuleSet, Sensitivity
-from vitpos.validation.table import ValidationTable
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1

@@ -29,12 +29,14 @@ from vitpos.data import dataset_info
 from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_fingerprint, dataset_for, require_fit
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, Result, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, StageInput, StagePlan
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
 from vitpos.io import artifact_path, exclusive_lock, relative_artifact, require_out_dir, write_json
 from vitpos.models.head import Head, check_head
 from vitpos.models.spec import library_versions
 from vitpos.models.surface import ModelSurface
+from vitpos.results.base import Result
+from vitpos.results.validation import ValidationTable
 from vitpos.runtime.device import peak_memory_gb
 from vitpos.study.cache import StageCache, code_fingerprint, model_fingerprint
 from vitpos.study.claims import model_family, summarise
@@ -51,7 +53,7 @@ from vitpos.study.plan import (
 )
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
 from vitpos.study.validate import check_stage
-from vitpos.validation.table import ValidationTable, validation_table
+from vitpos.validation.table import validation_table
 
 
 def _models_for(cfg: RunConfig) -> list[tuple[str, str]]:

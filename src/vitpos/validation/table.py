@@ -4,7 +4,7 @@ A case (`PlantedCase`) is a small model where some claims are true or false by c
 `measure` runs the experiments' own run functions and returns the typed results the claims read
 (`study.claims.ClaimInputs`); `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
 when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
-verdict passes neither way). The RoPE cases (C3-C5) come from `planted_rope.rope_cases()`.
+verdict passes neither way). The RoPE cases (C3-C5) come from `rope_cases.rope_cases()`.
 """
 
 from __future__ import annotations
@@ -12,62 +12,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
-
-from vitpos.models import planted_rope
-from vitpos.models.planted_ape import APE_CASES, PlantedCase
+from vitpos.results.validation import ValidationRow, ValidationTable, expected_verdict
+from vitpos.validation import rope_cases
+from vitpos.validation.ape_cases import APE_CASES, PlantedCase
 
 if TYPE_CHECKING:
     from vitpos.study.claims import ClaimInputs
 
 
-def _from_rope(case: planted_rope.PlantedCase) -> PlantedCase:
+def _from_rope(case: rope_cases.PlantedCase) -> PlantedCase:
     """A planted RoPE case (one claim each, sizes of its own) as a row source of the one table."""
 
     def measure(n_images: int, seeds: tuple[int, ...]) -> ClaimInputs:
-        return planted_rope.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
+        return rope_cases.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
 
     return PlantedCase(name=f"rope:{case.name}", description=case.why, truth={case.claim: case.truth},
                        measure=measure)
 
 
 # C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
-CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in planted_rope.rope_cases()))
-
-
-class ValidationRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    claim: str
-    case: str
-    description: str
-    planted: bool  # the claim is true of this model by construction
-    verdict: str  # the pipeline's verdict
-    expected: str  # supported (planted true) or not supported (planted false)
-    passes: bool
-    evidence: str
-
-
-class ValidationTable(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rules_version: int
-    rules_hash: str
-    n_images: int
-    seeds: list[int]
-    rows: list[ValidationRow]
-
-    @property
-    def passes(self) -> bool:
-        return all(r.passes for r in self.rows)
-
-    def markdown(self) -> str:
-        lines = ["| claim | planted model | planted | verdict | as planted |", "|---|---|---|---|---|"]
-        lines += [f"| {r.claim} | {r.case}: {r.description} | {'true' if r.planted else 'false'} | {r.verdict} | "
-                  f"{'yes' if r.passes else '**no**'} |" for r in self.rows]
-        return "\n".join(lines)
-
-
-def expected_verdict(planted: bool) -> str:
-    return "supported" if planted else "not supported"
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in rope_cases.rope_cases()))
 
 
 def validation_table(cases: Iterable[PlantedCase] = CASES, n_images: int = 300,

@@ -1,0 +1,60 @@
+"""The planted APE cases (C1, C2): each a planted model of `vitpos.models.planted_ape` (its weights
+written by hand there) with what is true of it by construction, and how it is measured: the sae
+stage's held-out scoring and causal check and the permutation, by the experiments' own run functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vitpos.experiments.ape_permute import run_ape_permute
+from vitpos.experiments.sae_run import sae_doc_from_held
+from vitpos.models.planted_ape import Label, Positional, build_planted_ape, planted_data, planted_sae
+from vitpos.models.spec import OwnSurface
+from vitpos.models.surface import Site
+from vitpos.results.sae_run import GivenSAEResult
+from vitpos.study.claims import ClaimInputs
+
+
+@dataclass(frozen=True)
+class PlantedCase:
+    """A planted model and what is true of it by construction (claim id -> true / false).
+
+    `measure(n_images, seeds)` returns the typed results the claims read of the model
+    (`study.claims.ClaimInputs`), measured by the experiments' own run functions."""
+
+    name: str
+    description: str
+    truth: dict[str, bool]
+    measure: Callable[[int, tuple[int, ...]], ClaimInputs]
+
+
+def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: tuple[int, ...] = (0, 1)
+                ) -> ClaimInputs:
+    """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
+    model with the planted SAE at block 0's output, on `n_images` planted test images."""
+
+    sae = planted_sae()
+    data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`
+    sae_doc = sae_doc_from_held(surface, sae, Site(0, "resid_post"), data, seed=0)
+    ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds)
+    return ClaimInputs(sae=GivenSAEResult.model_validate(sae_doc), ape_permute=ap, scheme=surface.scheme,
+                       data=data.info.name)
+
+
+def _case(name: str, description: str, positional: Positional, label: Label, c1: bool, c2: bool) -> PlantedCase:
+    return PlantedCase(name, description, {"C1": c1, "C2": c2},
+                       lambda n, seeds: measure_ape(build_planted_ape(positional, label), label, n, seeds))
+
+
+APE_CASES: tuple[PlantedCase, ...] = (
+    _case("ape:row_col_used", "row and col one-hots in the APE; the label reads them", "row_col", "position",
+          True, True),
+    _case("ape:cell_used", "a cell one-hot in the APE (no row- or col-only channel); the label reads it", "cell",
+          "position", False, True),
+    _case("ape:pos_unused", "row and col one-hots in the APE; the label reads colour only", "row_col", "colour",
+          False, False),
+    _case("ape:no_position", "APE table 0 (no position anywhere); the label needs position", "none", "position",
+          False, False),
+)

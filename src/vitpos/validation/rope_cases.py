@@ -1,0 +1,107 @@
+"""The planted RoPE cases (C3-C5): each a planted model of `vitpos.models.planted_rope` (its weights
+edited there) with the claim it tests and its truth by construction, measured by the study's own
+`run_rope_axis` / `run_rope_heads` and read by `vitpos.study.claims.summarise`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from pydantic import BaseModel
+
+from vitpos.data.base import TensorImageDataset
+from vitpos.experiments.rope_axis import run_rope_axis
+from vitpos.experiments.rope_heads import run_rope_heads
+from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
+from vitpos.models.spec import OwnSurface
+from vitpos.study.claims import ClaimInputs, summarise
+
+
+@dataclass(frozen=True)
+class PlantedCase:
+    """One planted model: the claim it tests, whether the claim is true for it by construction, why."""
+
+    claim: str
+    name: str
+    truth: bool
+    why: str
+    build: Callable[[], OwnSurface]
+    data: Callable[[OwnSurface], TensorImageDataset]  # what the experiments run on
+
+
+def rope_cases() -> list[PlantedCase]:
+    return [
+        PlantedCase("C3", "rope-axial", True, "position only through the rotations", lambda: c3_model("rope-axial"),
+                    flat_data),
+        PlantedCase("C3", "rope-ape", False, "an APE carries both axes whatever the rotations",
+                    lambda: c3_model("rope-ape"), flat_data),
+        PlantedCase("C4", "one-axis rebuilders", True, "from R on one row-only and one col-only head",
+                    lambda: c4_model("rebuild"), flat_data),
+        PlantedCase("C4", "silent after R", False, "blocks from R on are the identity", lambda: c4_model("silent"),
+                    flat_data),
+        PlantedCase("C4", "symmetric rebuilders", False, "after R every head treats row and column alike",
+                    lambda: c4_model("symmetric"), flat_data),
+        PlantedCase("C5", "only the rebuilder matters", True, "every other head inert",
+                    lambda: classified(c5_model("true"), (1, 0), None), own_data),
+        PlantedCase("C5", "a layer-0 head matters more", False, "an active layer-0 head that the classifier reads",
+                    lambda: classified(c5_model("false"), (0, 1), (1, 0)), own_data),
+    ]
+
+
+class ValidationRow(BaseModel):
+    """One planted model's verdict on one claim."""
+
+    claim: str
+    case: str
+    planted: bool  # the claim's truth for this model, by construction
+    why: str
+    verdict: str  # the pipeline's verdict (claims.summarise over this model alone)
+    expected: str  # supported where planted true, not supported where planted false
+    ok: bool
+    evidence: str
+
+
+class ValidationTable(BaseModel):
+    """claim x planted truth -> verdict, for every planted case."""
+
+    rows: list[ValidationRow]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def markdown(self) -> str:
+        lines = ["| claim | planted model | planted | verdict | as planted |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            lines.append(f"| {r.claim} | {r.case} ({r.why}) | {'true' if r.planted else 'false'} | {r.verdict} | "
+                         f"{'yes' if r.ok else 'NO'} |")
+        return "\n".join(lines)
+
+
+def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16,
+             readout_images: int = 48) -> ClaimInputs:
+    """The experiments a claim reads, on the case's model: its rope_axis and (C4, C5) rope_heads results."""
+
+    s = case.build()
+    ds = case.data(s)
+    R = s.depth - 1  # the last block: the one the cases plant (or leave out) a rebuilder in
+    axis = run_rope_axis(s, data=cast(Any, ds), n_images=probe_images, restore_points=[R],
+                         readout_images=readout_images if case.claim == "C3" else 0)
+    heads = None
+    if case.claim in ("C4", "C5"):
+        heads = run_rope_heads(s, data=cast(Any, ds), axis="both", restore_from=R, n_probe_images=probe_images,
+                               n_top1_images=top1_images, n_attn_images=attn_images)
+    return ClaimInputs(rope_axis=axis, rope_heads=heads, scheme=s.scheme)
+
+
+def verdict(case: PlantedCase, results: ClaimInputs) -> ValidationRow:
+
+    claim = next(c for c in summarise({case.name: results}).claims if c.id == case.claim)
+    expected = "supported" if case.truth else "not supported"
+    return ValidationRow(claim=case.claim, case=case.name, planted=case.truth, why=case.why, verdict=claim.verdict,
+                         expected=expected, ok=claim.verdict == expected, evidence=claim.text())
+
+
+def validate_rope(cases: list[PlantedCase] | None = None, **sizes: int) -> ValidationTable:
+    return ValidationTable(rows=[verdict(c, run_case(c, **sizes)) for c in (cases or rope_cases())])
