@@ -1,0 +1,132 @@
+"""The verdict rules' thresholds as data: one versioned, hashed rule set, each threshold with the
+range its sensitivity curve is drawn over.
+
+Each claim module declares its thresholds (`Claim.thresholds`); the registry's `rule_set()` gathers
+those of every registered claim into one `RuleSet` of version `VERSION`. The study gives only its
+abstract, so nearly every threshold is ours (`source="ours"`); the few the study's text fixes say so.
+`RuleSet.digest()` hashes the canonical JSON of every threshold (name, claim, value, range) with the
+version: results.json records both (`summary.rules_version`, `summary.rules_hash`), so a rule change is
+visible in the file; `CHANGES` says what each version changed and whether it was made after seeing
+results.
+
+Sensitivity (`sensitivity`): for a claim and one of its thresholds, the claim's verdict with that
+threshold moved over its `sweep` (the other thresholds at their values), from the same per-model
+rule the verdict uses. A threshold that reads another experiment's result (`needs`, e.g. the
+plausible-layer share of the sae_layers sweep) has its curve only where some model has that result:
+a run without the sweep shows the curves it showed before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+VERSION = 3
+Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
+
+
+class Threshold(BaseModel):
+    """One threshold of a verdict rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str  # e.g. "C1.min_probe_drop"
+    claim: str
+    value: float
+    unit: str
+    meaning: str
+    source: Literal["ours", "study"] = "ours"
+    sweep: tuple[float, ...]  # the documented range of its sensitivity curve (includes `value`)
+    # the experiment whose result the threshold reads beyond its claim's own (e.g. the layer sweep,
+    # sae_layers): its curve is drawn only where some model has that result; None: always
+    needs: str | None = None
+
+
+class RuleSet(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: int
+    thresholds: tuple[Threshold, ...]
+
+    def values(self) -> dict[str, float]:
+        return {t.name: t.value for t in self.thresholds}
+
+    def of(self, claim: str) -> list[Threshold]:
+        return [t for t in self.thresholds if t.claim == claim]
+
+    def digest(self) -> str:
+        """sha256 (16 hex) of the canonical JSON of the version and every threshold."""
+        doc = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+CHANGES = {
+    1: "issue 18 rules (intervals, matched controls, paired margins); constants in study/claims.py",
+    2: "issue 28: rules as data with a version and hash; C1 adds floors on the own-axis probe drop and on the "
+       "top-1 drop, and a matched random-latent removal the probe drop must beat; C2 reads the same-position "
+       "cross-image swap (a null by construction) instead of the count/mass-matched random control, which is "
+       "reported beside it. Changed after seeing results: the planted models (models/planted_ape.py) and the "
+       "issue's reading of the quick run showed the version-1 C1/C2 rules giving the wrong verdict there.",
+    3: "issue 28 (the layer as a sweep): where a model has the sae_layers stage's result, C1 and C2 are read over "
+       "its plausible layers (C1.plausible_layer, C2.plausible_layer: chosen as the largest all-positional drop in "
+       ">= 5 % of the bootstrap resamples): the claim holds for the model when the version-2 rule holds at every "
+       "plausible layer, fails when it fails at all of them, and is inconclusive otherwise; without the sweep "
+       "(quick runs, results written before) the version-2 reading at the single SAE layer is unchanged. Not "
+       "changed after seeing results: the sweep had not run as a stage of vitpos run before this version.",
+}
+
+FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold
+POINTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)  # sweep of a floor in points
+
+
+def values(thresholds: Sequence[Threshold]) -> dict[str, float]:
+    return {t.name: t.value for t in thresholds}
+
+
+M = TypeVar("M")  # what the claims read of one model (claims.inputs.ClaimInputs)
+RuleReader = Callable[[str, M, Thresholds], str | None]  # -> holds / fails / inconclusive, None: not run
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: float
+    verdict: str
+    results: dict[str, str]  # model -> holds / fails / inconclusive
+
+
+class Sensitivity(BaseModel):
+    """A claim's verdict as one threshold moves over its documented range."""
+
+    model_config = ConfigDict(extra="forbid")
+    threshold: str
+    value: float  # the rule's own value
+    unit: str
+    source: str
+    curve: list[CurvePoint]
+    stable: bool  # the verdict is the same at every value of the range
+
+
+def sensitivity(claim: str, models: Mapping[str, M], reader: RuleReader[M],
+                aggregate: Callable[[list[str]], str], rules: RuleSet,
+                measured: Collection[str] = ()) -> list[Sensitivity]:
+    """Per threshold of `claim` with a range of more than one value: the verdict over that range.
+    measured: the experiments some model has a result of (a threshold that `needs` another is left out)."""
+    base = rules.values()
+    out = []
+    for t in rules.of(claim):
+        if len(t.sweep) < 2 or (t.needs is not None and t.needs not in measured):
+            continue
+        curve = []
+        for v in t.sweep:
+            vals = {**base, t.name: v}
+            per = {spec: r for spec, m in models.items() if (r := reader(spec, m, vals)) is not None}
+            curve.append(CurvePoint(value=v, verdict=aggregate(list(per.values())), results=per))
+        out.append(Sensitivity(threshold=t.name, value=t.value, unit=t.unit, source=t.source, curve=curve,
+                               stable=len({p.verdict for p in curve}) == 1))
+    return out
+
+
+__all__ = ["CHANGES", "VERSION", "CurvePoint", "RuleReader", "RuleSet", "Sensitivity", "Threshold", "Thresholds",
+           "sensitivity"]
