@@ -9,6 +9,8 @@ import pytest
 import torch
 from test_experiments import planted_rope_model, toy_images
 
+from vitpos.claims.inputs import ClaimInputs
+from vitpos.claims.summary import summarise
 from vitpos.experiments.rope_axis import (
     MIN_ABOVE_CHANCE,
     kept_fraction,
@@ -17,7 +19,6 @@ from vitpos.experiments.rope_axis import (
     run_rope_axis,
 )
 from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
-from vitpos.study.claims import ClaimInputs, summarise
 
 
 @pytest.fixture(scope="module")

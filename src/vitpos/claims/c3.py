@@ -45,13 +45,13 @@ def _acc(cond: ProbedCondition | ProbeSiteResult, axis: str) -> list[float]:
 class View:
     """C3's numbers of one model (`nums`, as the summary records them) and the intervals its
     conditions read (`ivs`, by number key); `floors`: the floored fractions were measured (else the
-    older fractions above chance decide); `mlp`: the MLP read-out was measured."""
+    older fractions above chance decide); `mlp_readout`: the MLP read-out was measured."""
 
     axis: RopeAxisResult
     nums: dict[str, Any] = field(default_factory=dict)
     ivs: dict[str, Interval | None] = field(default_factory=dict)
     floors: bool = False
-    mlp: bool = False
+    mlp_readout: bool = False
 
     def removed_key(self, a: str) -> str:
         return f"no_{a}_{a}_removed" + ("_floored" if self.floors else "")
@@ -114,7 +114,7 @@ def _per_axis(v: View, key: Callable[[str, str], str], threshold: float,
 
 
 def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
-    if not v.mlp:
+    if not v.mlp_readout:
         return None
     return _per_axis(v, lambda a, b: f"no_{a}_{a}_removed_mlp", MIN_REMOVED, "MIN_REMOVED")
 
@@ -147,7 +147,7 @@ def _text(spec: str, v: View) -> str:
                  f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
                  f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
                  f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
-        if v.mlp:
+        if v.mlp_readout:
             text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
                      f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
                      f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
@@ -155,8 +155,8 @@ def _text(spec: str, v: View) -> str:
             text += ("; against the matched none model's floor: row "
                      f"{tx.pc(nums.get('no_row_row_removed_none_floor'))}, col "
                      f"{tx.pc(nums.get('no_col_col_removed_none_floor'))} removed")
-        text += (f" (needs >= {tx.pc(MIN_REMOVED)} removed above the floor{' and by the MLP probe' if v.mlp else ''}, "
-                 f">= {tx.pc(MIN_KEPT)} kept")
+        by_mlp = " and by the MLP probe" if v.mlp_readout else ""
+        text += f" (needs >= {tx.pc(MIN_REMOVED)} removed above the floor{by_mlp}, >= {tx.pc(MIN_KEPT)} kept"
     return text + (f"; top-1 {tx.f(top1)} -> no_row {tx.f(nums['no_row_top1'])}, no_col "
                    f"{tx.f(nums['no_col_top1'])})")
 

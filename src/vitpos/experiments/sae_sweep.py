@@ -2,9 +2,9 @@
 
 `choose_sae_layer` takes the layer maximising min(row, col) probe accuracy, which is 1.00 at every
 layer of an APE model, so the layer is decided by float noise. Here each layer of `sweep_layers`
-gets its own SAE (`run_sae`) and permutation (`run_ape_permute`), and the per-layer C1 / C2 results
-come from the claims' own per-model rules (`study.claims`), so the curve is read with the rules of
-the verdicts.
+gets its own SAE (`run_sae`) and permutation (`run_ape_permute`); each point keeps the typed results
+C1 and C2 read there, and the claims (`vitpos.claims.c1`, `c2`) read the curve with the rules of the
+verdicts: the sweep itself decides nothing.
 
 Which layer, with selection accounted for: the layer where position matters most for behaviour is
 the one with the largest all-positional permutation drop. Its choice is bootstrapped (images
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.ape_permute import ApePermuteResult
@@ -49,28 +49,32 @@ def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
 
 
 class LayerPoint(BaseModel):
-    """One layer of the sweep: the SAE's features and the numbers and results C1 and C2 read."""
+    """One layer of the sweep: the SAE's features and the typed results C1 and C2 read there."""
 
     layer: int
     fvu: float
     n_row: int
     n_col: int
     n_mixed: int
-    c1: str  # holds / fails / inconclusive under the C1 rule at this layer
-    c2: str
-    c1_numbers: dict[str, Any]
-    c2_numbers: dict[str, Any]
     all_positional_drop: float | None
     all_positional_drop_ci95: list[float] | None
     swap_null_drop: float | None
     selection_frequency: float  # how often the bootstrap picks this layer as the largest drop
-    # what C1 and C2 read at this layer, typed, so the claims re-read the curve with their own rules
+    # what C1 and C2 read at this layer, typed: the claims read the curve with their own rules
     # (None: a sweep written without them; the claims then read `c1` / `c2` as they were)
     sae: GivenSAEResult | None = None
     permute: ApePermuteResult | None = None
+    # sweeps written before the claims read the curve themselves: C1 / C2's result (holds / fails /
+    # inconclusive) and numbers at this layer as the sweep recorded them; None / {} in newer ones
+    c1: str | None = None
+    c2: str | None = None
+    c1_numbers: dict[str, Any] = Field(default_factory=dict)
+    c2_numbers: dict[str, Any] = Field(default_factory=dict)
 
 
 class SweepClaim(BaseModel):
+    """A claim over the plausible layers as sweeps written before the claims read the curve recorded it."""
+
     result: str  # holds / fails / inconclusive over the plausible layers
     per_plausible_layer: dict[str, str]
 
@@ -83,22 +87,9 @@ class SAESweepResult(BaseModel):
     points: list[LayerPoint]
     selected_layer: int | None  # the point argmax of the all-positional drop
     plausible_layers: list[int]
-    c1: SweepClaim
-    c2: SweepClaim
-
-
-def _over(results: Mapping[int, str], plausible: list[int]) -> SweepClaim:
-    from vitpos.study.claims import FAILS, HOLDS, INCONCLUSIVE
-
-    per = {str(layer): results[layer] for layer in plausible}
-    vals = list(per.values())
-    if vals and all(v == HOLDS for v in vals):
-        res = HOLDS
-    elif vals and all(v == FAILS for v in vals):
-        res = FAILS
-    else:
-        res = INCONCLUSIVE if vals else FAILS
-    return SweepClaim(result=res, per_plausible_layer=per)
+    # older sweeps only (see LayerPoint.c1): the claims over the plausible layers; the claims read them now
+    c1: SweepClaim | None = None
+    c2: SweepClaim | None = None
 
 
 def selection_frequency(drops: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
@@ -122,7 +113,7 @@ def layer_rule(depth: int, layers: list[int]) -> str:
 def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = None, *, sae_kw: Mapping | None = None,
                   permute_images: int = 500, seeds: tuple[int, ...] = (0,), out: str | Path | None = None,
                   max_layers: int = 8, sae_data: Any = None, progress: bool = False) -> SAESweepResult:
-    """Train an SAE at each layer and measure C1 (its causal check) and C2 (the permutation) there.
+    """Train an SAE at each layer and measure what C1 (its causal check) and C2 (the permutation) read there.
 
     `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each layer's SAE
     lives under out/L<layer>/ (reused when the same run is found there). `sae_data`: the images the
@@ -131,11 +122,10 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
     from vitpos.data.resolve import data_name
     from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.experiments.sae_run import run_sae
-    from vitpos.study.claims import _c1, _c2
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
     rule = layer_rule(surface.depth, layers)
-    c1s, c2s, docs, per_image = {}, {}, {}, []
+    docs, per_image = {}, []
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
         res, sae = run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo, progress=progress,
@@ -143,7 +133,6 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
         correct: dict[str, torch.Tensor] = {}
         ap = run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                              keep_correct=correct, progress=progress)
-        c1s[layer], c2s[layer] = _c1(surface.spec, res), _c2(surface.spec, ap)
         docs[layer] = (res, ap)
         if "all_positional" in correct:
             per_image.append(correct["baseline"].float() - correct["all_positional"].float().mean(0))
@@ -160,16 +149,13 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
         allpos, swap = ap.variant("all_positional"), ap.variant("swap_all_positional")
         points.append(LayerPoint(
             layer=layer, fvu=res.fvu, n_row=res.n_row_features, n_col=res.n_col_features,
-            n_mixed=res.n_mixed_features, c1=c1s[layer].result, c2=c2s[layer].result,
-            c1_numbers=c1s[layer].numbers, c2_numbers=c2s[layer].numbers,
+            n_mixed=res.n_mixed_features,
             all_positional_drop=None if allpos is None else allpos.drop_points,
             all_positional_drop_ci95=None if allpos is None else allpos.drop_ci95,
             swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i]),
             sae=GivenSAEResult.model_validate(res.to_json()), permute=ap))
     return SAESweepResult(model=surface.spec, data=data_name(data), layers=layers, layer_rule=rule, points=points,
-                          selected_layer=selected, plausible_layers=plausible,
-                          c1=_over({k: v.result for k, v in c1s.items()}, plausible),
-                          c2=_over({k: v.result for k, v in c2s.items()}, plausible))
+                          selected_layer=selected, plausible_layers=plausible)
 
 
 def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],

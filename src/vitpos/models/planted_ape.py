@@ -49,7 +49,7 @@ from vitpos.models.spec import OwnSurface
 from vitpos.sae import SAE, SAEConfig
 
 if TYPE_CHECKING:
-    from vitpos.study.claims import ClaimInputs
+    from vitpos.claims.inputs import ClaimInputs
 
 GRID = 4
 N = GRID * GRID
@@ -201,7 +201,7 @@ class PlantedCase:
     """A planted model and what is true of it by construction (claim id -> true / false).
 
     `measure(n_images, seeds)` returns the typed results the claims read of the model
-    (`study.claims.ClaimInputs`), measured by the experiments' own run functions."""
+    (`claims.inputs.ClaimInputs`), measured by the experiments' own run functions."""
 
     name: str
     description: str
@@ -213,10 +213,10 @@ def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: t
                 ) -> ClaimInputs:
     """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
     model with the planted SAE at block 0's output, on `n_images` planted test images."""
+    from vitpos.claims.inputs import ClaimInputs
     from vitpos.experiments.ape_permute import run_ape_permute
     from vitpos.experiments.sae_run import GivenSAEResult, sae_doc_from_held
     from vitpos.models.surface import Site
-    from vitpos.study.claims import ClaimInputs
 
     sae = planted_sae()
     data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`

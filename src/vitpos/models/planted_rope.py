@@ -4,7 +4,7 @@ A verdict is evidence only if the same pipeline says `supported` where the claim
 and `not supported` where it is planted false (METHODS.md, Validity). Each case below edits the
 weights of a tiny own RoPE ViT (timm's Eva, `vitpos.models.own`) so that the claim's truth follows
 from the weights alone, runs the study's own measurements on it (`run_rope_axis`,
-`run_rope_heads`) and reads the claim's verdict from `vitpos.study.claims.summarise`. Content is
+`run_rope_heads`) and reads the claim's verdict from `vitpos.claims.summary.summarise`. Content is
 (near) constant where position is probed, so every bit of position comes from the rotations.
 
 The edits, each exact (not a tendency of training):
@@ -51,7 +51,7 @@ from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import OwnSurface
 
 if TYPE_CHECKING:
-    from vitpos.study.claims import ClaimInputs
+    from vitpos.claims.inputs import ClaimInputs
 
 GRID_PX, PATCH = 16, 4  # 4 x 4 patches
 WIDTH, HEADS = 64, 2  # head_dim 32: 8 row and 8 column rotary pairs per head
@@ -315,9 +315,9 @@ class ValidationTable(BaseModel):
 def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240, attn_images: int = 16,
              readout_images: int = 48) -> ClaimInputs:
     """The experiments a claim reads, on the case's model: its rope_axis and (C4, C5) rope_heads results."""
+    from vitpos.claims.inputs import ClaimInputs
     from vitpos.experiments.rope_axis import run_rope_axis
     from vitpos.experiments.rope_heads import run_rope_heads
-    from vitpos.study.claims import ClaimInputs
 
     s = case.build()
     ds = case.data(s)
@@ -332,7 +332,7 @@ def run_case(case: PlantedCase, probe_images: int = 200, top1_images: int = 240,
 
 
 def verdict(case: PlantedCase, results: ClaimInputs) -> ValidationRow:
-    from vitpos.study.claims import summarise
+    from vitpos.claims.summary import summarise
 
     claim = next(c for c in summarise({case.name: results}).claims if c.id == case.claim)
     expected = "supported" if case.truth else "not supported"
