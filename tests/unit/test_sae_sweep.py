@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import toy_set
-from vitpos.experiments.sae_sweep import _over, run_sae_sweep, selection_frequency, sweep_layers
+from vitpos.claims.layers import over_plausible
+from vitpos.experiments.sae_sweep import run_sae_sweep, selection_frequency, sweep_layers
 
 
 def test_sweep_layers_every_layer_but_the_last_or_an_even_subset():
@@ -27,9 +28,10 @@ def test_selection_frequency_finds_a_clear_winner_and_splits_a_tie():
 
 
 def test_the_claim_over_the_curve_needs_every_plausible_layer():
-    assert _over({0: "holds", 1: "holds", 2: "fails"}, [0, 1]).result == "holds"
-    assert _over({0: "holds", 1: "fails"}, [0, 1]).result == "inconclusive"  # depends on the layer picked
-    assert _over({0: "fails", 1: "fails"}, [0, 1]).result == "fails"
+    assert over_plausible(["holds", "holds"]) == "holds"  # layers 0, 1 plausible (layer 2's failure not read)
+    assert over_plausible(["holds", "fails"]) == "inconclusive"  # depends on the layer picked
+    assert over_plausible(["fails", "fails"]) == "fails"
+    assert over_plausible([]) == "fails"  # no plausible layer: nothing holds
 
 
 def test_run_sae_sweep_measures_every_layer(tmp_path):

@@ -99,7 +99,7 @@ def known(ok: bool) -> Outcome:
     return HOLDS if ok else FAILS
 
 
-def all_of(*outcomes: Outcome) -> Outcome:
+def all_of(*outcomes: str) -> Outcome:
     """Holds when every outcome holds, fails when any fails, else inconclusive."""
     if FAILS in outcomes:
         return FAILS

@@ -5,7 +5,7 @@ fails at all of them, else inconclusive (the verdict would rest on an unstable c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vitpos.claims.base import ModelClaim
@@ -24,7 +24,7 @@ def plausible_layers(sweep: SAELayersResult, threshold: float) -> list[int]:
     return [p.layer for p in sweep.points if p.selection_frequency >= threshold]
 
 
-def over_plausible(at: list[Outcome]) -> Outcome:
+def over_plausible(at: Sequence[str]) -> Outcome:
     """Holds when the rule holds at every plausible layer, fails when it fails at all (or none is
     plausible), else inconclusive."""
     return (HOLDS if at and all(r == HOLDS for r in at) else
