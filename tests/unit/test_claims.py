@@ -7,27 +7,18 @@ import copy
 import pytest
 
 from conftest import GOLDEN
+from vitpos.claims.inputs import ClaimInputs
+from vitpos.claims.intervals import FAILS, HOLDS, INCONCLUSIVE, aggregate, all_of, at_least, bounds, exceeds, largest
+from vitpos.claims.registry import rule_set
+from vitpos.claims.summary import summarise
 from vitpos.results.ape_permute import ApePermuteResult
 from vitpos.results.evaluation import EvalResult
 from vitpos.results.rope_axis import RopeAxisResult
 from vitpos.results.rope_heads import RopeHeadsResult
 from vitpos.results.sae_run import SAEResult
-from vitpos.study.claims import (
-    CONTROL_FACTOR,
-    FAILS,
-    HOLDS,
-    INCONCLUSIVE,
-    MIN_DROP,
-    SELECTIVE,
-    ClaimInputs,
-    aggregate,
-    all_of,
-    at_least,
-    bounds,
-    exceeds,
-    largest,
-    summarise,
-)
+
+SELECTIVE, MIN_DROP, CONTROL_FACTOR = (rule_set().values()[k] for k in ("C1.selective", "C2.min_drop",
+                                                                          "C2.null_factor"))
 
 # Claims read typed results: each constructed result below is the JSON of the fields a test sets, laid
 # over a real result of the golden quick run (for the fields the rule does not read) and validated into
@@ -141,8 +132,7 @@ def test_c1_needs_a_floor_a_control_and_a_top1_drop(kw, result):
 
 
 def test_rules_are_versioned_hashed_and_each_threshold_has_a_curve():
-    from vitpos.study.rules import RULES
-
+    RULES = rule_set()
     s = summarise({"m": inputs({"sae": sae((0.7, 0.9), (0.65, 0.95))})})
     assert s.rules_version == RULES.version and s.rules_hash == RULES.digest() and len(s.rules_hash or "") == 16
     c1 = next(c for c in s.claims if c.id == "C1")
@@ -272,7 +262,7 @@ def test_seeds_of_a_family_are_counted_and_averaged():
     holds and the mean of its headline number (C1: the smaller selectivity) with a t interval;
     a family with one seed gets no summary, another family is kept apart."""
     from vitpos.analysis.stats import seed_interval
-    from vitpos.study.claims import model_family
+    from vitpos.claims.inputs import model_family
 
     assert model_family("builtin:ape-seed2") == model_family("builtin:ape") == "builtin:ape"
     models = {"builtin:ape": {"sae": sae((0.7, 0.9), (0.65, 0.95))},  # holds, min selectivity 0.8
@@ -300,7 +290,7 @@ def test_the_summary_carries_typed_pieces_per_model_family():
     all-positional drops with their Student-t interval; a family of one model gets that model's own
     number and interval; the verdict, one sentence, and each model's reading (folded in the report)."""
     from vitpos.analysis.stats import seed_interval
-    from vitpos.study.results import ClaimVerdict
+    from vitpos.claims.verdict import ClaimVerdict
 
     held = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
     held2 = ape((22.0, (18.0, 26.0)), (1.0, (0.0, 2.0)))
@@ -334,7 +324,7 @@ def test_the_summary_carries_typed_pieces_per_model_family():
 
 def test_results_written_before_the_typed_pieces_keep_their_evidence():
     """An older results.json's claims (one `evidence` string, no pieces) load as they are."""
-    from vitpos.study.results import ClaimVerdict
+    from vitpos.claims.verdict import ClaimVerdict
 
     old = copy.deepcopy(GOLDEN["summary"]["claims"][1])
     assert "evidence" in old and "headlines" not in old
@@ -385,7 +375,7 @@ SURE = ((0.85, 0.95), (0.9, 1.1))  # removed, kept intervals wholly on the rule'
     ((SURE, ((0.85, 0.95), (0.3, 0.5))), FAILS),
 ])
 def test_c3_reads_the_removal_intervals(removal, result):
-    from vitpos.study.claims import MIN_KEPT, MIN_REMOVED
+    from vitpos.claims.c3 import MIN_KEPT, MIN_REMOVED
 
     assert (MIN_REMOVED, MIN_KEPT) == (0.7, 0.7)
     c = claim({"m": {"rope_axis": axis_doc(removal=removal)}}, "C3")
@@ -459,12 +449,12 @@ def test_an_undefined_headline_says_why():
     c = claim({"m": {"rope_axis": ra, "rope_heads": rope_heads_doc(0.7)}}, "C4")
     (head,) = c["headlines"]
     assert head["value"] is None and "nothing to recover" in head["why_undefined"]
-    from vitpos.study.results import FamilyHeadline
+    from vitpos.claims.verdict import FamilyHeadline
     assert FamilyHeadline.model_validate(head).value_text().startswith("n/a (removing the rotations")
 
 
 def test_inside_and_magnitude():
-    from vitpos.study.claims import inside, magnitude
+    from vitpos.claims.intervals import inside, magnitude
 
     assert inside((0.2, 0.8), 0, 1) == HOLDS and inside((0.0, 0.8), 0, 1) == INCONCLUSIVE
     assert inside((-0.3, 0.0), 0, 1) == FAILS and inside((1.0, 1.3), 0, 1) == FAILS
@@ -479,30 +469,31 @@ def test_rules_are_data_and_survive_python_OO():
     import subprocess
     import sys
 
-    from vitpos.study.claims import CLAIM_RULES, CLAIM_TEXT, rules_text
+    from vitpos.claims.registry import BY_ID, CLAIMS
+    from vitpos.claims.summary import rules_text
 
-    assert set(CLAIM_RULES) == set(CLAIM_TEXT)
-    assert all(rule.lstrip().startswith(f"{cid} (") for cid, rule in CLAIM_RULES.items())
-    assert "C2.min_drop" in CLAIM_RULES["C2"] and "C1.selective" in CLAIM_RULES["C1"]
+    assert [c.id for c in CLAIMS] == ["C1", "C2", "C3", "C4", "C5"]
+    assert all(c.rule.lstrip().startswith(f"{c.id} (") for c in CLAIMS)
+    assert "C2.min_drop" in BY_ID["C2"].rule and "C1.selective" in BY_ID["C1"].rule
     assert "C1.min_top1_drop = 5 points" in rules_text()  # the rule set's values are part of the text
-    code = ("import vitpos.study.claims as c; assert c.__doc__ is None; "
+    code = ("import vitpos.claims.summary as c; assert c.__doc__ is None; "
             "import sys; sys.stdout.write(c.summarise({}).rules)")
     proc = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == rules_text() == summarise({}).rules
-    assert all(rule in proc.stdout for rule in CLAIM_RULES.values())
+    assert all(c.rule in proc.stdout for c in CLAIMS)
 
 
 def test_a_number_that_cannot_be_right_prints_as_na():
     """NaN (e.g. Rec when removing the rotations removed nothing) and None never print as 'nan' / 'None'."""
     import numpy as np
 
-    from vitpos.study import claims
+    from vitpos.claims import text
 
-    assert claims._f(float("nan")) == "n/a" and claims._f(None) == "n/a" and claims._f(np.float32(0.5)) == "0.50"
-    assert claims._iv((float("nan"), float("nan"))) == "" and claims._iv((0.1, 0.2)) == " [0.10, 0.20]"
-    assert claims._pc(float("inf")) == "n/a" and claims._pc(0.25) == "25%"
-    assert claims._pc_iv((0.1, float("nan"))) == ""
+    assert text.f(float("nan")) == "n/a" and text.f(None) == "n/a" and text.f(np.float32(0.5)) == "0.50"
+    assert text.iv((float("nan"), float("nan"))) == "" and text.iv((0.1, 0.2)) == " [0.10, 0.20]"
+    assert text.pc(float("inf")) == "n/a" and text.pc(0.25) == "25%"
+    assert text.pc_iv((0.1, float("nan"))) == ""
 
 
 # ---------------------------------------------------------------- C1 / C2 over the layer sweep (sae_layers)
@@ -590,7 +581,7 @@ def test_the_position_gain_reads_the_none_model_of_the_same_seed():
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from vitpos.study.claims import none_top1, seed_of
+    from vitpos.claims.inputs import none_top1, seed_of
 
     def run(scheme: str, top1: float) -> Any:
         return SimpleNamespace(scheme=scheme, data="pairs", eval=SimpleNamespace(top1=top1))
@@ -610,7 +601,7 @@ def test_c3s_none_floor_is_the_none_model_of_the_same_data_and_seed_whatever_the
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from vitpos.study.claims import matched_none
+    from vitpos.claims.inputs import matched_none
 
     def run(scheme: str, probe: str | None) -> Any:
         return SimpleNamespace(scheme=scheme, data="pairs", probe=probe)
@@ -628,14 +619,16 @@ def test_c3s_none_floor_is_the_none_model_of_the_same_data_and_seed_whatever_the
 def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     """A Student-t interval over two seeds is wide; a selectivity lies in [-1, 1] and a top-1 drop in
     [-100, 100] points, so the family's interval is cut there (the zoo's `ape` C1 gave [-3.14, 4.39])."""
-    from vitpos.study.claims import HOLDS, ModelClaim, seed_summaries
+    from vitpos.claims.base import ModelClaim
+    from vitpos.claims.registry import BY_ID
+    from vitpos.claims.summary import seed_summaries
 
     def c1(sel: float) -> ModelClaim:
         return ModelClaim(result=HOLDS, numbers={"row_selectivity": sel, "col_selectivity": 1.0})
 
-    s = seed_summaries("C1", [("builtin:pairs-ape", c1(0.33)), ("builtin:pairs-ape-seed1", c1(0.92))])
+    s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.33)), ("builtin:pairs-ape-seed1", c1(0.92))])
     ci = s["builtin:pairs-ape"].ci95
     assert ci is not None and ci == [-1.0, 1.0] and s["builtin:pairs-ape"].mean == pytest.approx(0.625)
-    s = seed_summaries("C1", [("builtin:pairs-ape", c1(0.50)), ("builtin:pairs-ape-seed1", c1(0.52))])
+    s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.50)), ("builtin:pairs-ape-seed1", c1(0.52))])
     ci = s["builtin:pairs-ape"].ci95
     assert ci is not None and ci == pytest.approx([0.51 - 0.127062, 0.51 + 0.127062], abs=1e-5)  # inside: untouched

@@ -70,7 +70,7 @@ def test_the_scan_sees_imports_module_names_and_strings_but_not_prose():
 # Strings that are timm names by coincidence, each with its reason (exact file and literal only).
 NOT_TIMM = {
     ("analysis/readout.py", "'mlp'"): "the MLP probe's name (a read-out kind), not a block's .mlp",
-    ("study/claims.py", "'mlp'"): "reads the MLP probe's read-out (analysis/readout.py KINDS)",
+    ("claims/c3.py", "'mlp'"): "reads the MLP probe's read-out (analysis/readout.py KINDS)",
 }
 
 

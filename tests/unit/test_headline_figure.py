@@ -7,8 +7,8 @@ from pathlib import Path
 
 import vitpos.plots.headline as headline
 from conftest import GOLDEN
+from vitpos.claims.inputs import model_family
 from vitpos.results.probe import ProbeSiteResult
-from vitpos.study.claims import model_family
 
 _GOLDEN_PROBE = ProbeSiteResult.model_validate(copy.deepcopy(GOLDEN["models"]["builtin:ape"]["probe"]))
 

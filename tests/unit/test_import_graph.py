@@ -36,13 +36,6 @@ REGISTRY = "vitpos.experiments.registry"  # lists every experiment: it imports t
 EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
                  "vitpos.experiments.sae_sweep": "vitpos.experiments.sae_layers"}
 
-# Edges that another branch (the claims package, issue 45 item 1) removes: sae_sweep reads the C1 / C2
-# rules from study.claims, and study.rules the sweep's PLAUSIBLE (which closes a cycle through
-# study.claims). Delete this set once that branch is merged; the test then holds with it empty.
-EXPECTED_UNTIL_CLAIMS_MERGE: frozenset[tuple[str, str]] = frozenset({
-    ("vitpos.experiments.sae_sweep", "vitpos.study.claims"),
-})
-
 Graph = dict[str, set[str]]
 
 
@@ -149,10 +142,6 @@ def forbidden_edges(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return bad
 
 
-def _without_expected(graph: Graph) -> Graph:
-    return {a: {b for b in bs if (a, b) not in EXPECTED_UNTIL_CLAIMS_MERGE} for a, bs in graph.items()}
-
-
 def _describe(graph: Mapping[str, Iterable[str]], comp: list[str]) -> str:
     inside = set(comp)
     return "\n".join(f"  {m} -> {sorted(set(graph[m]) & inside)}" for m in comp)
@@ -161,21 +150,15 @@ def _describe(graph: Mapping[str, Iterable[str]], comp: list[str]) -> str:
 def test_the_package_has_no_import_cycle_deferred_imports_counted():
     graph = import_graph(PACKAGE_ROOT)
     assert sum(len(v) for v in graph.values()) > 300, "the parser found too few imports to judge the graph"
-    found = cycles(_without_expected(graph))
+    found = cycles(graph)
     assert not found, "import cycles (deferred and TYPE_CHECKING imports counted):\n" + "\n".join(
         _describe(graph, c) for c in found)
 
 
 def test_no_import_goes_against_the_layers():
     graph = import_graph(PACKAGE_ROOT)
-    bad = forbidden_edges(_without_expected(graph))
+    bad = forbidden_edges(graph)
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
-
-
-def test_the_expected_edges_still_exist():
-    """Each edge waiting for the claims branch is still there (a stale entry would hide a new one)."""
-    graph = import_graph(PACKAGE_ROOT)
-    assert all(b in graph.get(a, set()) for a, b in EXPECTED_UNTIL_CLAIMS_MERGE)
 
 
 def test_a_cycle_through_a_function_body_import_is_found(tmp_path):

@@ -384,8 +384,9 @@ def test_claims_row_reads_at_a_glance_and_folds_the_models(tmp_path):
     reading and numbers fold below in <details>; a model spec's markup is escaped."""
     import html
 
-    from vitpos.study.claims import summarise
-    from vitpos.study.results import ModelEntry, Summary
+    from vitpos.claims.summary import summarise
+    from vitpos.claims.verdict import Summary
+    from vitpos.study.results import ModelEntry
 
     odd = 'timm:vit"<b>&x'
     results = make_results()

@@ -9,10 +9,11 @@ import pytest
 import torch
 from test_experiments import planted_rope_model, toy_images
 
+from vitpos.claims.inputs import ClaimInputs
+from vitpos.claims.summary import summarise
 from vitpos.experiments.rope_axis import kept_fraction_samples, median_samples, run_rope_axis
 from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
 from vitpos.results.rope_axis import MIN_ABOVE_CHANCE, kept_fraction
-from vitpos.study.claims import ClaimInputs, summarise
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,9 @@ def test_readouts_find_planted_positions_and_nothing_where_there_is_none():
 
 
 def test_primary_head_over_seeds_counts_each_family():
-    from vitpos.study.claims import HOLDS, ModelClaim, primary_over_seeds
+    from vitpos.claims.base import ModelClaim
+    from vitpos.claims.c4 import primary_over_seeds
+    from vitpos.claims.intervals import HOLDS
 
     found = [("builtin:rope-axial", ModelClaim(HOLDS, {"primary_head": [4, 0]})),
              ("builtin:rope-axial-seed1", ModelClaim(HOLDS, {"primary_head": [3, 2]})),

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from conftest import toy_set
+from vitpos.claims.layers import over_plausible
 from vitpos.experiments.registry import LAYER_MEASURES
-from vitpos.experiments.sae_sweep import _over, run_sae_sweep, selection_frequency, sweep_layers
+from vitpos.experiments.sae_sweep import run_sae_sweep, selection_frequency, sweep_layers
 
 
 def test_sweep_layers_every_layer_but_the_last_or_an_even_subset():
@@ -28,9 +29,10 @@ def test_selection_frequency_finds_a_clear_winner_and_splits_a_tie():
 
 
 def test_the_claim_over_the_curve_needs_every_plausible_layer():
-    assert _over({0: "holds", 1: "holds", 2: "fails"}, [0, 1]).result == "holds"
-    assert _over({0: "holds", 1: "fails"}, [0, 1]).result == "inconclusive"  # depends on the layer picked
-    assert _over({0: "fails", 1: "fails"}, [0, 1]).result == "fails"
+    assert over_plausible(["holds", "holds"]) == "holds"  # layers 0, 1 plausible (layer 2's failure not read)
+    assert over_plausible(["holds", "fails"]) == "inconclusive"  # depends on the layer picked
+    assert over_plausible(["fails", "fails"]) == "fails"
+    assert over_plausible([]) == "fails"  # no plausible layer: nothing holds
 
 
 def test_run_sae_sweep_measures_every_layer(tmp_path):
@@ -49,8 +51,11 @@ def test_run_sae_sweep_measures_every_layer(tmp_path):
     res = run_sae_sweep(s, toy_set(96), LAYER_MEASURES, sae_kw=kw, permute_images=48, out=tmp_path)
     assert res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]  # depth 3: the last has no downstream
     assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
-    assert res.plausible_layers and set(res.c2.per_plausible_layer) == {str(v) for v in res.plausible_layers}
-    for p in res.points:  # each layer read with the claims' own rules
-        assert p.c1 in ("holds", "fails", "inconclusive") and p.c2_numbers["all_positional_drop"] == \
-            p.all_positional_drop
+    assert res.plausible_layers and res.c1 is None and res.c2 is None  # the sweep decides nothing
+    from vitpos.claims.c1 import CLAIM as C1
+    from vitpos.claims.c2 import CLAIM as C2
+
+    for p in res.points:  # each layer read with the claims' own rules, from the typed results kept there
+        assert C1.at_layer("m", p).result in ("holds", "fails", "inconclusive")
+        assert C2.at_layer("m", p).numbers["all_positional_drop"] == p.all_positional_drop
     assert (tmp_path / "L0" / "sae.json").is_file() and (tmp_path / "L1" / "sae.json").is_file()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitpos.claims.registry import rule_set
 from vitpos.models.planted_ape import CH, Label, Positional, build_planted_ape, planted_data, planted_sae
-from vitpos.study.rules import RULES
 from vitpos.validation.ape_cases import APE_CASES
 from vitpos.validation.table import CASES, validation_table
 
@@ -33,7 +33,7 @@ def test_the_validation_table_holds(table):
     for cid in ("C1", "C2"):
         planted = {r.planted for r in table.rows if r.claim == cid}
         assert planted == {True, False}, cid
-    assert table.rules_version == RULES.version and table.rules_hash == RULES.digest()
+    assert table.rules_version == rule_set().version and table.rules_hash == rule_set().digest()
 
 
 def test_the_table_can_fail(table):

@@ -146,7 +146,7 @@ class Experiment(ABC, Generic[R]):
     # read it) only; every other stage stays cached.
     version: ClassVar[int] = 1
     title: ClassVar[str]  # section title in the report
-    claims: ClassVar[tuple[str, ...]] = ()  # claim ids (vitpos.study.claims) this experiment informs
+    claims: ClassVar[tuple[str, ...]] = ()  # claim ids (vitpos.claims.registry) this experiment informs
     result_type: ClassVar[type[Result]]
     requires: ClassVar[tuple[str, ...]] = ()  # experiments whose results `run_stage` reads
     scheme: ClassVar[Literal["rope", "ape"] | None] = None  # the position encoding it tests (None: any)

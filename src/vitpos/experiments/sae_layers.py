@@ -6,7 +6,7 @@ This stage runs `run_sae_sweep` (`experiments/sae_sweep.py`): at every layer but
 models deeper than `max_layers` + 1, `max_layers` evenly spaced ones) an SAE of its own, its
 causal check (C1) and the permutation of its positional features (C2), each read by the claims'
 per-model rules; the bootstrap selection frequency of the largest all-positional drop gives the
-plausible layers, and the claims read C1 and C2 over them (`study.claims`): a claim holds for the
+plausible layers, and the claims read C1 and C2 over them (`vitpos.claims`): a claim holds for the
 model when it holds at every plausible layer, fails when it fails at all of them, and is
 inconclusive otherwise. The single-layer readings stay reported beside it.
 

@@ -2,9 +2,9 @@
 
 `choose_sae_layer` takes the layer maximising min(row, col) probe accuracy, which is 1.00 at every
 layer of an APE model, so the layer is decided by float noise. Here each layer of `sweep_layers`
-gets its own SAE (`run_sae`) and permutation (`run_ape_permute`), and the per-layer C1 / C2 results
-come from the claims' own per-model rules (`study.claims`), so the curve is read with the rules of
-the verdicts.
+gets its own SAE (`run_sae`) and permutation (`run_ape_permute`); each point keeps the typed results
+C1 and C2 read there, and the claims (`vitpos.claims.c1`, `c2`) read the curve with the rules of the
+verdicts: the sweep itself decides nothing.
 
 Which layer, with selection accounted for: the layer where position matters most for behaviour is
 the one with the largest all-positional permutation drop. Its choice is bootstrapped (images
@@ -32,11 +32,9 @@ from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.base import SplitSizes, StagePlan
 from vitpos.models.surface import ModelSurface
 from vitpos.results.ape_permute import ApePermuteResult
-from vitpos.results.sae_layers import LayerPoint, SAESweepResult, SweepClaim
+from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint, SAESweepResult
 from vitpos.results.sae_run import GivenSAEResult, SAEResult
 from vitpos.sae import SAE
-
-PLAUSIBLE = 0.05  # a layer chosen in at least this fraction of the bootstrap resamples is a plausible choice
 
 PlanStage = Callable[[Mapping[str, Any], ModelSurface, SplitSizes], StagePlan]
 
@@ -64,20 +62,6 @@ def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
         return list(range(last + 1))
     step = last / (max_layers - 1)
     return sorted({round(i * step) for i in range(max_layers)})
-
-
-def _over(results: Mapping[int, str], plausible: list[int]) -> SweepClaim:
-    from vitpos.study.claims import FAILS, HOLDS, INCONCLUSIVE
-
-    per = {str(layer): results[layer] for layer in plausible}
-    vals = list(per.values())
-    if vals and all(v == HOLDS for v in vals):
-        res = HOLDS
-    elif vals and all(v == FAILS for v in vals):
-        res = FAILS
-    else:
-        res = INCONCLUSIVE if vals else FAILS
-    return SweepClaim(result=res, per_plausible_layer=per)
 
 
 def selection_frequency(drops: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
@@ -109,11 +93,10 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
     SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and the
     permutation (C2) read `data`."""
     from vitpos.data.resolve import data_name
-    from vitpos.study.claims import _c1, _c2
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
     rule = layer_rule(surface.depth, layers)
-    c1s, c2s, docs, per_image = {}, {}, {}, []
+    docs, per_image = {}, []
     for layer in layers:
         lo = Path(out) / f"L{layer}" if out is not None else None
         res, sae = measures.run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo,
@@ -121,7 +104,6 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
         correct: dict[str, torch.Tensor] = {}
         ap = measures.run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                                       keep_correct=correct, progress=progress)
-        c1s[layer], c2s[layer] = _c1(surface.spec, res), _c2(surface.spec, ap)
         docs[layer] = (res, ap)
         if "all_positional" in correct:
             per_image.append(correct["baseline"].float() - correct["all_positional"].float().mean(0))
@@ -138,16 +120,13 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
         allpos, swap = ap.variant("all_positional"), ap.variant("swap_all_positional")
         points.append(LayerPoint(
             layer=layer, fvu=res.fvu, n_row=res.n_row_features, n_col=res.n_col_features,
-            n_mixed=res.n_mixed_features, c1=c1s[layer].result, c2=c2s[layer].result,
-            c1_numbers=c1s[layer].numbers, c2_numbers=c2s[layer].numbers,
+            n_mixed=res.n_mixed_features,
             all_positional_drop=None if allpos is None else allpos.drop_points,
             all_positional_drop_ci95=None if allpos is None else allpos.drop_ci95,
             swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i]),
             sae=GivenSAEResult.model_validate(res.to_json()), permute=ap))
     return SAESweepResult(model=surface.spec, data=data_name(data), layers=layers, layer_rule=rule, points=points,
-                          selected_layer=selected, plausible_layers=plausible,
-                          c1=_over({k: v.result for k, v in c1s.items()}, plausible),
-                          c2=_over({k: v.result for k, v in c2s.items()}, plausible))
+                          selected_layer=selected, plausible_layers=plausible)
 
 
 def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],

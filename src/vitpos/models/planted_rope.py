@@ -4,7 +4,7 @@ A verdict is evidence only if the same pipeline says `supported` where the claim
 and `not supported` where it is planted false (METHODS.md, Validity). Each case below edits the
 weights of a tiny own RoPE ViT (timm's Eva, `vitpos.models.own`) so that the claim's truth follows
 from the weights alone; `vitpos.validation.rope_cases` runs the study's own measurements on it
-(`run_rope_axis`, `run_rope_heads`) and reads the claim's verdict from `vitpos.study.claims.summarise`. Content is
+(`run_rope_axis`, `run_rope_heads`) and reads the claim's verdict from `vitpos.claims.summary.summarise`. Content is
 (near) constant where position is probed, so every bit of position comes from the rotations.
 
 The edits, each exact (not a tendency of training):

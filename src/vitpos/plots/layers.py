@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
     from vitpos.results.sae_layers import LayerPoint, SAELayersResult
+    from vitpos.results.sae_run import AblationEffect
 
 
 def _v(x: Any, scale: float = 1.0) -> float:
@@ -34,8 +35,22 @@ def _line(ax: Axes, xs: list[int], pts: list[tuple[float, Any]], label: str, col
                 marker="o", ms=4, capsize=3, lw=1.2)
 
 
+def _own(eff: AblationEffect | None, axis: str) -> tuple[Any, Any]:
+    """A removal's own-axis probe drop (a fraction) and its interval, in points."""
+    if eff is None:
+        return None, None
+    drop, ci = (eff.row_drop, eff.row_drop_ci95) if axis == "row" else (eff.col_drop, eff.col_drop_ci95)
+    return None if drop is None else 100 * drop, None if ci is None else [100 * ci[0], 100 * ci[1]]
+
+
 def _c1(p: LayerPoint, axis: str) -> tuple[tuple[Any, Any], tuple[Any, Any], tuple[Any, Any]]:
-    """(own-axis probe drop, its matched control's, selectivity), each (point, 95 % interval), as C1 read them."""
+    """(own-axis probe drop, its matched control's, selectivity), each (point, 95 % interval), as C1
+    reads them: from the SAE's causal check at the layer (older sweeps: the numbers they recorded)."""
+    causal = None if p.sae is None else p.sae.causal
+    if causal is not None:
+        eff, ctl = causal.effect(axis), causal.control(axis)
+        sel = (None, None) if eff is None else (eff.selectivity, eff.selectivity_ci95)
+        return _own(eff, axis), _own(ctl, axis), sel
     n = p.c1_numbers
     return ((n.get(f"{axis}_probe_drop"), n.get(f"{axis}_probe_drop_ci95")),
             (n.get(f"{axis}_control_probe_drop"), n.get(f"{axis}_control_probe_drop_ci95")),
@@ -86,6 +101,8 @@ def plot_sae_layers(r: SAELayersResult, path: str | Path) -> Path:
         ax.set_xlabel("SAE layer (resid_post)")
     for ax in (a1, a2, a3):
         ax.legend(fontsize=7)
-    fig.suptitle(mathtext_safe(f"{r.model}: C1 {r.c1.result}, C2 {r.c2.result} over the plausible layers "
-                               f"{r.plausible_layers} ({r.layer_rule})"), fontsize=9, color="0.3")
+    # the claims' results over the curve are in the claims table; older sweeps recorded their own
+    said = "" if r.c1 is None or r.c2 is None else f"C1 {r.c1.result}, C2 {r.c2.result} over "
+    fig.suptitle(mathtext_safe(f"{r.model}: {said}the plausible layers {r.plausible_layers} ({r.layer_rule})"),
+                 fontsize=9, color="0.3")
     return save_figure(fig, path)

@@ -2,7 +2,7 @@
 
 Pure rendering: nothing here runs a model. The page is rendered from the typed `StudyResults`
 and shows, per model and experiment, the figures the experiments declare (drawn once by the study
-into OUT/figures/) and a table; the claims' texts come from `vitpos.study.claims`. Every string
+into OUT/figures/) and a table; the claims' texts come from the claims registry (`vitpos.claims.registry`). Every string
 that comes from the results goes through `html.escape`; not-applicable or skipped pieces render as a
 one-line reason, and a section that fails raises.
 """
@@ -15,19 +15,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vitpos.claims.registry import BY_ID, CLAIMS, scheme_of
+from vitpos.claims.rules import Sensitivity
+from vitpos.claims.verdict import ClaimVerdict, Summary
 from vitpos.errors import VitposError
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.io import atomic_path
 from vitpos.report.format import e, families, fmt_value, num, table
 from vitpos.report.sections import img, model_section, models_table, reason, summary_line
 from vitpos.results.base import Result
-from vitpos.study.claims import CLAIM_TEXT, claim_scheme
-from vitpos.study.results import HEADLINE_FIGURE, ClaimVerdict, ModelEntry, StudyResults, Summary
-from vitpos.study.rules import Sensitivity
+from vitpos.study.results import HEADLINE_FIGURE, ModelEntry, StudyResults
 
-# claim id -> the first experiment (registry order) that informs it: its one-line summary fills
-# the other scheme's cell of the headline table
-CLAIM_EXPERIMENT = {c: next(x.name for x in EXPERIMENTS if c in x.claims) for c in CLAIM_TEXT}
+
+def claim_experiment(claim: str) -> str | None:
+    """The first experiment (registry order) that informs a claim: its one-line summary fills the
+    other scheme's cell of the headline table (None: no registered experiment informs it)."""
+    return next((x.name for x in EXPERIMENTS if claim in x.claims), None)
 
 
 def _claim_data(claim: ClaimVerdict, models: Mapping[str, ModelEntry]) -> str | None:
@@ -88,7 +91,7 @@ def _validation(summary: Summary) -> str:
     out = ['<section id="validation"><h2>Validation: verdicts on planted models</h2>']
     if summary.rules_version is not None:
         out.append(f"<p>Verdict rules version <b>{e(summary.rules_version)}</b>, hash <code>{e(summary.rules_hash)}"
-                   "</code> (study/rules.py; results.json records both).</p>")
+                   "</code> (claims/rules.py; results.json records both).</p>")
     val = summary.validation
     if val is None or not val.rows:
         out.append('<p class="na">no validation table in these results (written before it existed).</p></section>')
@@ -127,7 +130,9 @@ def _readable(v: Any) -> str:
 
 def _contrast_cell(claim: str, family: str, models: Mapping[str, ModelEntry], data: str | None) -> str:
     """What the other scheme's models show for this claim's experiment (or why it does not apply)."""
-    exp = CLAIM_EXPERIMENT[claim]
+    exp = claim_experiment(claim)
+    if exp is None:
+        return '<p class="na">—</p>'
     by_text: dict[str, list[str]] = {}  # models with the same line share one item (e.g. every seed not applicable)
     for spec, m in models.items():
         if family not in families(m.describe.scheme):
@@ -164,7 +169,8 @@ def _headline(summary: Summary, models: Mapping[str, ModelEntry]) -> str:
         with_claims = {_claim_data(c, models) for c in claims}
         groups = [d for d in datas if d in with_claims] + ([None] if None in with_claims else [])
         groups = groups or [None]
-    ids = list(CLAIM_TEXT) + sorted({c.id for c in claims} - set(CLAIM_TEXT))
+    registered = [c.id for c in CLAIMS]
+    ids = registered + sorted({c.id for c in claims} - set(registered))
     rows = ['<table id="headline"><thead><tr><th>claim</th><th>APE evidence</th><th>RoPE evidence</th>'
             "<th>verdict</th></tr></thead><tbody>"]
     for g in groups:
@@ -173,16 +179,11 @@ def _headline(summary: Summary, models: Mapping[str, ModelEntry]) -> str:
             rows.append(f'<tr class="group"><th colspan="4">{e(label)}</th></tr>')
         for cid in ids:
             entries = [c for c in claims if c.id == cid and (not grouped or _claim_data(c, models) == g)]
-            text = next((c.claim for c in entries if c.claim), CLAIM_TEXT.get(cid, ""))
+            text = next((c.claim for c in entries if c.claim), BY_ID[cid].text if cid in BY_ID else "")
             cells = {}
             for fam in ("ape", "rope"):
-                mine = [c for c in entries if (c.scheme or claim_scheme(cid)).lower() == fam]
-                if mine:
-                    cells[fam] = _evidence_cell(mine)
-                elif cid in CLAIM_EXPERIMENT:
-                    cells[fam] = _contrast_cell(cid, fam, models, g)
-                else:
-                    cells[fam] = '<p class="na">—</p>'
+                mine = [c for c in entries if (c.scheme or scheme_of(cid)).lower() == fam]
+                cells[fam] = _evidence_cell(mine) if mine else _contrast_cell(cid, fam, models, g)
             if entries:
                 many = len(entries) > 1
                 badges = " ".join(_badge(c.verdict, f"{c.scheme.upper()}: " if many else "") for c in entries)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from vitpos.claims.c1 import CLAIM as C1
+from vitpos.claims.c2 import CLAIM as C2
+from vitpos.claims.layers import over_plausible, plausible_layers
 from vitpos.errors import VitposError
 from vitpos.experiments.registry import EXPERIMENTS
-from vitpos.experiments.sae_sweep import PLAUSIBLE
 from vitpos.report.format import ci, e, fmt_value, fnum, kv_table, last, na, num, pct, pts, table
 from vitpos.results.ape_permute import CONTROLS as APE_CONTROLS
 from vitpos.results.ape_permute import ApePermuteResult, Outcome, VariantResult
@@ -28,7 +30,7 @@ from vitpos.results.rope_axis import AxisRemoval, MedianRecovery, RopeAxisResult
 from vitpos.results.rope_freq import RopeFreqResult
 from vitpos.results.rope_heads import RopeHeadsResult, closest_rival
 from vitpos.results.rope_prefix import RopePrefixResult
-from vitpos.results.sae_layers import LayerPoint, SAELayersResult
+from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint, SAELayersResult
 from vitpos.results.sae_run import AblationEffect, RemovalControl, SAEResult
 from vitpos.sae.special import OUTLIER_K
 from vitpos.study.results import ModelEntry, figure_key, model_slug
@@ -793,14 +795,13 @@ def _sec_extrapolate(r: ExtrapolateResult) -> str:
                         "row skill per layer", "col skill per layer"], rows)
 
 
-def _c1_drop(p: LayerPoint, axis: str, control: bool = False) -> str:
-    """A layer's own-axis probe drop (or its matched control's) as C1 read it, with its interval."""
+def _c1_drop(n: Mapping[str, Any], axis: str, control: bool = False) -> str:
+    """A layer's own-axis probe drop (or its matched control's) as C1 read it (`n`: its numbers there)."""
     key = f"{axis}_control_probe_drop" if control else f"{axis}_probe_drop"
-    return f"{pts(p.c1_numbers.get(key))} {ci(p.c1_numbers.get(f'{key}_ci95'))}".rstrip()
+    return f"{pts(n.get(key))} {ci(n.get(f'{key}_ci95'))}".rstrip()
 
 
-def _sel(p: LayerPoint, axis: str) -> str:
-    n = p.c1_numbers
+def _sel(n: Mapping[str, Any], axis: str) -> str:
     return f"{fnum(n.get(f'{axis}_selectivity'), 2)} {ci(n.get(f'{axis}_selectivity_ci95'), digits=2)}".rstrip()
 
 
@@ -821,6 +822,11 @@ def _sweep_images(r: SAELayersResult) -> str:
 
 
 def _sec_sae_layers(r: SAELayersResult) -> str:
+    # C1 and C2 at each layer and over the plausible ones, read by the claims' own rules
+    c1 = {p.layer: C1.at_layer(r.model, p) for p in r.points}
+    c2 = {p.layer: C2.at_layer(r.model, p) for p in r.points}
+    over = {name: over_plausible([at[layer].result for layer in plausible_layers(r, PLAUSIBLE)])
+            for name, at in (("C1", c1), ("C2", c2))}
     plaus = ", ".join(f"L{p.layer} ({p.selection_frequency:.0%})" for p in r.points if p.layer in r.plausible_layers)
     head = (f"<p>{e(r.model)} on {e(r.data)}: an SAE of its own at each of {e(r.layer_rule)} (resid_post, TopK k "
             f"{e(r.sae_k)}, expansion {e(r.sae_expansion)}, {e(r.sae_images)} training images x {e(r.sae_epochs)} "
@@ -829,14 +835,16 @@ def _sec_sae_layers(r: SAELayersResult) -> str:
             f"{e(fmt_value(r.seeds))}). The layer where "
             "position matters most for behaviour is the largest all-positional drop; its selection frequency is "
             "bootstrapped over the images (the same resample at every layer). Plausible layers (chosen in at least "
-            f"{PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. Over them C1 <b>{e(r.c1.result)}</b> "
-            f"and C2 <b>{e(r.c2.result)}</b> (a claim holds when it holds at every plausible layer); the claims "
+            f"{PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. Over them C1 <b>{e(over['C1'])}</b> "
+            f"and C2 <b>{e(over['C2'])}</b> (a claim holds when it holds at every plausible layer); the claims "
             "table reads the curve this way, the single-layer sae and ape_permute stages are reported beside it.</p>")
     rows = []
     for p in r.points:
+        n = c1[p.layer].numbers
         rows.append([f"L{p.layer}" + (" *" if p.layer in r.plausible_layers else ""), fnum(p.fvu),
-                     f"{p.n_row} / {p.n_col} / {p.n_mixed}", p.c1, _c1_drop(p, "row"), _c1_drop(p, "row", True),
-                     _c1_drop(p, "col"), _c1_drop(p, "col", True), f"{_sel(p, 'row')}; {_sel(p, 'col')}", p.c2,
+                     f"{p.n_row} / {p.n_col} / {p.n_mixed}", c1[p.layer].result, _c1_drop(n, "row"),
+                     _c1_drop(n, "row", True), _c1_drop(n, "col"), _c1_drop(n, "col", True),
+                     f"{_sel(n, 'row')}; {_sel(n, 'col')}", c2[p.layer].result,
                      _permuted(p, "all_positional"), _permuted(p, "swap_all_positional"),
                      _permuted(p, "random_all_positional"), f"{p.selection_frequency:.0%}"])
     return head + table(["layer (* plausible)", "FVU", "row / col / mixed", "C1 here", "row set: row-probe drop",

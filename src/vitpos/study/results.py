@@ -13,15 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vitpos.claims.verdict import Summary
 from vitpos.errors import VitposError
 from vitpos.experiments.registry import BY_NAME, names
 from vitpos.results.base import Result, Skipped
-from vitpos.results.validation import ValidationTable
 from vitpos.study.config import SEED_MAX, RunConfig
 from vitpos.study.head_stage import HeadResult
-from vitpos.study.rules import RuleSet, Sensitivity
 
 FORMAT = "vitpos-results"
 FORMAT_VERSION = 1
@@ -92,100 +91,6 @@ class ModelEntry(BaseModel):
         head = HeadResult.from_json(doc["head"]) if doc.get("head") is not None else None
         return cls(describe=ModelDescription.model_validate(doc["describe"]), data=doc["data"],
                    not_applicable=dict(doc.get("not_applicable") or {}), results=results, head=head)
-
-
-class SeedSummary(BaseModel):
-    """One claim over the independently trained seeds of one model family (`NAME`, `NAME-seed1`, ...)."""
-
-    model_config = ConfigDict(extra="forbid")
-    models: list[str]
-    holds: int  # seeds on which the claim holds
-    results: list[str]  # holds / fails / inconclusive per model, in `models` order
-    number: str  # the headline number summarised
-    values: list[float | None]
-    mean: float | None
-    ci95: list[float] | None  # Student-t over the seeds with a value
-
-
-class FamilyHeadline(BaseModel):
-    """A claim's headline number on one model family (`NAME`, `NAME-seed1`, ... folded: what
-    `claims.model_family` gives), with its interval and on how many of the family's seeds it holds."""
-
-    model_config = ConfigDict(extra="forbid")
-    family: str
-    models: list[str]
-    results: list[str]  # holds / fails / inconclusive per model, in `models` order
-    holds: int  # models (seeds) on which the claim holds
-    number: str  # the headline number (claims.HEADLINE_NUMBER), made of the per-model numbers
-    label: str  # what it is, in words
-    unit: str  # points | fraction
-    value: float | None  # one model: its number; several seeds: their mean (None: not measured)
-    ci95: list[float] | None  # one model: its own 95 % interval; several seeds: Student-t over them
-    why_undefined: str | None = None  # why `value` is None, in words (claims.headline_gap)
-
-    def value_text(self) -> str:
-        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts' or '0.81 [0.70, 0.93]'."""
-        if self.value is None or self.value != self.value:
-            return "n/a" if self.why_undefined is None else f"n/a ({self.why_undefined})"
-        fmt = "{:.1f}" if self.unit == "points" else "{:.2f}"
-        iv = "" if self.ci95 is None else f" [{fmt.format(self.ci95[0])}, {fmt.format(self.ci95[1])}]"
-        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "")
-
-    def seeds_text(self) -> str:
-        """'holds on 2/3 seeds'; a family of one model: its result ('holds', 'fails', 'inconclusive')."""
-        if len(self.models) == 1:
-            return self.results[0]
-        return f"holds on {self.holds}/{len(self.models)} seeds"
-
-    def text(self) -> str:
-        return f"{self.family}: {self.value_text()}, {self.seeds_text()}"
-
-
-class ClaimVerdict(BaseModel):
-    """One claim: its verdict, one sentence, the headline number per model family, and what each
-    model's rule read (`details` in words, `numbers`), which the report folds below the headline.
-
-    `evidence`: results written before the typed pieces held the claim's evidence as one prose
-    string (every model's text joined); they load with it and without the pieces."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    claim: str
-    scheme: str
-    verdict: str  # supported | partly supported | not supported | inconclusive | not applicable
-    sentence: str = ""  # the verdict's reading in one sentence
-    headlines: list[FamilyHeadline] = Field(default_factory=list)  # per model family, in the models' order
-    notes: list[str] = Field(default_factory=list)  # said of the claim beside the rule (e.g. heads over seeds)
-    details: dict[str, str] = Field(default_factory=dict)  # model spec -> what the rule read on it, in words
-    numbers: dict[str, dict[str, Any]]  # model spec -> the numbers the verdict rule read (+ result, holds)
-    models: list[str]
-    seeds: dict[str, SeedSummary] = Field(default_factory=dict)  # model family -> its seeds, where >= 2 ran
-    sensitivity: list[Sensitivity] | None = None  # the verdict as each threshold moves (claims whose rule reads RULES)
-    evidence: str | None = None  # results written before the typed pieces (see above); None in newer ones
-
-    @model_serializer(mode="wrap")
-    def _without_legacy(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        doc = handler(self)
-        if doc.get("evidence") is None:
-            doc.pop("evidence", None)
-        return doc
-
-    def text(self) -> str:
-        """Everything said of the claim as one text: the older `evidence`, or the sentence, the notes
-        and each model's reading."""
-        if self.evidence is not None:
-            return self.evidence
-        return " ".join([self.sentence, *(f"{n}." for n in self.notes), "; ".join(self.details.values())]).strip()
-
-
-class Summary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    claims: list[ClaimVerdict]
-    rules: str
-    rules_version: int | None = None  # study.rules.RULES (None: written before rules were versioned)
-    rules_hash: str | None = None
-    rule_set: RuleSet | None = None
-    validation: ValidationTable | None = None  # planted models: claim x planted truth -> verdict (vitpos.validation)
 
 
 class StudyResults(BaseModel):

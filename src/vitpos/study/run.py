@@ -25,6 +25,8 @@ import torch
 
 import vitpos
 from vitpos import zoo
+from vitpos.claims.inputs import model_family
+from vitpos.claims.summary import summarise
 from vitpos.data import dataset_info
 from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_fingerprint, dataset_for, require_fit
@@ -39,7 +41,6 @@ from vitpos.results.base import Result
 from vitpos.results.validation import ValidationTable
 from vitpos.runtime.device import peak_memory_gb
 from vitpos.study.cache import StageCache, code_fingerprint, model_fingerprint
-from vitpos.study.claims import model_family, summarise
 from vitpos.study.config import FASHION_MODELS, RunConfig, shapes_models, zoo_models
 from vitpos.study.head_stage import HEAD_VERSION, HeadResult
 from vitpos.study.plan import (

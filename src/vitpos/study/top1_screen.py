@@ -5,8 +5,8 @@ default only where it does)."""
 
 from __future__ import annotations
 
+from vitpos.claims.c5 import c5_outcome
 from vitpos.experiments.rope_heads import HeadDrops
-from vitpos.study.claims import c5_outcome
 
 
 def largest(drops: list[list[float]]) -> tuple[int, int]:

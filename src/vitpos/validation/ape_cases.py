@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vitpos.claims.inputs import ClaimInputs
 from vitpos.experiments.ape_permute import run_ape_permute
 from vitpos.experiments.sae_run import sae_doc_from_held
 from vitpos.models.planted_ape import Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.models.spec import OwnSurface
 from vitpos.models.surface import Site
 from vitpos.results.sae_run import GivenSAEResult
-from vitpos.study.claims import ClaimInputs
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class PlantedCase:
     """A planted model and what is true of it by construction (claim id -> true / false).
 
     `measure(n_images, seeds)` returns the typed results the claims read of the model
-    (`study.claims.ClaimInputs`), measured by the experiments' own run functions."""
+    (`claims.inputs.ClaimInputs`), measured by the experiments' own run functions."""
 
     name: str
     description: str

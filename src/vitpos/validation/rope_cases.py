@@ -1,6 +1,6 @@
 """The planted RoPE cases (C3-C5): each a planted model of `vitpos.models.planted_rope` (its weights
 edited there) with the claim it tests and its truth by construction, measured by the study's own
-`run_rope_axis` / `run_rope_heads` and read by `vitpos.study.claims.summarise`."""
+`run_rope_axis` / `run_rope_heads` and read by `vitpos.claims.summary.summarise`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
+from vitpos.claims.inputs import ClaimInputs
+from vitpos.claims.summary import summarise
 from vitpos.data.base import TensorImageDataset
 from vitpos.experiments.rope_axis import run_rope_axis
 from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
 from vitpos.models.spec import OwnSurface
-from vitpos.study.claims import ClaimInputs, summarise
 
 
 @dataclass(frozen=True)

@@ -2,22 +2,23 @@
 
 A case (`PlantedCase`) is a small model where some claims are true or false by construction; its
 `measure` runs the experiments' own run functions and returns the typed results the claims read
-(`study.claims.ClaimInputs`); `study.claims.summarise` then gives the verdicts exactly as for a real run. A row passes
-when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
-verdict passes neither way). The RoPE cases (C3-C5) come from `rope_cases.rope_cases()`.
+(`claims.inputs.ClaimInputs`); `claims.summary.summarise` then gives the verdicts exactly as for a real run. A row
+passes when a planted-true claim is `supported` and a planted-false one `not supported` (an inconclusive
+verdict passes neither way). The RoPE cases (C3-C5) come from `rope_cases.rope_cases()`; besides these the
+table measures every planted case a registered claim declares (`Claim.planted`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from vitpos.claims.base import Planted
+from vitpos.claims.inputs import ClaimInputs
+from vitpos.claims.registry import CLAIMS, rule_set
+from vitpos.claims.summary import summarise
 from vitpos.results.validation import ValidationRow, ValidationTable, expected_verdict
 from vitpos.validation import rope_cases
 from vitpos.validation.ape_cases import APE_CASES, PlantedCase
-
-if TYPE_CHECKING:
-    from vitpos.study.claims import ClaimInputs
 
 
 def _from_rope(case: rope_cases.PlantedCase) -> PlantedCase:
@@ -34,14 +35,23 @@ def _from_rope(case: rope_cases.PlantedCase) -> PlantedCase:
 CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in rope_cases.rope_cases()))
 
 
-def validation_table(cases: Iterable[PlantedCase] = CASES, n_images: int = 300,
-                     seeds: tuple[int, ...] = (0, 1)) -> ValidationTable:
-    """Measure every case and read each planted claim's verdict from `summarise`."""
-    from vitpos.study.claims import summarise
-    from vitpos.study.rules import RULES
+def registered_cases() -> list[Planted]:
+    """The table's cases: the built-in ones and every planted case a registered claim declares (once each)."""
+    out: list[Planted] = list(CASES)
+    names = {c.name for c in out}
+    for claim in CLAIMS:
+        for case in claim.planted:
+            if case.name not in names:
+                out.append(case)
+                names.add(case.name)
+    return out
 
+
+def validation_table(cases: Iterable[Planted] | None = None, n_images: int = 300,
+                     seeds: tuple[int, ...] = (0, 1)) -> ValidationTable:
+    """Measure every case (None: `registered_cases()`) and read each planted claim's verdict from `summarise`."""
     rows = []
-    for case in cases:
+    for case in registered_cases() if cases is None else cases:
         verdicts = {c.id: c for c in summarise({case.name: case.measure(n_images, seeds)}).claims}
         for cid, planted in case.truth.items():
             c = verdicts[cid]
@@ -50,8 +60,9 @@ def validation_table(cases: Iterable[PlantedCase] = CASES, n_images: int = 300,
                                       verdict=c.verdict, expected=want, passes=c.verdict == want,
                                       evidence=c.text()))
     rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
-    return ValidationTable(rules_version=RULES.version, rules_hash=RULES.digest(), n_images=n_images,
+    rules = rule_set()
+    return ValidationTable(rules_version=rules.version, rules_hash=rules.digest(), n_images=n_images,
                            seeds=list(seeds), rows=rows)
 
 
-__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "validation_table"]
+__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "registered_cases", "validation_table"]

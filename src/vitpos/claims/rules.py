@@ -1,32 +1,32 @@
 """The verdict rules' thresholds as data: one versioned, hashed rule set, each threshold with the
 range its sensitivity curve is drawn over.
 
-The study gives only its abstract, so nearly every threshold is ours (`source="ours"`); the few the
-study's text fixes say so. `RULES.digest()` hashes the canonical JSON of every threshold (name,
-claim, value, range) with the version: results.json records both (`summary.rules_version`,
-`summary.rules_hash`), so a rule change is visible in the file; `CHANGES` says what each version
-changed and whether it was made after seeing results.
+Each claim module declares its thresholds (`Claim.thresholds`); the registry's `rule_set()` gathers
+those of every registered claim into one `RuleSet` of version `VERSION`. The study gives only its
+abstract, so nearly every threshold is ours (`source="ours"`); the few the study's text fixes say so.
+`RuleSet.digest()` hashes the canonical JSON of every threshold (name, claim, value, range) with the
+version: results.json records both (`summary.rules_version`, `summary.rules_hash`), so a rule change is
+visible in the file; `CHANGES` says what each version changed and whether it was made after seeing
+results.
 
 Sensitivity (`sensitivity`): for a claim and one of its thresholds, the claim's verdict with that
 threshold moved over its `sweep` (the other thresholds at their values), from the same per-model
-rule the verdict uses. A claim opts in by registering its per-model rule in `study.claims`
-(`RULE_READERS`: claim id -> (spec, the model's typed results, thresholds) -> holds / fails /
-inconclusive, or None where the model did not run it); a claim whose rule does not read the
-thresholds yet is left out of the curves rather than shown flat. A threshold that reads another
-experiment's result (`needs`, e.g. the plausible-layer share of the sae_layers sweep) has its curve
-only where some model has that result: a run without the sweep shows the curves it showed before.
+rule the verdict uses. A threshold that reads another experiment's result (`needs`, e.g. the
+plausible-layer share of the sae_layers sweep) has its curve only where some model has that result:
+a run without the sweep shows the curves it showed before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from vitpos.experiments.sae_sweep import PLAUSIBLE
+VERSION = 3
+Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
 class Threshold(BaseModel):
@@ -77,43 +77,16 @@ CHANGES = {
        "changed after seeing results: the sweep had not run as a stage of vitpos run before this version.",
 }
 
-_FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)
-_POINTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
-_PLAUSIBLE = (0.01, PLAUSIBLE, 0.1, 0.2, 0.3)
+FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold
+POINTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)  # sweep of a floor in points
 
-RULES = RuleSet(version=3, thresholds=(
-    Threshold(name="C1.selective", claim="C1", value=0.6, unit="fraction",
-              meaning="selectivity of each set's removal (own-axis probe drop / both drops) at least this",
-              sweep=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
-    Threshold(name="C1.min_probe_drop", claim="C1", value=5.0, unit="points",
-              meaning="each set's removal lowers its own axis' downstream probe accuracy by at least this",
-              sweep=_POINTS),
-    Threshold(name="C1.control_factor", claim="C1", value=2.0, unit="x",
-              meaning="... and by more than this times its matched random-latent removal does", sweep=_FACTORS),
-    Threshold(name="C1.min_top1_drop", claim="C1", value=5.0, unit="points",
-              meaning="each set's removal lowers top-1 by at least this (the features are used by the model)",
-              sweep=_POINTS),
-    Threshold(name="C1.plausible_layer", claim="C1", value=PLAUSIBLE, unit="fraction",
-              meaning="with the layer sweep (sae_layers): a layer chosen as the largest all-positional drop in at "
-              "least this share of the bootstrap resamples is plausible; C1 must hold at every plausible layer",
-              sweep=_PLAUSIBLE, needs="sae_layers"),
-    Threshold(name="C2.min_drop", claim="C2", value=10.0, unit="points",
-              meaning="permuting all positional features drops top-1 by at least this",
-              sweep=(0.0, 5.0, 10.0, 15.0, 20.0, 24.0, 31.0)),
-    Threshold(name="C2.null_factor", claim="C2", value=2.0, unit="x",
-              meaning="... and by more than this times the same-position cross-image swap of that set",
-              sweep=_FACTORS),
-    Threshold(name="C2.plausible_layer", claim="C2", value=PLAUSIBLE, unit="fraction",
-              meaning="with the layer sweep (sae_layers): as C1.plausible_layer, for C2", sweep=_PLAUSIBLE,
-              needs="sae_layers"),
-    Threshold(name="C2.study_low", claim="C2", value=24.0, unit="points", source="study",
-              meaning="low end of the study's range (stated, not required)", sweep=(24.0,)),
-    Threshold(name="C2.study_high", claim="C2", value=31.0, unit="points", source="study",
-              meaning="high end of the study's range (stated, not required)", sweep=(31.0,)),
-))
 
-M = TypeVar("M")  # what the claims read of one model (study.claims.ClaimInputs)
-RuleReader = Callable[[str, M, Mapping[str, float]], str | None]  # -> holds / fails / inconclusive, None: not run
+def values(thresholds: Sequence[Threshold]) -> dict[str, float]:
+    return {t.name: t.value for t in thresholds}
+
+
+M = TypeVar("M")  # what the claims read of one model (claims.inputs.ClaimInputs)
+RuleReader = Callable[[str, M, Thresholds], str | None]  # -> holds / fails / inconclusive, None: not run
 
 
 class CurvePoint(BaseModel):
@@ -136,7 +109,7 @@ class Sensitivity(BaseModel):
 
 
 def sensitivity(claim: str, models: Mapping[str, M], reader: RuleReader[M],
-                aggregate: Callable[[list], str], rules: RuleSet = RULES,
+                aggregate: Callable[[list[str]], str], rules: RuleSet,
                 measured: Collection[str] = ()) -> list[Sensitivity]:
     """Per threshold of `claim` with a range of more than one value: the verdict over that range.
     measured: the experiments some model has a result of (a threshold that `needs` another is left out)."""
@@ -155,4 +128,5 @@ def sensitivity(claim: str, models: Mapping[str, M], reader: RuleReader[M],
     return out
 
 
-__all__ = ["CHANGES", "RULES", "CurvePoint", "RuleReader", "RuleSet", "Sensitivity", "Threshold", "sensitivity"]
+__all__ = ["CHANGES", "VERSION", "CurvePoint", "RuleReader", "RuleSet", "Sensitivity", "Threshold", "Thresholds",
+           "sensitivity"]

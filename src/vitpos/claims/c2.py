@@ -1,0 +1,195 @@
+"""C2 (APE): permuting the positional features across patches drops top-1 by 24-31 points."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vitpos.claims import text as tx
+from vitpos.claims.base import Condition, Headline, ModelClaim, RuleClaim
+from vitpos.claims.c1 import PLAUSIBLE_SWEEP
+from vitpos.claims.inputs import ClaimInputs, none_top1
+from vitpos.claims.intervals import Interval, Outcome, as_list, at_least, bounds, exceeds, outcome
+from vitpos.claims.layers import AtLayer, over_curve
+from vitpos.claims.rules import FACTORS, Threshold, Thresholds
+from vitpos.claims.verdict import ConditionReading
+from vitpos.results.ape_permute import ApePermuteResult, VariantResult
+from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
+
+THRESHOLDS = (
+    Threshold(name="C2.min_drop", claim="C2", value=10.0, unit="points",
+              meaning="permuting all positional features drops top-1 by at least this",
+              sweep=(0.0, 5.0, 10.0, 15.0, 20.0, 24.0, 31.0)),
+    Threshold(name="C2.null_factor", claim="C2", value=2.0, unit="x",
+              meaning="... and by more than this times the same-position cross-image swap of that set",
+              sweep=FACTORS),
+    Threshold(name="C2.plausible_layer", claim="C2", value=PLAUSIBLE, unit="fraction",
+              meaning="with the layer sweep (sae_layers): as C1.plausible_layer, for C2", sweep=PLAUSIBLE_SWEEP,
+              needs="sae_layers"),
+    Threshold(name="C2.study_low", claim="C2", value=24.0, unit="points", source="study",
+              meaning="low end of the study's range (stated, not required)", sweep=(24.0,)),
+    Threshold(name="C2.study_high", claim="C2", value=31.0, unit="points", source="study",
+              meaning="high end of the study's range (stated, not required)", sweep=(31.0,)),
+)
+
+RULE = """  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
+            eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
+            pooled) by >= C2.min_drop points, and the drop's interval lies above C2.null_factor x
+            that of the same-position cross-image swap of the same set (another image's codes at
+            the same patch: content moves, position stays, so it is null by construction for
+            positional features); without that null the claim is inconclusive. Reported beside
+            it, not in the rule: the matched random controls (count and mass, and edit size:
+            not nulls on a spatial task), the crossed design (row features moved by whole
+            columns, col features by whole rows: ~0 for real row / col features), each edit's
+            norm, the drop per class group and as a fraction of the position gain (clean minus
+            the `none` model's top-1 on the same data, where one ran), and whether the drop falls
+            in the study's 24-31 (ImageNet's range: stated, not required). Where the layer sweep
+            ran, read over its plausible layers as C1 (C2.plausible_layer), the ape_permute stage's
+            single layer beside it."""
+
+SETS = (("all_positional", "random_all_positional", "all positional (row+col+mixed)"),
+        ("all", "random_features", "row+col"), ("row_only", "random_row", "row only"),
+        ("col_only", "random_col", "col only"))  # permuted set, its control, label; the first decides C2
+NULLS = ("swap_all_positional", "crossed", "norm_all_positional")
+
+
+def _drop(v: VariantResult | None) -> Interval | None:
+    return None if v is None else bounds(v.drop_points, v.drop_ci95)
+
+
+def _points(v: VariantResult | None) -> float | None:
+    return None if v is None else v.drop_points
+
+
+def _n(v: VariantResult | None) -> str:
+    return "n/a" if v is None or v.n_features is None else str(v.n_features)
+
+
+@dataclass(frozen=True)
+class View:
+    """What C2's conditions read of one permutation result: the all-positional drop and its
+    same-position swap null (points), and the `none` model's top-1 for the position gain (reported)."""
+
+    permute: ApePermuteResult
+    treated: Interval | None
+    null: Interval | None
+    none_top1: float | None = None
+
+    @classmethod
+    def of(cls, ap: ApePermuteResult, none_top1: float | None = None) -> View:
+        return cls(ap, _drop(ap.variant("all_positional")), _drop(ap.variant("swap_all_positional")), none_top1)
+
+
+CONDITIONS: tuple[Condition[View], ...] = (
+    Condition("min_drop", "permuting all positional features drops top-1 by >= C2.min_drop points",
+              lambda v, t: (at_least(v.treated, t["C2.min_drop"]),
+                            {"all_positional_drop": as_list(v.treated), "C2.min_drop": t["C2.min_drop"]})),
+    Condition("above_null", "... by more than C2.null_factor x the same-position swap (no null: undecided)",
+              lambda v, t: (exceeds(v.treated, v.null, t["C2.null_factor"]),
+                            {"all_positional_drop": as_list(v.treated), "swap_null_drop": as_list(v.null),
+                             "C2.null_factor": t["C2.null_factor"]})),
+)
+
+
+def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
+    ap = v.permute
+    allpos_v, control_v = ap.variant("all_positional"), ap.variant("random_all_positional")
+    treated, control = v.treated, _drop(control_v)
+    nulls = {n: ap.variant(n) for n in NULLS}
+    null = v.null
+    allpos = _points(allpos_v)
+    in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]
+    pe = _points(ap.variant("pos_embed_shuffle"))
+    note = None if control_v is None else control_v.note
+    clean = ap.baseline_top1
+    gain = None if v.none_top1 is None or clean is None else 100 * (clean - v.none_top1)
+    frac = None if gain is None or allpos is None or gain <= 0 else allpos / gain
+    parts = []
+    for kept, ctrl_name, label in SETS:
+        k, c = ap.variant(kept), ap.variant(ctrl_name)
+        parts.append(f"{label} ({_n(k)}): {tx.f(_points(k), 1)}{tx.iv(_drop(k), 1)} pts vs its control "
+                     f"({_n(c)}) {tx.f(_points(c), 1)}{tx.iv(_drop(c), 1)}")
+    null_text = "; ".join(f"{n} {tx.f(_points(x), 1)}{tx.iv(_drop(x), 1)}" for n, x in nulls.items())
+    crossed, norm = nulls["crossed"], nulls["norm_all_positional"]
+    nums = {"drop_points": _points(ap.variant("all")), "random_control_drop": _points(ap.variant("random_features")),
+            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos, "in_study_range": in_range,
+            "all_positional_drop_ci95": None if treated is None else list(treated),
+            "all_positional_control_drop": _points(control_v),
+            "all_positional_control_drop_ci95": None if control is None else list(control),
+            "n_all_positional": None if allpos_v is None else allpos_v.n_features,
+            "n_control": None if control_v is None else control_v.n_features, "control_note": note,
+            "swap_null_drop": _points(nulls["swap_all_positional"]),
+            "swap_null_drop_ci95": None if null is None else list(null),
+            "crossed_drop": _points(crossed), "crossed_drop_ci95": None if crossed is None else crossed.drop_ci95,
+            "norm_control_drop": _points(norm), "norm_control_drop_ci95": None if norm is None else norm.drop_ci95,
+            "all_positional_edit_norm": None if allpos_v is None else allpos_v.edit_norm,
+            "norm_control_edit_norm": None if norm is None else norm.edit_norm,
+            "all_positional_drop_per_group": {} if allpos_v is None else {
+                g: x.drop_points for g, x in allpos_v.per_group.items()},
+            "position_gain_points": gain, "drop_fraction_of_position_gain": frac}
+    text = (f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
+            + f"; shuffled APE table {tx.f(pe, 1)}"
+            + (f" (control: {note})" if note else "")
+            + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
+               f"({gain:.1f} pts over the none model)")
+            + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
+              f"{t['C2.null_factor']:g}x its same-position swap)"
+            f"{', within' if in_range else ', outside'} the study's "
+            f"{t['C2.study_low']:g}-{t['C2.study_high']:g}")
+    return nums, text
+
+
+class C2(RuleClaim[View]):
+    id = "C2"
+    text = "APE: permuting the positional features across patches drops top-1 by 24-31 points."
+    scheme = "ape"
+    rule = RULE
+    thresholds = THRESHOLDS
+    rule_conditions = CONDITIONS
+    headline = Headline(number="all_positional_drop", label="top-1 drop permuting all positional features",
+                        unit="points", parts=("all_positional_drop",), how="one", range=(-100.0, 100.0))
+
+    def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
+        return None if model.ape_permute is None else View.of(model.ape_permute, none_top1(models, model.data, spec))
+
+    def describe(self, spec: str, x: View, t: Thresholds) -> tuple[dict[str, Any], str]:
+        return _describe(spec, x, t)
+
+    def at(self, spec: str, ap: ApePermuteResult, t: Thresholds | None = None,
+           none_top1: float | None = None) -> ModelClaim:
+        """C2 of one permutation result (the ape_permute stage's, or one layer's of the sweep)."""
+        return self.read_view(spec, View.of(ap, none_top1), self.defaults() if t is None else t)
+
+    def at_layer(self, spec: str, p: LayerPoint, t: Thresholds | None = None) -> ModelClaim:
+        """C2 at one swept layer, from the typed results measured there (a point written without them:
+        the result the sweep recorded then)."""
+        if p.permute is not None:
+            return self.at(spec, p.permute, t)
+        return ModelClaim(outcome(p.c2), dict(p.c2_numbers))
+
+    def _layer(self, spec: str, t: Thresholds) -> AtLayer:
+        def at(p: LayerPoint) -> tuple[Outcome, tuple[ConditionReading, ...]]:
+            r = self.at_layer(spec, p, t)
+            return r.result, r.conditions
+        return at
+
+    def read(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs],
+             t: Thresholds) -> ModelClaim | None:
+        """Over the layer sweep where it ran, else at the ape_permute stage's layer (None: neither ran)."""
+        x = self.view(spec, model, models)
+        single = None if x is None else self.read_view(spec, x, t)
+        if model.sae_layers is None:
+            return single
+        return over_curve(spec, single, model.sae_layers, self._layer(spec, t), t, "C2.plausible_layer",
+                          "ape_permute")
+
+    def gist(self, t: Thresholds) -> str:
+        return (f"permuting all positional features drops top-1 by >= {t['C2.min_drop']:g} pts and > "
+                f"{t['C2.null_factor']:g}x the same-position swap")
+
+    def headline_gap(self, numbers: Mapping[str, Any]) -> str | None:
+        return "its SAE has no positional features to permute" if numbers.get("n_all_positional") == 0 else None
+
+
+CLAIM = C2()

@@ -1,0 +1,185 @@
+"""C3 (RoPE): disabling the row (column) rotations removes decodable row (column) information independently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitpos.claims import text as tx
+from vitpos.claims.base import Condition, Headline, RuleClaim
+from vitpos.claims.inputs import ClaimInputs, matched_none
+from vitpos.claims.intervals import Interval, Outcome, all_of, as_list, at_least, bounds
+from vitpos.claims.rules import Thresholds
+from vitpos.claims.verdict import Number
+from vitpos.results.common import ProbedCondition
+from vitpos.results.probe import ProbeSiteResult
+from vitpos.results.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE
+from vitpos.results.rope_axis import RopeAxisResult, floored_kept, kept_fraction
+
+# C3's thresholds: module constants, outside the hashed rule set until the next rules version
+MIN_REMOVED = 0.7
+MIN_KEPT = 0.7
+
+RULE = """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
+            content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
+            fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
+            whose baseline is >= MIN_ABOVE_CHANCE above the floor), the floor of a layer = the same
+            model's no_both accuracy there (no rotations: what content alone gives), never below
+            chance; each fraction's interval (paired bootstrap over the probes' test images,
+            rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
+            and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
+            fraction's interval >= MIN_REMOVED). Kept above 100 % is reported as an interaction.
+            Reported beside it: the fractions above chance, the floor from the matched `none`
+            model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
+            the floors read the fractions above chance."""
+
+PAIRS = (("row", "col"), ("col", "row"))  # (the axis removed, the other axis)
+
+
+def _acc(cond: ProbedCondition | ProbeSiteResult, axis: str) -> list[float]:
+    return cond.row_acc if axis == "row" else cond.col_acc
+
+
+@dataclass(frozen=True)
+class View:
+    """C3's numbers of one model (`nums`, as the summary records them) and the intervals its
+    conditions read (`ivs`, by number key); `floors`: the floored fractions were measured (else the
+    older fractions above chance decide); `mlp_readout`: the MLP read-out was measured."""
+
+    axis: RopeAxisResult
+    nums: dict[str, Any] = field(default_factory=dict)
+    ivs: dict[str, Interval | None] = field(default_factory=dict)
+    floors: bool = False
+    mlp_readout: bool = False
+
+    def removed_key(self, a: str) -> str:
+        return f"no_{a}_{a}_removed" + ("_floored" if self.floors else "")
+
+    def kept_key(self, a: str, b: str) -> str:
+        return f"no_{a}_{b}_kept" + ("_floored" if self.floors else "")
+
+
+def view(ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None) -> View:
+    c = ra.conditions
+    base = c["baseline"]
+    chance = {"row": ra.chance_row, "col": ra.chance_col}
+    removal = ra.removal or {}
+    floored = ra.removal_floored  # issue 29: per-layer content floors; None in older results
+    mlp = (ra.readouts.removal if ra.readouts is not None else None) or None
+    nums: dict[str, Any] = {}
+    ivs: dict[str, Interval | None] = {}
+    for a, b in PAIRS:
+        off = c[f"no_{a}"]
+        kept_own = kept_fraction(_acc(base, a), _acc(off, a), chance[a])
+        kept_other = kept_fraction(_acc(base, b), _acc(off, b), chance[b])
+        removed = None if kept_own is None else 1 - kept_own
+        measured = removal.get(f"no_{a}")
+        rm, kp = f"no_{a}_{a}_removed", f"no_{a}_{b}_kept"
+        nums[rm] = removed
+        nums[kp] = kept_other
+        nums[f"no_{a}_top1"] = off.top1
+        nums[f"{rm}_ci95"] = None if measured is None else measured.removed_ci95
+        nums[f"{kp}_ci95"] = None if measured is None else measured.kept_ci95
+        ivs[rm] = None if removed is None else bounds(removed, nums[f"{rm}_ci95"])
+        ivs[kp] = None if kept_other is None else bounds(kept_other, nums[f"{kp}_ci95"])
+        if floored is None:  # results before the floors: fractions above chance
+            continue
+        fl = floored.get(f"no_{a}")
+        for num, (point, ci) in ((f"{rm}_floored", (None, None) if fl is None else (fl.removed, fl.removed_ci95)),
+                                 (f"{kp}_floored", (None, None) if fl is None else (fl.kept, fl.kept_ci95))):
+            nums[num], nums[f"{num}_ci95"] = point, ci
+            ivs[num] = None if point is None else bounds(point, ci)
+        nums[f"{kp}_interaction"] = bool(fl is not None and fl.interaction)
+        if mlp is not None:  # the MLP probe must find the axis removed too (not only linearly hidden)
+            m = (mlp.get(f"no_{a}") or {}).get("mlp")
+            fracs = [(None, None)] * 4 if m is None else m.fractions()
+            for num, (point, ci) in zip((f"{rm}_mlp", f"{kp}_mlp", f"{rm}_pair_mlp", f"{kp}_pair_mlp"), fracs,
+                                        strict=True):
+                nums[num], nums[f"{num}_ci95"] = point, ci
+                ivs[num] = None if point is None else bounds(point, ci)
+        if none_probe is not None and len(_acc(none_probe, a)) == len(_acc(base, a)):
+            # reported beside the rule: the floor from the matched `none` model's probes, layer by layer
+            floor = [max(chance[a], f) for f in _acc(none_probe, a)]
+            kept_none, _ = floored_kept(_acc(base, a), _acc(off, a), floor)
+            nums[f"{rm}_none_floor"] = None if kept_none is None else 1 - kept_none
+    return View(ra, nums, ivs, floored is not None, floored is not None and mlp is not None)
+
+
+def _per_axis(v: View, key: Callable[[str, str], str], threshold: float,
+              name: str) -> tuple[Outcome, dict[str, Number]]:
+    keys = [key(a, b) for a, b in PAIRS]
+    nums: dict[str, Number] = {name: threshold, **{k: as_list(v.ivs.get(k)) for k in keys}}
+    return all_of(*(at_least(v.ivs.get(k), threshold) for k in keys)), nums
+
+
+def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
+    if not v.mlp_readout:
+        return None
+    return _per_axis(v, lambda a, b: f"no_{a}_{a}_removed_mlp", MIN_REMOVED, "MIN_REMOVED")
+
+
+CONDITIONS: tuple[Condition[View], ...] = (
+    Condition("removed", "removing an axis removes >= MIN_REMOVED of its decodability above the content floor",
+              lambda v, t: _per_axis(v, lambda a, b: v.removed_key(a), MIN_REMOVED, "MIN_REMOVED")),
+    Condition("kept", "... while the other axis keeps >= MIN_KEPT of its own",
+              lambda v, t: _per_axis(v, v.kept_key, MIN_KEPT, "MIN_KEPT")),
+    Condition("mlp_removed", "an MLP probe finds >= MIN_REMOVED of the axis removed too (where measured)",
+              _mlp_removed),
+)
+
+
+def _text(spec: str, v: View) -> str:
+    nums, ivs, top1 = v.nums, v.ivs, v.axis.conditions["baseline"].top1
+
+    def frac(key: str) -> str:
+        x = ivs.get(key)
+        return tx.pc(nums.get(key)) + ("" if x is None or x[0] == x[1] else f" [{tx.pc(x[0])}, {tx.pc(x[1])}]")
+
+    text = (f"{spec}: no_row removes {frac('no_row_row_removed')} of above-chance row decodability, "
+            f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
+            f"row keeps {frac('no_col_row_kept')}")
+    if not v.floors:
+        text += f" (needs >= {tx.pc(MIN_REMOVED)} removed and >= {tx.pc(MIN_KEPT)} kept"
+    else:
+        text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
+                 f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_row_col_kept_interaction') else ''}; no_col "
+                 f"removes {frac('no_col_col_removed_floored')} of col, row keeps {frac('no_col_row_kept_floored')}"
+                 f"{' (an interaction: above 100%)' if nums.get('no_col_row_kept_interaction') else ''}")
+        if v.mlp_readout:
+            text += (f"; an MLP probe finds {frac('no_row_row_removed_mlp')} of row and "
+                     f"{frac('no_col_col_removed_mlp')} of col removed (relative offsets: Δrow "
+                     f"{frac('no_row_row_removed_pair_mlp')}, Δcol {frac('no_col_col_removed_pair_mlp')} removed)")
+        if "no_row_row_removed_none_floor" in nums:
+            text += ("; against the matched none model's floor: row "
+                     f"{tx.pc(nums.get('no_row_row_removed_none_floor'))}, col "
+                     f"{tx.pc(nums.get('no_col_col_removed_none_floor'))} removed")
+        by_mlp = " and by the MLP probe" if v.mlp_readout else ""
+        text += f" (needs >= {tx.pc(MIN_REMOVED)} removed above the floor{by_mlp}, >= {tx.pc(MIN_KEPT)} kept"
+    return text + (f"; top-1 {tx.f(top1)} -> no_row {tx.f(nums['no_row_top1'])}, no_col "
+                   f"{tx.f(nums['no_col_top1'])})")
+
+
+class C3(RuleClaim[View]):
+    id = "C3"
+    text = "RoPE: disabling the row (column) rotations removes decodable row (column) information independently."
+    scheme = "rope"
+    rule = RULE
+    rule_conditions = CONDITIONS
+    headline = Headline(number="min_removed",
+                        label="smaller share of its own axis' above-chance decodability an axis' removal removes",
+                        unit="fraction", parts=("no_row_row_removed", "no_col_col_removed"), how="min")
+
+    def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
+        return None if model.rope_axis is None else view(model.rope_axis, matched_none(spec, models))
+
+    def describe(self, spec: str, x: View, t: Thresholds) -> tuple[dict[str, Any], str]:
+        return x.nums, _text(spec, x)
+
+    def gist(self, t: Thresholds) -> str:
+        return (f"removing an axis' rotations removes >= {tx.pc(MIN_REMOVED)} of its decodability above the content "
+                f"floor while the other axis keeps >= {tx.pc(MIN_KEPT)}")
+
+
+CLAIM = C3()
