@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from vitpos.data import load_split
+from vitpos.data import load_split, tiles
 from vitpos.data.base import require_classes
 from vitpos.errors import VitposError
 from vitpos.io import (
@@ -33,6 +33,7 @@ from vitpos.io import (
 from vitpos.models.checkpoint import save_own_model
 from vitpos.models.own import OwnViT, OwnViTConfig, build_own_vit, decay_exempt
 from vitpos.progress import progress_bar
+from vitpos.runtime.memory import require_memory
 
 QUICK_MODEL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 QUICK_LIMITS = dict(train=256, val=128, test=128)
@@ -214,10 +215,37 @@ def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | No
     if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
         raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
                           "pick a patch size that divides it")
+    if info.image_size[0] // patch < 2:  # one patch: no position to learn or to study
+        raise VitposError(f"{data}'s {info.image_size[0]}-px images with {patch}-px patches give a "
+                          f"{info.image_size[0] // patch} x {info.image_size[0] // patch} patch grid; a position study "
+                          "needs at least 2 x 2 patches: pass a larger --img-size or a smaller --patch-size")
+    # the default (sincos) is what a model without a learned table records anyway (the zoo's recipes pass it)
+    if (model_overrides or {}).get("ape_init", "sincos") != "sincos" and pe not in LEARNED_APE:
+        raise VitposError(f"--ape-init sets the init of a learned position table; --pe {pe} has none (learned tables: "
+                          f"{', '.join(LEARNED_APE)}); drop --ape-init")
     # model_validate: `pe` is a CLI string, checked against OwnViTConfig's Literal here.
     cfg = OwnViTConfig.model_validate(dict(pe=pe, img_size=info.image_size[0], in_chans=info.in_chans,
                                            num_classes=info.num_classes, **sized))
+    if data == tiles.NAME and (cfg.img_size, cfg.patch_size) != (tiles.SIZE, tiles.TILE):
+        raise VitposError(f"{data} is built of {tiles.TILE}-px tiles at {tiles.SIZE} px, so a model must patch it at "
+                          f"exactly the tiles ({tiles.TILE}-px patches at {tiles.SIZE} px); this one has "
+                          f"{cfg.patch_size}-px patches at {cfg.img_size} px, so its patches cross the tiles' borders "
+                          f"and it learns the seams as content: pass --patch-size {tiles.TILE}, or other data")
     return train_set, val_set, cfg
+
+
+LEARNED_APE = ("ape", "rope-ape", "rope-mixed-ape")  # encodings with a learned table (`ape-sincos`'s is frozen)
+
+
+def training_bytes(cfg: OwnViTConfig, batch_size: int) -> int:
+    """A lower estimate of the memory one training step takes: fp32 weights, gradients and AdamW's two
+    moments (16 bytes a parameter), and the activations autograd keeps per block (the residual, norms,
+    q/k/v, MLP hidden, and the attention matrix of every head)."""
+    d, L, tokens = cfg.embed_dim, cfg.depth, cfg.grid[0] * cfg.grid[1] + 1
+    hidden = int(d * cfg.mlp_ratio)
+    params = L * (4 * d * d + 2 * d * hidden) + cfg.patch_size ** 2 * cfg.in_chans * d + tokens * d
+    per_block = batch_size * tokens * (6 * d + 2 * hidden + 2 * cfg.num_heads * tokens)
+    return 16 * params + 4 * L * per_block
 
 
 def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
@@ -228,6 +256,9 @@ def _finished(out: Path, run_doc: dict, force: bool) -> dict | None:
     if force:
         (out / "metrics.json").unlink(missing_ok=True)
         shutil.rmtree(out / CHECKPOINT, ignore_errors=True)
+    if (out / "metrics.json").exists() and not (out / "config.json").exists():
+        raise VitposError(f"{out} holds a metrics.json but no config.json: not a finished vitpos training (its top-1 "
+                          "is not this run's); pass another --out, or --force to train there anyway")
     if (out / "metrics.json").exists() and (out / "config.json").exists():
         done = read_json(out / "config.json", "pass --force to train it again")
         if isinstance(done, dict) and {k: v for k, v in done.items() if k != "classes"} == run_doc:
@@ -348,6 +379,8 @@ def train(
         raise VitposError(f"epochs must be at least 1 (got {epochs})")
     transform = _input_transform(data, img_size)
     train_set, val_set, cfg = _data_and_config(pe, data, quick, model_overrides, limits, transform)
+    require_memory(training_bytes(cfg, batch_size), f"training a {cfg.depth}-block, {cfg.embed_dim}-wide model at "
+                   f"batch size {batch_size}", "pass a smaller --embed-dim, --depth or --batch-size")
     hp = _hparams(epochs, batch_size, lr, weight_decay, warmup_epochs, seed, data, quick)
     run_doc = {"model": cfg.model_dump(), "train": hp}
     done = _finished(out, run_doc, force)

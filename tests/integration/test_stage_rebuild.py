@@ -60,7 +60,7 @@ def test_removing_the_sae_files_recomputes_the_sae_and_the_permutation_that_read
     text = capsys.readouterr()
     rebuilt = _states(text.out + text.err)
     said = " ".join((text.out + text.err).split())  # the console wraps long lines (and breaks the long path)
-    assert f"[{MODEL}] sae: cached, but its files under" in said and "are gone: recomputing it" in said
+    assert f"[{MODEL}] sae: cached, but its files under" in said and "are gone or damaged: recomputing it" in said
     assert rebuilt["sae"] == rebuilt["ape_permute"] == "run"
     assert rebuilt["probe"] == rebuilt["extrapolate"] == "cached"  # what does not read the SAE stays cached
     assert (sae_dirs[0] / "sae.safetensors").is_file()

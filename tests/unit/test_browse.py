@@ -188,3 +188,87 @@ def test_the_browser_header_tells_the_held_out_factor_from_the_training_rule():
     doc = {"d_sae": 1536, "sweep": {"stability": [{"d_sae": 3072, "row_agreement": 0.9, "col_agreement": 0.71},
                                                   {"d_sae": 1536, "row_agreement": 0.91, "col_agreement": 0.83}]}}
     assert _agreement(doc) == [0.91, 0.83] and _agreement({"d_sae": 1536}) is None
+
+
+# --- what browse refuses before the pass ------------------------------------------------------------
+
+def _sae_folder(tmp_path, surface, sae, **edits):
+    """An SAE folder as `vitpos sae` writes it (weights + sae.json, both recording the model's digest)."""
+    from vitpos.io import write_json
+
+    d = tmp_path / "sae"
+    sae.save(d, model_weights=edits.pop("file_weights", surface.weights_digest()))
+    doc = {"model": surface.spec, "layer": 0, "site": "resid_post", "data": "toy", "tokens": 37 * 16,
+           "row_features": [0], "col_features": [1], "mixed_features": [], "run": {"weights": surface.weights_digest()}}
+    for k, v in edits.items():
+        if v is None:
+            doc.pop(k)
+        else:
+            doc[k] = v
+    write_json(d / "sae.json", doc)
+    return d
+
+
+def _no_pass(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("the browse pass ran before the refusal")
+
+    monkeypatch.setattr("vitpos.browse.collect.collect", fail)
+
+
+@pytest.mark.parametrize(("edit", "key"), [({"data": None}, "'data'"), ({"tokens": "many"}, "'tokens'"),
+                                           ({"layer": [1]}, "'layer'"), ({"model": None}, "'model'"),
+                                           ({"top1": 7.5}, "'top1'")])
+def test_browse_refuses_a_bad_sae_json_naming_the_file_and_key(edit, key, setup, tmp_path, monkeypatch):
+    from vitpos.browse import sae_doc
+    from vitpos.errors import VitposError
+
+    surface, sae, _, data, _, _ = setup
+    d = _sae_folder(tmp_path, surface, sae, **edit)
+    _no_pass(monkeypatch)
+    with pytest.raises(VitposError) as e:
+        browse_sae(surface, d, tmp_path / "page", data=data, doc=sae_doc(d))
+    assert str(d / "sae.json") in str(e.value) and key in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("where", ["sae.json", "sae.safetensors"])
+def test_browse_refuses_an_sae_of_another_model(where, setup, tmp_path, monkeypatch):
+    from vitpos.errors import VitposError
+
+    surface, sae, _, data, _, _ = setup
+    other = "0123456789abcdef"
+    d = (_sae_folder(tmp_path, surface, sae, run={"weights": other}) if where == "sae.json" else
+         _sae_folder(tmp_path, surface, sae, file_weights=other))
+    _no_pass(monkeypatch)
+    with pytest.raises(VitposError, match=f"{where} records an SAE of model weights {other}"):
+        browse_sae(surface, d, tmp_path / "page", data=data)
+    assert not (tmp_path / "page").exists()
+
+
+def test_browse_warns_on_an_sae_that_records_no_model(setup, tmp_path):
+    surface, _, _, data, _, _ = setup
+    torch.manual_seed(0)
+    sae = SAE(SAEConfig(d_in=surface.width, expansion=3, k=5, seed=1)).eval()  # no model_weights recorded
+    d = _sae_folder(tmp_path, surface, sae, run={}, file_weights=None)
+    said: list[str] = []
+    browse_sae(surface, d, tmp_path / "page", data=data, top_k=2, log=said.append)
+    assert len(said) == 1 and said[0].startswith("warning: ") and "records no digest" in said[0]
+    assert (tmp_path / "page" / "index.html").is_file()
+
+
+def test_browse_refuses_a_top_k_beyond_memory_and_an_out_file(setup, tmp_path, monkeypatch):
+    from vitpos.errors import VitposError
+    from vitpos.runtime.memory import available_bytes
+
+    surface, sae, _, data, _, _ = setup
+    d = _sae_folder(tmp_path, surface, sae)
+    _no_pass(monkeypatch)
+    have = available_bytes()
+    assert have is not None and have > 0
+    huge = 1_000_000_000
+    with pytest.raises(VitposError, match=f"--top-k {huge} .* needs about .* GiB of memory, more than the"):
+        browse_sae(surface, d, tmp_path / "page", data=data, top_k=huge)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(VitposError, match="is a file"):
+        browse_sae(surface, d, tmp_path / "file", data=data)
+    assert (tmp_path / "file").read_text() == "mine" and not (tmp_path / "page").exists()

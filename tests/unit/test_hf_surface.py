@@ -288,3 +288,81 @@ def test_image_transform_uses_the_family_preprocessing():
     mean, std = s.data_config()["mean"], s.data_config()["std"]
     assert mean[0] == pytest.approx(0.48145466)  # CLIP's own normalisation, not ImageNet's
     torch.testing.assert_close(t[:, 5, 5], torch.tensor([(1 - mean[0]) / std[0], -mean[1] / std[1], -mean[2] / std[2]]))
+
+
+# --- every Hugging Face input refused in one line, before the work (issue 49) ---------------------------
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"image_mean": [0.1, 0.2', "preprocessor_config.json is not valid JSON"),
+    ('{"image_mean": "abc", "image_std": [0.5, 0.5, 0.5]}', "key 'image_mean'"),
+    ('{"image_mean": [0.1, 0.2, 0.3], "image_std": [0.5, 0, 0.5]}', "key 'image_std.1'"),
+    ('{"image_mean": [0.1, 0.2], "image_std": [0.5, 0.5]}', "has 2 values for a model of 3 input channels"),
+    ('{"image_mean": [NaN, 0.2, 0.3], "image_std": [0.5, 0.5, 0.5]}', "key 'image_mean.0'"),
+    ('[1, 2]', "holds a JSON list"),
+])
+def test_a_bad_preprocessor_config_is_one_line(text, words, tmp_path):
+    s = tiny("dinov2")
+    s.model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "preprocessor_config.json").write_text(text)
+    with pytest.raises(VitposError, match=words) as info:
+        load_model(f"hf:{tmp_path / 'm'}")
+    assert "\n" not in str(info.value) and "preprocessor_config.json" in str(info.value)
+
+
+def test_query_keys_are_checked_against_the_config(tmp_path):
+    with pytest.raises(VitposError, match="unknown query key bogus_key; the config's keys are .*hidden_size"):
+        load_model(tiny_spec("dinov2", bogus_key=1))
+    s = tiny("dinov2")
+    s.model.save_pretrained(tmp_path / "m")
+    with pytest.raises(VitposError, match="unknown query key bogus_key"):
+        load_model(f"hf:{tmp_path / 'm'}?bogus_key=1")
+    assert load_model(f"hf:{tmp_path / 'm'}?layer_norm_eps=0.001").config.layer_norm_eps == 0.001
+    with pytest.raises(VitposError, match="takes no \\?key=value"):  # checked before the cache is looked at
+        load_model("hf:facebook/dinov2-small?hidden_size=32")
+    with pytest.raises(VitposError, match="num_hidden_layers=0; it must be a whole number >= 1"):
+        load_model(tiny_spec("dinov2", num_hidden_layers=0))
+    with pytest.raises(VitposError, match="image_size 2 is smaller than patch_size 4"):
+        load_model(tiny_spec("dinov2", image_size=2))
+    # a whole number where the config holds a float is that float (DINOv3's config is strict about it)
+    assert load_model(tiny_spec("dinov3", rope_theta=100)).config.rope_theta == 100.0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_file_and_key(value, tmp_path):
+    from safetensors.torch import save_file
+
+    s = tiny("dinov2")
+    sd = {k: v.clone().contiguous() for k, v in s.model.state_dict().items()}
+    key = "encoder.layer.1.mlp.fc1.weight"
+    sd[key][0, 0] = value
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    with pytest.raises(VitposError, match=f"w.safetensors: tensor '{key}' holds NaN or infinite values"):
+        load_model(tiny_spec("dinov2"), checkpoint=tmp_path / "w.safetensors")
+    s.model.save_pretrained(tmp_path / "m")
+    save_file(sd, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(VitposError, match=f"model.safetensors: tensor '{key}'"):
+        load_model(f"hf:{tmp_path / 'm'}")
+
+
+def test_a_classifier_is_scored_only_on_its_own_classes(tmp_path, capsys):
+    import transformers
+
+    from vitpos.data import dataset_info
+
+    torch.manual_seed(0)
+    labels = {0: "cat", 1: "dog", 2: "car", 3: "ship"}
+    cfg = transformers.ViTConfig(**FAMILIES["vit"].tiny, id2label=labels, label2id={v: k for k, v in labels.items()})
+    transformers.ViTForImageClassification(cfg).save_pretrained(tmp_path / "m")
+    s = load_model(f"hf:{tmp_path / 'm'}")
+    assert s.num_classes == 4 and s.trained_classes == ("cat", "dog", "car", "ship")
+    assert "not those of shapes" in (s.classifier_problem(dataset_info("shapes"), "shapes") or "")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "-m", f"hf:{tmp_path / 'm'}", "--data", "shapes", "--limit", "4", "--out", str(tmp_path / "o")])
+    cap = capsys.readouterr()
+    err = [line for line in cap.err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert "top-1" not in cap.out and not (tmp_path / "o").exists()
+    # transformers' placeholder names (LABEL_0, ...) say nothing about the classes: the count decides, as before
+    plain = load_model("hf:ViTForImageClassification?" + tiny_spec("vit").split("?")[1] + "&num_labels=4")
+    assert plain.trained_classes is None

@@ -297,3 +297,56 @@ def test_cli_train_refuses_bad_sizes_in_one_line(tmp_path, argv, needle):
     # In process the error surfaces as a VitposError (cli.main turns it into `error: ...` and exit 2).
     assert isinstance(res.exception, VitposError) and needle in str(res.exception), res.output
     assert not (out / "model.safetensors").exists()
+
+
+# --- options that would be ignored, or cannot fit, are refused before the work (issue 49) --------------
+
+def _refused(argv: list[str], out: Path) -> str:
+    res = CliRunner().invoke(app, ["train", *argv, "--quick", "--epochs", "1", "--out", str(out), "--no-progress"])
+    assert isinstance(res.exception, VitposError), res.output
+    assert not (out / "model.safetensors").exists() and not (out / "checkpoint").exists()
+    return str(res.exception)
+
+
+def test_ape_init_without_a_learned_table_is_refused(tmp_path):
+    for pe in ("ape-sincos", "none", "rope-axial"):
+        assert "--pe " + pe + " has none" in _refused(["--pe", pe, "--ape-init", "trunc_normal"], tmp_path / pe)
+    # the default is what such a model records anyway (the zoo's recipes pass it): accepted
+    from vitpos.train import LEARNED_APE, _data_and_config
+
+    _, _, cfg = _data_and_config("none", "shapes", True, {"ape_init": "sincos"}, QUICK_LIMITS)
+    assert cfg.ape_init == "sincos" and "ape" in LEARNED_APE and "ape-sincos" not in LEARNED_APE
+
+
+def test_tiles_need_the_tiles_as_patches(tmp_path):
+    assert "pass --patch-size 14" in _refused(["--pe", "ape", "--data", "tiles"], tmp_path / "t")
+
+
+def test_a_one_patch_grid_is_refused(tmp_path):
+    _folder_of_pngs(tmp_path / "imgs", 1)
+    msg = _refused(["--pe", "ape", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--patch-size", "1"], tmp_path / "m")
+    assert "1 x 1 patch grid" in msg and "at least 2 x 2" in msg
+
+
+def test_a_model_beyond_memory_is_refused_with_the_number(tmp_path):
+    msg = _refused(["--pe", "ape", "--embed-dim", "4096", "--depth", "64", "--heads", "64"], tmp_path / "m")
+    assert "training a 64-block, 4096-wide model" in msg and "GiB of memory, more than the" in msg
+
+
+def test_an_out_with_only_metrics_is_not_a_finished_run(tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"test_top1": 0.99}')
+    assert "metrics.json but no config.json" in _refused(["--pe", "none"], out)
+    assert (out / "metrics.json").read_text() == '{"test_top1": 0.99}'
+
+
+def test_an_imagefolder_with_a_symlink_loop_is_refused(tmp_path):
+    import os
+
+    from vitpos.data import load_split
+
+    _folder_of_pngs(tmp_path / "imgs", 16)
+    os.symlink(tmp_path / "imgs", tmp_path / "imgs" / "a" / "loop")
+    with pytest.raises(VitposError, match="through a symbolic link"):
+        load_split(f"imagefolder:{tmp_path / 'imgs'}", "train", seed=0)

@@ -8,17 +8,49 @@ the top images only, and writes ``out/index.html`` (`page`).
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import ConfigDict, Field
 
 from vitpos.errors import VitposError
-from vitpos.sae.description import load_sae_doc
+from vitpos.io import read_json, require_out_dir, validate_doc
+from vitpos.runtime.memory import require_memory
+from vitpos.sae.description import SAEDescription
 from vitpos.sae.special import OUTLIER_K
 
 PAGE = "index.html"
+REWRITE_SAE = "it is not the sae.json of `vitpos sae`; retrain the SAE with `vitpos sae` or restore the file"
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class BrowseDescription(SAEDescription):
+    """The keys of sae.json the latent browser reads, typed: a missing or wrong one is one error line
+    naming sae.json and the key (not a KeyError or an int() ValueError halfway through)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model: str = Field(...)  # required here (the parent allows None: sae.json without it cannot be browsed)
+    data: str
+    tokens: int = Field(default=0, ge=0)
+    arch: str | None = None
+    k: int | None = Field(default=None, ge=1)
+    d_sae: int | None = Field(default=None, ge=1)
+    fvu: float | None = None
+    l0: float | None = Field(default=None, ge=0)
+    dead_frac: Fraction | None = None
+    top1: Fraction | None = None
+    top1_spliced: Fraction | None = None
+    logit_kl: float | None = None
+    outlier_threshold: float | None = Field(default=None, ge=0)
+    include_special: bool | None = None
+    special_tokens: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None
+    fidelity: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None
 
 
 def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
@@ -26,14 +58,44 @@ def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
     if not (d / "sae.json").is_file() or not (d / "sae.safetensors").is_file():
         raise VitposError(f"{d} is not an SAE folder (no sae.json and sae.safetensors); pass the --out folder of "
                           "`vitpos sae`")
-    return load_sae_doc(d)  # the typed check: one line naming sae.json, not a confusing model-spec error
+    path = d / "sae.json"
+    doc = read_json(path, REWRITE_SAE)
+    validate_doc(BrowseDescription, doc, path, REWRITE_SAE)  # one line naming sae.json and the key
+    return doc
+
+
+def slot_bytes(num_patches: int) -> int:
+    """Bytes the browser holds per (latent, top-k slot): its heatmap (float32 per patch), its score,
+    image and patch (4 + 8 + 8) and the merge's candidates and sort (about twice those again)."""
+    return 4 * num_patches + 3 * 20
+
+
+def check_sae_owner(sae_dir: str | Path, recorded: str | None, in_weights: str | None, digest: str, spec: str,
+                    log: Callable[[str], None]) -> None:
+    """The SAE was trained on this model: the weights digest sae.json records (`run.weights`) and the one
+    its weights file records must both be the model's. A folder that records none (written before the
+    digest was kept) is browsed with a warning."""
+    for where, got in (("sae.json", recorded), ("sae.safetensors", in_weights)):
+        if got is not None and got != digest:
+            raise VitposError(f"{Path(sae_dir) / where} records an SAE of model weights {got}, not those of {spec} "
+                              f"({digest}): the SAE was trained on another model; pass the same model, --checkpoint "
+                              "and --pretrained as `vitpos sae` (older SAE folders that record no digest are browsed "
+                              "with a warning)")
+    if recorded is None and in_weights is None:
+        log(f"warning: {sae_dir} records no digest of the model it was trained on (an older SAE folder): it is "
+            f"browsed on {spec} unchecked")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | None = None, top_k: int = 8,
-               doc: dict | None = None, data=None) -> dict[str, Any]:
+               doc: dict | None = None, data=None, log: Callable[[str], None] = _stderr) -> dict[str, Any]:
     """Write `out/index.html` for the SAE in `sae_dir` on `surface` (the model it was trained on);
     `data`: the dataset (a name or a dataset object) whose test split it browses (default: the SAE's).
-    Returns a summary: page path and bytes, latents, images, seconds, the pass's state bytes."""
+    Returns a summary: page path and bytes, latents, images, seconds, the pass's state bytes.
+    Everything is checked before the pass: --out, sae.json, the SAE's model, the memory --top-k needs."""
     from vitpos.browse.collect import collect, heatmaps, thumbnail_pixels
     from vitpos.browse.page import page_data, png_b64, render_page
     from vitpos.data.resolve import dataset_for
@@ -41,16 +103,24 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
     from vitpos.sae import SAE
 
     t0 = time.time()
+    require_out_dir(Path(out))
+    if (Path(out) / PAGE).is_dir():
+        raise VitposError(f"{Path(out) / PAGE} is a folder, where the page is written; move it away and rerun")
     doc = sae_doc(sae_dir) if doc is None else doc
     run = doc.get("run") or {}
     if doc.get("model") != surface.spec:
         raise VitposError(f"{sae_dir} holds an SAE of {doc.get('model')!r}, not {surface.spec!r}")
-    if run.get("weights") not in (None, surface.weights_digest()):
-        raise VitposError(f"{sae_dir} was trained on other weights of {surface.spec} (digest {run.get('weights')}, "
-                          f"now {surface.weights_digest()}); pass the same --checkpoint / --pretrained as `vitpos sae`")
     sae = SAE.load(sae_dir)
+    recorded = run.get("weights") if isinstance(run, dict) else None
+    check_sae_owner(sae_dir, None if recorded is None else str(recorded), sae.model_weights, surface.weights_digest(),
+                    surface.spec, log)
     if sae.d_in != surface.width:
         raise VitposError(f"the SAE in {sae_dir} takes width {sae.d_in}, {surface.spec} has {surface.width}")
+    if top_k < 1:
+        raise VitposError(f"--top-k must be >= 1 (got {top_k})")
+    require_memory(sae.d_sae * top_k * slot_bytes(surface.num_patches),
+                   f"--top-k {top_k} ({sae.d_sae} latents x {top_k} images x {surface.num_patches} patches)",
+                   "pass a smaller --top-k")
     site = Site(int(doc["layer"]), str(doc["site"]))
     n_eval = images if images is not None else max(2, int(doc.get("tokens", 0)) // surface.num_patches or 1000)
     dataset = dataset_for(surface, str(doc["data"]) if data is None else data, "test", limit=n_eval)

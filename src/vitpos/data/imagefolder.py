@@ -105,8 +105,26 @@ def fingerprint(name: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _check_links(folder: Path) -> None:
+    """Every folder under `folder` is read once: a symbolic link to a folder already in the tree (a loop
+    back to a parent, or a second name for a class folder) is refused, since the images under it would
+    be read again, under another class or as duplicates across splits."""
+    import os
+
+    seen: dict[str, Path] = {}
+    for dirpath, dirnames, _ in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            raise VitposError(f"{dirpath} is the folder {seen[real]} again (through a symbolic link): its images "
+                              "would be read twice, under two names; remove the link or copy the images")
+        seen[real] = Path(dirpath)
+        dirnames.sort()
+
+
 def _scan(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int]]:
     from torchvision.datasets import ImageFolder
+
+    _check_links(folder)
 
     class_to_idx = {c: i for i, c in enumerate(classes)}
 

@@ -893,4 +893,8 @@ class SAEExperiment(Experiment[SAEResult]):
     def artifacts_ready(self, result: SAEResult, root: Path | None = None) -> bool:
         if result.sae_dir is None or not (artifact_path(root, result.sae_dir) / "sae.safetensors").is_file():
             return False
+        try:  # a truncated or damaged SAE is retrained like a missing one, never refused by what reads it
+            SAE.load(artifact_path(root, result.sae_dir))
+        except VitposError:
+            return False
         return result.browser is None or (artifact_path(root, result.sae_dir) / "browse" / "index.html").is_file()

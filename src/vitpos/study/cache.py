@@ -13,6 +13,7 @@ from pathlib import Path
 from vitpos.errors import VitposError
 from vitpos.io import finite_number, read_json, write_json
 from vitpos.study.config import RunConfig
+from vitpos.study.sanity import impossible
 
 
 def code_fingerprint() -> str:
@@ -61,7 +62,9 @@ class StageCache:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
         return self.root / "stages" / model_slug / f"{stage}-{digest}.json"
 
-    def get(self, path: Path) -> dict | None:
+    def get(self, path: Path, check: Callable[[dict], str | None] | None = None) -> dict | None:
+        """The entry's result; None (recompute) when it is missing, unparsable, or holds a value that
+        cannot be right (`vitpos.study.sanity.impossible`, and `check`'s problem when given)."""
         if self.force or not path.is_file():
             return None
         try:
@@ -73,6 +76,8 @@ class StageCache:
             self.damaged(path, "no result object")
         elif not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
             self.damaged(path, "its key or seconds are missing or wrong")
+        elif (problem := impossible(doc["result"]) or (check(doc["result"]) if check is not None else None)):
+            self.damaged(path, problem)
         else:
             return doc["result"]
         return None

@@ -103,6 +103,25 @@ class RunConfig(BaseModel):
         cfg.__pydantic_extra__.update(sections)
         return cfg
 
+    @model_validator(mode="after")
+    def _nothing_ignored(self) -> RunConfig:
+        """A setting the run would not read is refused, not ignored: model_seeds picks shipped models
+        (with `models` given it picks nothing), a model named twice would be run twice, and a checkpoint
+        or head for a model that is not run would never be loaded."""
+        if self.models is not None and self.model_seeds != 1:
+            raise ValueError(f"model_seeds {self.model_seeds} picks shipped models, but models are given "
+                             f"({', '.join(self.models)}); leave model_seeds out, or leave models out")
+        for key, names in (("models", self.models or []), ("data", self.data)):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{key} names {', '.join(twice)} more than once; name each once")
+        if self.models is not None:
+            stray = sorted(set(self.checkpoints) - set(self.models))
+            if stray:
+                raise ValueError(f"checkpoints names {', '.join(stray)}, which is not among the models "
+                                 f"({', '.join(self.models)}); key each checkpoint by its model spec")
+        return self
+
     def section(self, name: str) -> Any:
         """The settings of experiment `name` (its section of the config)."""
         sections = self.__pydantic_extra__ or {}
@@ -160,6 +179,23 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the last
+    silently: `checkpoints:` with one model twice would use one of the two files unsaid). TOML refuses
+    it itself."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice (line {line})",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool) -> RunConfig:
     """Config file (YAML or TOML) < --quick sizes < command-line options; unknown keys are errors."""
     doc: dict = {}
@@ -168,7 +204,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
         if not path.is_file():
             raise VitposError(f"config file {path} does not exist")
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Windows editors) is not a key
         except UnicodeDecodeError as e:
             raise VitposError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         try:
@@ -177,7 +213,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
 
                 doc = tomllib.loads(text)
             else:
-                doc = yaml.safe_load(text)
+                doc = yaml.load(text, Loader=_UniqueKeyLoader)
         except Exception as e:
             raise VitposError(f"config file {path} does not parse ({(str(e).splitlines() or [type(e).__name__])[0]}); "
                               "fix its syntax") from None
@@ -194,5 +230,6 @@ def load_config(path: str | Path | None, overrides: dict[str, Any], quick: bool)
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        raise VitposError(f"config key {key!r}: {err['msg']} (see `vitpos run --help` and README for valid "
-                          "keys)") from e
+        where = f"config key {key!r}" if key else "config"  # a check across keys has no one key
+        raise VitposError(f"{where}: {err['msg'].removeprefix('Value error, ')} (see `vitpos run --help` and README "
+                          "for valid keys)") from e

@@ -53,6 +53,7 @@ from vitpos.study.plan import (
     split_sizes,
 )
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
+from vitpos.study.sanity import validation_problem
 from vitpos.study.validate import check_stage
 from vitpos.validation.table import validation_table
 
@@ -139,7 +140,8 @@ def _check_outputs(out: Path) -> None:
 
 
 def _plan(runners: list[_ModelStages], measure: Measure | None, cache: StageCache) -> StudyPlan:
-    plan = StudyPlan(validation_cached=cache.get(_validation_path(cache, _validation_key())) is not None)
+    plan = StudyPlan(validation_cached=cache.get(_validation_path(cache, _validation_key()),
+                                                 validation_problem) is not None)
     measured: dict[str, Throughput] = {}
     per_runner = []
     for runner in runners:
@@ -214,7 +216,7 @@ def _validation(cache: StageCache, log: Callable[[str], None]) -> tuple[Validati
     """The planted-model validation table, from the cache when this code computed it for this output."""
     key = _validation_key()
     path = _validation_path(cache, key)
-    doc = cache.get(path)
+    doc = cache.get(path, validation_problem)
     if doc is not None:
         try:
             return ValidationTable.model_validate(doc), 0.0
@@ -451,8 +453,8 @@ class _ModelStages:
             if exp.artifacts_ready(result, self.out):
                 self.log(f"[{self.spec}] {exp.name}: cached")
                 return result, False
-            self.log(f"[{self.spec}] {exp.name}: cached, but its files under {self.out / 'artifacts'} are gone: "
-                     "recomputing it")
+            self.log(f"[{self.spec}] {exp.name}: cached, but its files under {self.out / 'artifacts'} are gone or "
+                     "damaged: recomputing it")
         self.log(f"[{self.spec}] {exp.name} ...")
         t0 = time.time()
         stage = StageInput(data=self.data, seed=self.cfg.seed, settings=settings, prior=done,
