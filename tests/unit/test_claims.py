@@ -375,9 +375,8 @@ SURE = ((0.85, 0.95), (0.9, 1.1))  # removed, kept intervals wholly on the rule'
     ((SURE, ((0.85, 0.95), (0.3, 0.5))), FAILS),
 ])
 def test_c3_reads_the_removal_intervals(removal, result):
-    from vitpos.claims.c3 import MIN_KEPT, MIN_REMOVED
-
-    assert (MIN_REMOVED, MIN_KEPT) == (0.7, 0.7)
+    values = rule_set().values()
+    assert (values["C3.min_removed"], values["C3.min_kept"]) == (0.7, 0.7)
     c = claim({"m": {"rope_axis": axis_doc(removal=removal)}}, "C3")
     nums = c["numbers"]["m"]
     assert nums["result"] == result
@@ -632,3 +631,26 @@ def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.50)), ("builtin:pairs-ape-seed1", c1(0.52))])
     ci = s["builtin:pairs-ape"].ci95
     assert ci is not None and ci == pytest.approx([0.51 - 0.127062, 0.51 + 0.127062], abs=1e-5)  # inside: untouched
+
+
+def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_verdict():
+    """C3-C5's thresholds are in the hashed rule set (version 4), and each is read by its rule: moving
+    one across the measured interval moves the verdict (a threshold nothing reads would leave it)."""
+    rules = rule_set()
+    assert rules.version == 4
+    names = {t.name for t in rules.thresholds}
+    assert {"C3.min_removed", "C3.min_kept", "C4.min_head_share", "C5.min_margin"} <= names
+    for name in ("C3.min_removed", "C3.min_kept"):
+        moved = rules.model_copy(update={"thresholds": tuple(
+            t.model_copy(update={"value": 0.8}) if t.name == name else t for t in rules.thresholds)})
+        assert moved.digest() != rules.digest()
+    from vitpos.claims.c3 import CLAIM as C3
+
+    m = inputs({"rope_axis": axis_doc(removal=(SURE, SURE))})
+    x = C3.view("m", m, {"m": m})
+    assert x is not None
+    at = {**rules.values()}
+    assert C3.read_view("m", x, at).result == HOLDS  # removed [0.85, 0.95], kept [0.9, 1.1]
+    assert C3.read_view("m", x, {**at, "C3.min_removed": 0.9}).result == INCONCLUSIVE
+    assert C3.read_view("m", x, {**at, "C3.min_removed": 0.96}).result == FAILS
+    assert C3.read_view("m", x, {**at, "C3.min_kept": 1.2}).result == FAILS

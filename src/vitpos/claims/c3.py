@@ -10,26 +10,32 @@ from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, RuleClaim
 from vitpos.claims.inputs import ClaimInputs, matched_none
 from vitpos.claims.intervals import Interval, Outcome, all_of, as_list, at_least, bounds
-from vitpos.claims.rules import Thresholds
+from vitpos.claims.rules import Threshold, Thresholds
 from vitpos.claims.verdict import Number
 from vitpos.results.common import ProbedCondition
 from vitpos.results.probe import ProbeSiteResult
 from vitpos.results.rope_axis import MIN_ABOVE_CHANCE as MIN_ABOVE_CHANCE
 from vitpos.results.rope_axis import RopeAxisResult, floored_kept, kept_fraction
 
-# C3's thresholds: module constants, outside the hashed rule set until the next rules version
-MIN_REMOVED = 0.7
-MIN_KEPT = 0.7
+FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9)  # sweep of a share-of-decodability threshold
+THRESHOLDS = (
+    Threshold(name="C3.min_removed", claim="C3", value=0.7, unit="fraction",
+              meaning="removing an axis' rotations removes at least this share of its decodability above the "
+              "content floor (linear probe, and the MLP probe where measured), for both axes", sweep=FRACTIONS),
+    Threshold(name="C3.min_kept", claim="C3", value=0.7, unit="fraction",
+              meaning="... while the other axis keeps at least this share of its own", sweep=FRACTIONS),
+)
+MIN_REMOVED, MIN_KEPT = (t.value for t in THRESHOLDS)  # the rule's values, for text and older readers
 
-RULE = """  C3 (RoPE) removing an axis removes >= MIN_REMOVED of its decodability above each layer's
-            content floor while the other axis keeps >= MIN_KEPT of its own, for both axes: the
+RULE = """  C3 (RoPE) removing an axis removes >= C3.min_removed of its decodability above each layer's
+            content floor while the other axis keeps >= C3.min_kept of its own, for both axes: the
             fractions mean over layers of (base - off) / (base - floor) (retrained probes, layers
             whose baseline is >= MIN_ABOVE_CHANCE above the floor), the floor of a layer = the same
             model's no_both accuracy there (no rotations: what content alone gives), never below
             chance; each fraction's interval (paired bootstrap over the probes' test images,
             rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
             and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
-            fraction's interval >= MIN_REMOVED). Kept above 100 % is reported as an interaction.
+            fraction's interval >= C3.min_removed). Kept above 100 % is reported as an interaction.
             Reported beside it: the fractions above chance, the floor from the matched `none`
             model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
             the floors read the fractions above chance."""
@@ -116,20 +122,21 @@ def _per_axis(v: View, key: Callable[[str, str], str], threshold: float,
 def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
     if not v.mlp_readout:
         return None
-    return _per_axis(v, lambda a, b: f"no_{a}_{a}_removed_mlp", MIN_REMOVED, "MIN_REMOVED")
+    return _per_axis(v, lambda a, b: f"no_{a}_{a}_removed_mlp", t["C3.min_removed"], "C3.min_removed")
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
-    Condition("removed", "removing an axis removes >= MIN_REMOVED of its decodability above the content floor",
-              lambda v, t: _per_axis(v, lambda a, b: v.removed_key(a), MIN_REMOVED, "MIN_REMOVED")),
-    Condition("kept", "... while the other axis keeps >= MIN_KEPT of its own",
-              lambda v, t: _per_axis(v, v.kept_key, MIN_KEPT, "MIN_KEPT")),
-    Condition("mlp_removed", "an MLP probe finds >= MIN_REMOVED of the axis removed too (where measured)",
+    Condition("removed", "removing an axis removes >= C3.min_removed of its decodability above the content floor",
+              lambda v, t: _per_axis(v, lambda a, b: v.removed_key(a), t["C3.min_removed"], "C3.min_removed")),
+    Condition("kept", "... while the other axis keeps >= C3.min_kept of its own",
+              lambda v, t: _per_axis(v, v.kept_key, t["C3.min_kept"], "C3.min_kept")),
+    Condition("mlp_removed", "an MLP probe finds >= C3.min_removed of the axis removed too (where measured)",
               _mlp_removed),
 )
 
 
-def _text(spec: str, v: View) -> str:
+def _text(spec: str, v: View, t: Thresholds) -> str:
+    min_removed, min_kept = t["C3.min_removed"], t["C3.min_kept"]
     nums, ivs, top1 = v.nums, v.ivs, v.axis.conditions["baseline"].top1
 
     def frac(key: str) -> str:
@@ -140,7 +147,7 @@ def _text(spec: str, v: View) -> str:
             f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
             f"row keeps {frac('no_col_row_kept')}")
     if not v.floors:
-        text += f" (needs >= {tx.pc(MIN_REMOVED)} removed and >= {tx.pc(MIN_KEPT)} kept"
+        text += f" (needs >= {tx.pc(min_removed)} removed and >= {tx.pc(min_kept)} kept"
     else:
         text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
                  f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
@@ -156,7 +163,7 @@ def _text(spec: str, v: View) -> str:
                      f"{tx.pc(nums.get('no_row_row_removed_none_floor'))}, col "
                      f"{tx.pc(nums.get('no_col_col_removed_none_floor'))} removed")
         by_mlp = " and by the MLP probe" if v.mlp_readout else ""
-        text += f" (needs >= {tx.pc(MIN_REMOVED)} removed above the floor{by_mlp}, >= {tx.pc(MIN_KEPT)} kept"
+        text += f" (needs >= {tx.pc(min_removed)} removed above the floor{by_mlp}, >= {tx.pc(min_kept)} kept"
     return text + (f"; top-1 {tx.f(top1)} -> no_row {tx.f(nums['no_row_top1'])}, no_col "
                    f"{tx.f(nums['no_col_top1'])})")
 
@@ -167,6 +174,7 @@ class C3(RuleClaim[View]):
     scheme = "rope"
     rule = RULE
     rule_conditions = CONDITIONS
+    thresholds = THRESHOLDS
     headline = Headline(number="min_removed",
                         label="smaller share of its own axis' above-chance decodability an axis' removal removes",
                         unit="fraction", parts=("no_row_row_removed", "no_col_col_removed"), how="min")
@@ -175,11 +183,11 @@ class C3(RuleClaim[View]):
         return None if model.rope_axis is None else view(model.rope_axis, matched_none(spec, models))
 
     def describe(self, spec: str, x: View, t: Thresholds) -> tuple[dict[str, Any], str]:
-        return x.nums, _text(spec, x)
+        return x.nums, _text(spec, x, t)
 
     def gist(self, t: Thresholds) -> str:
-        return (f"removing an axis' rotations removes >= {tx.pc(MIN_REMOVED)} of its decodability above the content "
-                f"floor while the other axis keeps >= {tx.pc(MIN_KEPT)}")
+        return (f"removing an axis' rotations removes >= {tx.pc(t['C3.min_removed'])} of its decodability above the "
+                f"content floor while the other axis keeps >= {tx.pc(t['C3.min_kept'])}")
 
 
 CLAIM = C3()

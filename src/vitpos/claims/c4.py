@@ -10,7 +10,7 @@ from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, ModelClaim, RuleClaim
 from vitpos.claims.inputs import ClaimInputs, model_family
 from vitpos.claims.intervals import Interval, Outcome, all_of, as_list, at_least, bounds, inside, magnitude
-from vitpos.claims.rules import Thresholds
+from vitpos.claims.rules import Threshold, Thresholds
 from vitpos.claims.verdict import Number, SeedSummary
 from vitpos.results.common import MIN_GAP, Recovery
 from vitpos.results.rope_axis import RopeAxisResult
@@ -19,7 +19,11 @@ from vitpos.results.rope_heads import SPECIALISED as SPECIALISED
 from vitpos.results.rope_heads import RopeHeadsResult
 
 # C4's threshold: a module constant, outside the hashed rule set until the next rules version
-MIN_HEAD_SHARE = 0.25  # the primary rebuilding head explains at least this share of the recovery
+THRESHOLDS = (
+    Threshold(name="C4.min_head_share", claim="C4", value=0.25, unit="fraction",
+              meaning="the primary rebuilding head explains at least this share of the recovery (fall in Rec / Rec)",
+              sweep=(0.1, 0.15, 0.25, 0.35, 0.5)),
+)
 AXES = ("row", "col")
 
 RULE = """  C4 (RoPE) recovery after restoring is partial, against a count-matched reference: for both
@@ -33,7 +37,7 @@ RULE = """  C4 (RoPE) recovery after restoring is partial, against a count-match
             `primary_axis_index_matched`, bootstrap over the attention images), lies at or above
             the null threshold (the 0.95 quantile of |S| with each head's rotary pairs relabelled
             at random, `axis_index_null_threshold`), fails if below; and it explains at least
-            MIN_HEAD_SHARE of the recovery (its fall in Rec / Rec, paired bootstrap,
+            C4.min_head_share of the recovery (its fall in Rec / Rec, paired bootstrap,
             `primary_recovery_share`). Results written before these fall back to median Rec inside
             (0, 1) and the clean-attention |S| >= 0.5. Reported beside the rule, not in it: median
             Rec, how often the primary head would be chosen again over image resamples
@@ -112,8 +116,8 @@ def _specialised(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
 def _head_share(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
     if v.threshold is None:  # results before the restore-condition S read no share
         return None
-    return (at_least(v.head_share_iv, MIN_HEAD_SHARE),
-            {"primary_recovery_share": as_list(v.head_share_iv), "MIN_HEAD_SHARE": MIN_HEAD_SHARE})
+    return (at_least(v.head_share_iv, t["C4.min_head_share"]),
+            {"primary_recovery_share": as_list(v.head_share_iv), "C4.min_head_share": t["C4.min_head_share"]})
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
@@ -121,7 +125,7 @@ CONDITIONS: tuple[Condition[View], ...] = (
               "axes", _partial),
     Condition("specialised", "the primary rebuilding head's axis index where it rebuilds is at or above the null "
               "threshold (older results: clean-attention |S| >= 0.5)", _specialised),
-    Condition("head_share", "the primary rebuilding head explains >= MIN_HEAD_SHARE of the recovery", _head_share),
+    Condition("head_share", "the primary rebuilding head explains >= C4.min_head_share of the recovery", _head_share),
 )
 
 
@@ -133,7 +137,7 @@ def _first_under(rh: RopeHeadsResult | None, prim: list[int] | None, method: str
     return list(prim) == list(top[method][0])
 
 
-def _describe(spec: str, v: View) -> tuple[dict[str, Any], str]:
+def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     rh, rec, prim, S, S_ci, threshold = v.heads, v.rec, v.prim, v.S, v.S_ci, v.threshold
     rec_iv = {a: bounds(rec[a], v.rec_ci[a]) for a in AXES}
     share = v.share or {a: (None, None) for a in AXES}
@@ -152,7 +156,8 @@ def _describe(spec: str, v: View) -> tuple[dict[str, Any], str]:
                  f"image resamples) carries {rh.primary_axis or 'n/a'}: its axis index where it rebuilds, signed to "
                  "that axis, "
                  f"{tx.f(matched)}{tx.iv(matched_iv)} (needs >= the null's {tx.f(threshold, 3)}), and it explains "
-                 f"{tx.pc(head_share)}{tx.pc_iv(head_share_iv)} of the recovery (needs >= {tx.pc(MIN_HEAD_SHARE)}); "
+                 f"{tx.pc(head_share)}{tx.pc_iv(head_share_iv)} of the recovery "
+                 f"(needs >= {tx.pc(t['C4.min_head_share'])}); "
                  f"clean-attention axis index {tx.f(S)}{tx.iv(S_iv)}")
     else:
         text += f"; primary rebuilding head {tx.head(prim)} axis index {tx.f(S)}{tx.iv(S_iv)} (needs |S| >= " \
@@ -201,6 +206,7 @@ class C4(RuleClaim[View]):
     scheme = "rope"
     rule = RULE
     rule_conditions = CONDITIONS
+    thresholds = THRESHOLDS
     headline = Headline(number="mean_median_recovery", label="mean of the row and col median recovery after restoring",
                         unit="fraction", parts=("median_recovery_row", "median_recovery_col"), how="mean")
 
@@ -208,11 +214,11 @@ class C4(RuleClaim[View]):
         return None if model.rope_axis is None else view(model.rope_axis, model.rope_heads)
 
     def describe(self, spec: str, x: View, t: Thresholds) -> tuple[dict[str, Any], str]:
-        return _describe(spec, x)
+        return _describe(spec, x, t)
 
     def gist(self, t: Thresholds) -> str:
         return (f"restoring the rotations rebuilds part, not all, of the information, and the primary rebuilding "
-                f"head is specialised on its axis and carries >= {tx.pc(MIN_HEAD_SHARE)} of the recovery")
+                f"head is specialised on its axis and carries >= {tx.pc(t['C4.min_head_share'])} of the recovery")
 
     def headline_gap(self, numbers: Mapping[str, Any]) -> str | None:
         if numbers.get("median_recovery_row") is None and numbers.get("median_recovery_col") is None:

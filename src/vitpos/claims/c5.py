@@ -9,23 +9,29 @@ from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, RuleClaim
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.intervals import FAILS, Outcome, all_positive, bounds
-from vitpos.claims.rules import Thresholds
+from vitpos.claims.rules import Threshold, Thresholds
 from vitpos.claims.verdict import Number
 from vitpos.results.rope_heads import RopeHeadsResult, closest_rival
 
+THRESHOLDS = (
+    Threshold(name="C5.min_margin", claim="C5", value=0.0, unit="points",
+              meaning="ablating the primary rebuilding head drops top-1 more than ablating any other head by more "
+              "than this (every paired margin's interval above it)", sweep=(0.0, 1.0, 2.0, 5.0, 10.0)),
+)
+
 RULE = """  C5 (RoPE) the primary rebuilding head has the largest top-1 drop of all heads: for every other
             head, the interval of drop(primary) - drop(head) (paired bootstrap over the same
-            top-1 images, `primary_margin_ci95`) lies above 0; fails if one lies below 0.
+            top-1 images, `primary_margin_ci95`) lies above C5.min_margin; fails if one lies below it.
             The verdict rests on the identity ablation (the head's rotations removed; numbers
             `ablation`); the same rule under the counterfactual ablations (rope_heads
             `c5_ablations`: swap, shift, jitter, rescale, mean output) is reported as
             `outcome_under_ablation`, not read by the verdict."""
 
 
-def c5_outcome(margins: list[list[list[float] | None]]) -> Outcome:
+def c5_outcome(margins: list[list[list[float] | None]], floor: float = 0.0) -> Outcome:
     """C5 from the paired margins drop(primary) - drop(head) (`primary_margin_ci95`, None at the
-    primary): holds when every other head's interval lies above 0, fails when one lies below."""
-    return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None])
+    primary): holds when every other head's interval lies above `floor`, fails when one lies below."""
+    return all_positive([iv for row in margins for m in row if (iv := bounds(None, m)) is not None], floor)
 
 
 def _largest(rh: RopeHeadsResult, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
@@ -33,12 +39,14 @@ def _largest(rh: RopeHeadsResult, t: Thresholds) -> tuple[Outcome, dict[str, Num
     if rh.primary_rebuilding_head is None or margins is None:
         return FAILS, {"primary_head": None}
     closest = closest_rival(margins)
-    return c5_outcome(margins), {"primary_head": list(rh.primary_rebuilding_head),
+    return c5_outcome(margins, t["C5.min_margin"]), {"primary_head": list(rh.primary_rebuilding_head),
+                                                     "C5.min_margin": t["C5.min_margin"],
                                  "closest_rival_margin": None if closest is None else list(closest[1])}
 
 
 CONDITIONS: tuple[Condition[RopeHeadsResult], ...] = (
-    Condition("largest", "every other head's paired margin drop(primary) - drop(head) lies above 0", _largest),
+    Condition("largest", "every other head's paired margin drop(primary) - drop(head) lies above C5.min_margin",
+              _largest),
 )
 
 
@@ -83,6 +91,7 @@ class C5(RuleClaim[RopeHeadsResult]):
     scheme = "rope"
     rule = RULE
     rule_conditions = CONDITIONS
+    thresholds = THRESHOLDS
     headline = Headline(number="primary_drop_points", label="top-1 drop ablating the primary rebuilding head",
                         unit="points", parts=("primary_drop_points",), how="one", range=(-100.0, 100.0),
                         cis=("primary_drop_ci95",))

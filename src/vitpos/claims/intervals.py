@@ -85,13 +85,13 @@ def magnitude(iv: Interval | None) -> Interval | None:
     return (-hi, -lo) if hi <= 0 else (0.0, max(-lo, hi))
 
 
-def all_positive(margins: list[Interval]) -> Outcome:
-    """Every difference is > 0 (each interval above 0: true), some is < 0 (an interval below 0:
-    false), else undecided. Requiring every interval at once is an intersection-union test, so
+def all_positive(margins: list[Interval], floor: float = 0.0) -> Outcome:
+    """Every difference is > floor (each interval above it: true), some is < floor (an interval below
+    it: false), else undecided. Requiring every interval at once is an intersection-union test, so
     `holds` needs no multiplicity correction; `fails` is read per comparison."""
-    if any(m[1] < 0 for m in margins):
+    if any(m[1] < floor for m in margins):
         return FAILS
-    return HOLDS if all(m[0] > 0 for m in margins) else INCONCLUSIVE
+    return HOLDS if all(m[0] > floor for m in margins) else INCONCLUSIVE
 
 
 def known(ok: bool) -> Outcome:

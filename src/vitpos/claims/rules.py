@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-VERSION = 3
+VERSION = 4
 Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
@@ -75,6 +75,13 @@ CHANGES = {
        "plausible layer, fails when it fails at all of them, and is inconclusive otherwise; without the sweep "
        "(quick runs, results written before) the version-2 reading at the single SAE layer is unchanged. Not "
        "changed after seeing results: the sweep had not run as a stage of vitpos run before this version.",
+    4: "issue 46 (item 5, first part): C3-C5's thresholds join the hashed rule set (C3.min_removed 0.7, "
+       "C3.min_kept 0.7, C4.min_head_share 0.25, and C5.min_margin 0 points, the floor C5's paired margins had as "
+       "a literal), so changing one changes the hash, and C3-C5 get sensitivity curves. No value and no verdict "
+       "changed. Made after seeing results only in the sense that every earlier result was known; no planted or "
+       "measured case was read to set a value. Not yet in it: MIN_ABOVE_CHANCE and MIN_GAP (measurement settings "
+       "the rope_axis experiment applies before any claim reads its result, so they live with it) and C4's |S| "
+       "fallback for results written before the restore-condition S.",
 }
 
 FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold

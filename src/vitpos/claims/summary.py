@@ -20,10 +20,10 @@ from vitpos.claims.registry import CLAIMS, rule_set
 from vitpos.claims.rules import RuleSet, Thresholds, sensitivity
 from vitpos.claims.verdict import ClaimVerdict, FamilyHeadline, SeedSummary, Summary
 
-RULES_PREAMBLE = """(ours, since the study gives only its abstract; C1 and C2 read their thresholds from
-the versioned rule set `claims.registry.rule_set()` (named C1.x / C2.x below; the summary records its
-version and hash, and each threshold's sensitivity curve), C3-C5 from module constants; every
-measurement and control is defined in docs/methods.md):
+RULES_PREAMBLE = """(ours, since the study gives only its abstract; every claim reads its thresholds from
+the versioned rule set `claims.registry.rule_set()` (named C1.x ... C5.x below; the summary records its
+version and hash, and each threshold's sensitivity curve); every measurement and control is defined
+in docs/methods.md):
   Each condition of a rule reads a 95 % interval [lo, hi] of its measurement (analysis/stats.py;
   a measurement without one counts as the interval [x, x]) and comes out true (the whole interval
   is on the rule's side of the threshold), false (the whole interval is on the other side) or
