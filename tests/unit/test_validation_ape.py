@@ -42,6 +42,7 @@ def test_the_table_can_fail(table):
     row = next(r for r in table.rows if r.claim == "C1" and r.case == "ape:pos_unused")
     assert row.verdict == "not supported" and "top-1 drop 0.0" in row.evidence
     assert "probe drop 7" in row.evidence  # the representation moved: the probes alone would have said supported
+    assert row.conditions and all(r.conditions for r in table.rows)  # every row records its rule's conditions
 
 
 @torch.no_grad()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ValidationRow(BaseModel):
@@ -16,6 +16,17 @@ class ValidationRow(BaseModel):
     expected: str  # supported (planted true) or not supported (planted false)
     passes: bool
     evidence: str
+    # each named condition of the claim's rule on this case: holds / fails / inconclusive (empty in
+    # tables written before the claims had named conditions)
+    conditions: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def decided_by(self) -> list[str]:
+        """The conditions that kept a planted-false claim from holding (those that failed; inconclusive
+        ones where none failed), or kept a planted-true one from holding. A planted-false row that one
+        condition alone decides is that condition's evidence of power."""
+        failed = [k for k, v in self.conditions.items() if v == "fails"]
+        return failed or [k for k, v in self.conditions.items() if v == "inconclusive"]
 
 
 class ValidationTable(BaseModel):
@@ -31,10 +42,24 @@ class ValidationTable(BaseModel):
         return all(r.passes for r in self.rows)
 
     def markdown(self) -> str:
-        lines = ["| claim | planted model | planted | verdict | as planted |", "|---|---|---|---|---|"]
+        lines = ["| claim | planted model | planted | verdict | as planted | decided by |", "|---|---|---|---|---|---|"]
         lines += [f"| {r.claim} | {r.case}: {r.description} | {'true' if r.planted else 'false'} | {r.verdict} | "
-                  f"{'yes' if r.passes else '**no**'} |" for r in self.rows]
+                  f"{'yes' if r.passes else '**no**'} | {', '.join(r.decided_by) or '-'} |" for r in self.rows]
         return "\n".join(lines)
+
+    def power(self) -> dict[str, dict[str, int]]:
+        """claim -> condition -> how many planted-false rows that condition decides alone (it fails and
+        every other condition holds). A condition at 0 decides nothing by itself: switched off, no row of
+        this table would notice (METHODS.md, Power)."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.rows:
+            counts = out.setdefault(r.claim, {})
+            for name in r.conditions:
+                counts.setdefault(name, 0)
+            if not r.planted and r.passes and len(r.decided_by) == 1 and r.conditions[r.decided_by[0]] == "fails" \
+                    and all(v == "holds" for k, v in r.conditions.items() if k != r.decided_by[0]):
+                counts[r.decided_by[0]] += 1
+        return out
 
 
 def expected_verdict(planted: bool) -> str:

@@ -56,9 +56,10 @@ def validation_table(cases: Iterable[Planted] | None = None, n_images: int = 300
         for cid, planted in case.truth.items():
             c = verdicts[cid]
             want = expected_verdict(planted)
+            readings = {r.name: r.outcome for r in c.conditions.get(case.name, [])}
             rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
                                       verdict=c.verdict, expected=want, passes=c.verdict == want,
-                                      evidence=c.text()))
+                                      evidence=c.text(), conditions=readings))
     rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
     rules = rule_set()
     return ValidationTable(rules_version=rules.version, rules_hash=rules.digest(), n_images=n_images,

@@ -1,0 +1,27 @@
+"""The validation table names, per row, the conditions that decided it, and per claim how many
+planted-false rows each condition decides alone (METHODS.md, Power: a condition that decides none
+can be switched off without the table noticing)."""
+
+from __future__ import annotations
+
+from vitpos.results.validation import ValidationRow, ValidationTable
+
+
+def row(case: str, planted: bool, verdict: str, **conditions: str) -> ValidationRow:
+    want = "supported" if planted else "not supported"
+    return ValidationRow(claim="C9", case=case, description=case, planted=planted, verdict=verdict, expected=want,
+                         passes=verdict == want, evidence="", conditions=conditions)
+
+
+def test_decided_by_and_power_count_only_cases_one_condition_decides_alone():
+    rows = [
+        row("true", True, "supported", null="holds", floor="holds", control="holds"),
+        row("only_null", False, "not supported", null="fails", floor="holds", control="holds"),
+        row("crude", False, "not supported", null="fails", floor="fails", control="holds"),  # two decide it
+        row("undecided", False, "partly supported", null="inconclusive", floor="holds", control="holds"),
+    ]
+    table = ValidationTable(rules_version=4, rules_hash="x", n_images=1, seeds=[0], rows=rows)
+    assert [r.decided_by for r in rows] == [[], ["null"], ["null", "floor"], ["null"]]
+    # `crude` fails on two conditions (neither is shown to matter alone); `undecided` is not as planted
+    assert table.power() == {"C9": {"null": 1, "floor": 0, "control": 0}}
+    assert "| null |" in table.markdown() and "| null, floor |" in table.markdown()
