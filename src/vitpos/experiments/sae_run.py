@@ -47,6 +47,7 @@ from vitpos.experiments.base import (
     StagePlan,
     omit_unmeasured,
 )
+from vitpos.experiments.checks import check_data, check_expansions
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
 from vitpos.experiments.sae_seeds import SAESweep, run_sweep, sweep_grid
 from vitpos.hooks import edit
@@ -1039,6 +1040,9 @@ class SAEExperiment(Experiment[SAEResult]):
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         s, L = settings, surface.depth
         sae_config(surface, s["arch"], s["k"], s["expansion"])
+        check_expansions(surface, s["arch"], s["k"], s.get("expansions"), "sae.expansions")
+        if s.get("data") is not None:
+            check_data(surface, s["data"], "sae.data")
         if s.get("layer") is not None and not 0 <= s["layer"] < L:
             raise VitposError(f"sae.layer {s['layer']} is outside 0..{L - 1}; pass a layer of the model")
         if sizes is not None:
