@@ -516,3 +516,216 @@ def test_a_head_whose_class_count_disagrees_with_its_names_is_refused(world, tmp
     assert check_contract(["eval", "-m", str(world.model), "--data", world.data, "--head", str(head), "--limit", "4",
                            "--out", str(out)], out, capsys) == 2
     assert "num_classes is 4 but classes names 3" in LAST_ERR[0]
+
+
+# --- the surfaces of issue 49: HF folders, sae.json for browse, stage-cache entries, run configs --------
+# Their own small world (no `vitpos run` in it): each case is one model load and a few images.
+
+@dataclass
+class Small:
+    hf: Path  # a save_pretrained folder of a toy DINOv2 classifier (config.json, preprocessor_config.json, weights)
+    ape: Path  # an own APE model (32 px, 8-px patches) trained on nothing, for the SAE
+    sae: Path  # an SAE of `ape`, as `vitpos sae` leaves it (sae.json + sae.safetensors)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Small:
+    from vitpos.models import load_model
+    from vitpos.models.hf_adapter import tiny_spec
+    from vitpos.sae import SAE, SAEConfig
+
+    root = tmp_path_factory.mktemp("small")
+    torch.manual_seed(0)
+    classifier = "hf:Dinov2ForImageClassification?" + tiny_spec("dinov2").split("?")[1] + "&num_labels=4"
+    load_model(classifier).model.save_pretrained(root / "hf")  # 4 logits: eval on shapes is one forward
+    write_json(root / "hf" / "preprocessor_config.json", {"image_mean": [0.485, 0.456, 0.406],
+                                                           "image_std": [0.229, 0.224, 0.225], "resample": 3})
+    ape = _own_model(root / "ape", "ape", "shapes")
+    digest = load_model(str(ape)).weights_digest()
+    sae = root / "sae"
+    SAE(SAEConfig(d_in=32, expansion=2, k=4)).save(sae, model_weights=digest)
+    write_json(sae / "sae.json", {"model": str(ape), "layer": 1, "site": "resid_post", "data": "shapes", "tokens": 64,
+                                  "row_features": [0, 1], "col_features": [2], "mixed_features": [], "fvu": 0.5,
+                                  "dead_frac": 0.1, "top1": None, "run": {"weights": digest}})
+    return Small(root / "hf", ape, sae)
+
+
+def _more_json_mutations(raw: bytes, keys: dict[str, object]) -> dict[str, bytes]:
+    """_json_mutations plus: NaN / infinity / a huge number / another type in named keys, an extra key."""
+    doc = json.loads(raw)
+    out = _json_mutations(raw)
+    out["extra_key"] = json.dumps({**doc, "vitpos_extra": 1}).encode()
+    for k, bad in keys.items():
+        for how, value in (("nan", float("nan")), ("inf", float("inf")), ("huge", 10**30), ("bad", bad)):
+            out[f"{how}:{k}"] = json.dumps({**doc, k: value}).encode()
+    return out
+
+
+@dataclass(frozen=True)
+class NewKind:
+    name: str
+    file: Callable[[Small], Path]
+    mutations: Callable[[bytes], dict[str, bytes]]
+    argv: Callable[[Small, Path, Path], list[str]]  # (small, the copied folder, out) -> argv
+
+
+NEW_KINDS = [
+    NewKind("hf_config", lambda s: s.hf / "config.json",
+            lambda raw: _more_json_mutations(raw, {"num_hidden_layers": 0, "hidden_size": "wide", "patch_size": -4,
+                                                   "image_size": [16, 16, 16]}),
+            lambda s, c, o: ["eval", "-m", f"hf:{c}", "--data", "shapes", "--limit", "4", "--out", str(o),
+                             "--no-progress"]),
+    NewKind("hf_preprocessor", lambda s: s.hf / "preprocessor_config.json",
+            lambda raw: _more_json_mutations(raw, {"image_mean": "abc", "image_std": [0.5, 0.0, 0.5],
+                                                   "resample": "cubic"}),
+            lambda s, c, o: ["eval", "-m", f"hf:{c}", "--data", "shapes", "--limit", "4", "--out", str(o),
+                             "--no-progress"]),
+    NewKind("browse_sae_json", lambda s: s.sae / "sae.json",
+            lambda raw: _more_json_mutations(raw, {"tokens": "many", "data": 7, "layer": 99, "model": None,
+                                                   "top1": 7.5, "run": {"weights": "0123456789abcdef"}}),
+            lambda s, c, o: ["browse", str(c), "--images", "4", "--top-k", "2", "--out", str(o)]),
+]
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS, ids=[k.name for k in NEW_KINDS])
+def test_every_mutated_new_file_is_refused_in_one_line(kind, small, tmp_path, capsys):
+    path = kind.file(small)
+    root = path.parent
+    outcomes = {}
+    for i, (how, raw) in enumerate(sorted(kind.mutations(path.read_bytes()).items())):
+        copy = _copy(root, tmp_path / f"case{i}" / root.name)
+        (copy / path.name).write_bytes(raw)
+        out = tmp_path / f"case{i}" / "out"
+        outcomes[how] = check_contract(kind.argv(small, copy, out), out, capsys)
+        if outcomes[how] == 2:
+            assert path.name in LAST_ERR[0] or "hf:" in LAST_ERR[0], (how, LAST_ERR[0][-600:])
+    for how in ("truncate", "non_utf8", "empty", "list", "null"):  # a file that no longer decodes is refused
+        assert outcomes[how] == 2, (kind.name, how, outcomes)
+    assert outcomes["extra_key"] == 0, outcomes  # an unknown key of a file vitpos reads only parts of is kept
+    if kind.name != "hf_config":  # transformers reads its own config: a NaN there is its matter (and refused later)
+        assert all(code == 2 for how, code in outcomes.items() if how.split(":")[0] in ("nan", "inf", "bad")), outcomes
+
+
+def _cache_entries() -> dict[str, dict]:
+    """One stage-cache result of each shape the study caches: eval, a head, a probe site, the validation table."""
+    from vitpos.study.rules import RULES
+
+    return {
+        "eval": {"top1": 0.5, "n": 8, "per_class": {"a": 0.5, "b": 0.5}, "per_group": {}, "top1_ci95": [0.2, 0.8]},
+        "head": {"head_dir": "artifacts/m/head", "source": "fitted", "reason": "r", "val_top1": 0.5, "test_top1": 0.25,
+                 "l2": 1.0, "val_top1_by_l2": [0.5, 0.25], "n_train_images": 8},
+        "probe": {"layers": [0, 1], "row_acc": [0.5, 0.75], "col_acc": [0.25, 1.0], "row_control_acc": [0.3, None],
+                  "dead_frac": 0.0, "rebuild_score": [[0.1, float("nan")]]},
+        "validation": {"rules_version": RULES.version, "rules_hash": RULES.digest(), "n_images": 8, "seeds": [0],
+                       "rows": [{"claim": "C1", "case": "c", "description": "d", "planted": True,
+                                 "verdict": "supported", "expected": "supported", "passes": True, "evidence": "e"}]},
+    }
+
+
+def _leaves(doc, path=()) -> list[tuple]:
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in _leaves(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in _leaves(v, (*path, i))]
+    return [path] if isinstance(doc, int | float) and not isinstance(doc, bool) else []
+
+
+def _set(doc, path: tuple, value):
+    import copy as _copy_mod
+
+    out = _copy_mod.deepcopy(doc)
+    node = out
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return out
+
+
+# what each numeric key of _cache_entries() is: its physical bounds, independent of how sanity.py finds them
+FRACTIONS = {"top1", "per_class", "top1_ci95", "val_top1", "test_top1", "val_top1_by_l2", "row_acc", "col_acc",
+             "row_control_acc", "dead_frac"}
+COUNTS = {"n", "n_train_images", "n_images"}
+NAN_IS_A_MEASUREMENT = {"rebuild_score"}
+FREE = {"l2", "layers", "seeds", "rules_version"}  # rules_version: any other than this vitpos's is refused
+
+
+def test_every_impossible_stage_cache_number_is_a_damaged_entry(tmp_path):
+    """Every numeric leaf of each cached result, set to NaN / infinity / 7.5 / -7: an entry whose value
+    cannot be right is damaged (get() gives None: the stage recomputes, said once); one that can
+    (a count of 7, a NaN where NaN is a measurement) is served as it is. The entry's bytes mutated
+    are never served as another result."""
+    from vitpos.study.cache import StageCache
+    from vitpos.study.sanity import validation_problem
+
+    said: list[str] = []
+    cache = StageCache(tmp_path, force=False, log=said.append)
+    n = 0
+    for stage, result in _cache_entries().items():
+        check = validation_problem if stage == "validation" else None
+        path = tmp_path / f"{stage}.json"
+        write_json(path, {"key": {}, "seconds": 1.0, "result": result})
+        assert cache.get(path, check) == json.loads(path.read_text())["result"], stage  # the valid one is served
+        for leaf in _leaves(result):
+            name = str(leaf[-2]) if len(leaf) > 1 and leaf[-2] == "per_class" else next(
+                str(p) for p in reversed(leaf) if isinstance(p, str))
+            assert name in FRACTIONS | COUNTS | NAN_IS_A_MEASUREMENT | FREE, name  # the table covers every key
+            for value in (float("nan"), float("inf"), 7.5, -7):
+                n += 1
+                entry = tmp_path / f"{stage}-{n}.json"
+                entry.write_text(json.dumps({"key": {}, "seconds": 1.0, "result": _set(result, leaf, value)}))
+                impossible = (math.isinf(value) or name == "rules_version"
+                              or (math.isnan(value) and name not in NAN_IS_A_MEASUREMENT)
+                              or (name in FRACTIONS and not math.isnan(value)) or name in COUNTS)
+                assert (cache.get(entry, check) is None) == impossible, (stage, leaf, value, said[-1:])
+                if impossible:
+                    assert said[-1].startswith("warning: damaged stage-cache entry") and "recomputing it" in said[-1]
+    assert n > 60
+    good = {"key": {}, "seconds": 1.0, "result": {"top1": 0.5}}
+    for how, raw in _json_mutations(json.dumps(good).encode()).items():
+        entry = tmp_path / f"bytes-{how.replace(':', '_')}.json"
+        entry.write_bytes(raw)
+        assert cache.get(entry) in (None, good["result"]), how
+
+
+def _config_mutations(suffix: str) -> dict[str, bytes]:
+    if suffix == ".toml":
+        base = b'seed = 1\n[probe]\nimages = 16\n'
+        bad = {"nan": base.replace(b"16", b"nan"), "inf": base.replace(b"seed = 1", b"seed = inf"),
+               "huge": base.replace(b"seed = 1", b"seed = 18446744073709551616"),
+               "wrong_type": base.replace(b"images = 16", b'images = "many"'), "duplicate_key": base + b"seed = 2\n",
+               "extra_key": b"bogus = 1\n" + base, "list": b"seed = [1, 2]\n"}
+    else:
+        base = b"seed: 1\nprobe:\n  images: 16\n"
+        bad = {"nan": base.replace(b"16", b".nan"), "inf": base.replace(b"seed: 1", b"seed: .inf"),
+               "huge": base.replace(b"seed: 1", b"seed: 18446744073709551616"),
+               "wrong_type": base.replace(b"images: 16", b"images: many"), "duplicate_key": base + b"seed: 2\n",
+               "extra_key": b"bogus: 1\n" + base, "list": b"- 1\n- 2\n"}
+    # truncate: cut inside the last value (a cut at a line end can leave a shorter valid file)
+    return {**bad, "truncate": base[: len(base) - 4], "non_utf8": b"\xff\xfe" + base, "empty": b"",
+            "valid": base, "bom": b"\xef\xbb\xbf" + base}
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_every_mutated_run_config_is_refused_in_one_line(suffix, tmp_path, capsys):
+    """Each mutation through `run --plan` (one error line, --out unchanged); a config that loads (the
+    valid one, with a byte-order mark too) is read by load_config only: its plan would time the model."""
+    from vitpos.errors import VitposError
+    from vitpos.study.config import load_config
+
+    outcomes = {}
+    for how, raw in sorted(_config_mutations(suffix).items()):
+        config = tmp_path / f"{how}{suffix}"
+        config.write_bytes(raw)
+        try:
+            load_config(config, {}, quick=True)
+            outcomes[how] = 0
+            continue
+        except VitposError:
+            pass
+        out = tmp_path / how / "out"
+        out.mkdir(parents=True)
+        outcomes[how] = check_contract(["run", "--plan", "--quick", "--models", "builtin:ape", "--config", str(config),
+                                        "--out", str(out)], out, capsys)
+        assert "config" in LAST_ERR[0], (how, LAST_ERR[0])
+    assert outcomes["valid"] == outcomes["bom"] == 0, outcomes  # a byte-order mark is read past
+    assert all(code == 2 for how, code in outcomes.items() if how not in ("valid", "bom")), outcomes

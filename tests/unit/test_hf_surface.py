@@ -198,7 +198,8 @@ def test_bad_hf_inputs_raise_one_line(tmp_path):
         "hf:NoSuchModel": "neither a transformers class vitpos supports",
         "hf:PixtralVisionModel": "has no vitpos surface",
         "hf:facebook/not-cached-anywhere": "local Hugging Face cache",
-        "hf:Dinov2Model?hidden_size=banana": "could not build",
+        "hf:Dinov2Model?hidden_size=banana": "hidden_size=.banana.; it must be a whole number",
+        "hf:Dinov2Model?hidden_act=banana": "could not build",
     }
     for spec, words in cases.items():
         with pytest.raises(VitposError, match=words) as info:
@@ -319,7 +320,7 @@ def test_query_keys_are_checked_against_the_config(tmp_path):
     assert load_model(f"hf:{tmp_path / 'm'}?layer_norm_eps=0.001").config.layer_norm_eps == 0.001
     with pytest.raises(VitposError, match="takes no \\?key=value"):  # checked before the cache is looked at
         load_model("hf:facebook/dinov2-small?hidden_size=32")
-    with pytest.raises(VitposError, match="num_hidden_layers=0; it must be a whole number >= 1"):
+    with pytest.raises(VitposError, match="num_hidden_layers=0; it must be a whole number in 1..256"):
         load_model(tiny_spec("dinov2", num_hidden_layers=0))
     with pytest.raises(VitposError, match="image_size 2 is smaller than patch_size 4"):
         load_model(tiny_spec("dinov2", image_size=2))

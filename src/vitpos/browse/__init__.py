@@ -12,15 +12,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vitpos.errors import VitposError
 from vitpos.io import read_json, require_out_dir, validate_doc
 from vitpos.runtime.memory import require_memory
-from vitpos.sae.description import SAEDescription
 from vitpos.sae.special import OUTLIER_K
 
 PAGE = "index.html"
@@ -28,13 +27,20 @@ REWRITE_SAE = "it is not the sae.json of `vitpos sae`; retrain the SAE with `vit
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
-class BrowseDescription(SAEDescription):
-    """The keys of sae.json the latent browser reads, typed: a missing or wrong one is one error line
-    naming sae.json and the key (not a KeyError or an int() ValueError halfway through)."""
+class BrowseDescription(BaseModel):
+    """The keys of sae.json the latent browser reads, typed (`SAEDescription`'s, and more): a missing or
+    wrong one is one error line naming sae.json and the key (not a KeyError or an int() ValueError
+    halfway through)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     model: str = Field(...)  # required here (the parent allows None: sae.json without it cannot be browsed)
     data: str
+    layer: int = Field(ge=0)
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
+    row_features: list[Annotated[int, Field(ge=0)]]
+    col_features: list[Annotated[int, Field(ge=0)]]
+    mixed_features: list[Annotated[int, Field(ge=0)]] = []
+    run: dict[str, Any] = {}
     tokens: int = Field(default=0, ge=0)
     arch: str | None = None
     k: int | None = Field(default=None, ge=1)
@@ -59,9 +65,8 @@ def sae_doc(sae_dir: str | Path) -> dict[str, Any]:
         raise VitposError(f"{d} is not an SAE folder (no sae.json and sae.safetensors); pass the --out folder of "
                           "`vitpos sae`")
     path = d / "sae.json"
-    doc = read_json(path, REWRITE_SAE)
-    validate_doc(BrowseDescription, doc, path, REWRITE_SAE)  # one line naming sae.json and the key
-    return doc
+    # one line naming sae.json and the key; the keys it leaves out get their defaults (site: resid_post)
+    return validate_doc(BrowseDescription, read_json(path, REWRITE_SAE), path, REWRITE_SAE).model_dump()
 
 
 def slot_bytes(num_patches: int) -> int:
@@ -116,6 +121,9 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
                     surface.spec, log)
     if sae.d_in != surface.width:
         raise VitposError(f"the SAE in {sae_dir} takes width {sae.d_in}, {surface.spec} has {surface.width}")
+    if not 0 <= int(doc["layer"]) < surface.depth:
+        raise VitposError(f"{Path(sae_dir) / 'sae.json'}: key 'layer' is {doc['layer']}, outside {surface.spec}'s "
+                          f"blocks 0..{surface.depth - 1}; {REWRITE_SAE}")
     if top_k < 1:
         raise VitposError(f"--top-k must be >= 1 (got {top_k})")
     require_memory(sae.d_sae * top_k * slot_bytes(surface.num_patches),

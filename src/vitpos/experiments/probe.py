@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from pydantic import Field
@@ -18,6 +18,7 @@ from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.models.surface import ModelSurface, Site, expand_sites
 from vitpos.results.probe import MultiSiteProbeResult, ProbeResults, ProbeSiteResult, probe_sites
 
@@ -122,6 +123,9 @@ class ProbeExperiment(Experiment[ProbeResults]):
         # the content baseline's capture at the embedding runs the whole model, then resid_post per chunk
         return (StagePlan.full(n, L, 1 + passes)
                 + StagePlan.probe_fits(1 + L, n, surface.num_patches, PROBE_TRAIN_TOKENS, len(DEFAULT_L2_GRID), True))
+
+    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        check_probe_images(images_of(sizes, "test", settings["images"]), "probe.images")
 
     def run_stage(self, surface: ModelSurface, stage: StageInput) -> ProbeResults:
         return run_probe(surface, data=stage.data, n_images=stage.settings["images"], seed=stage.seed)

@@ -38,6 +38,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
     SWEEP_TRAIN_TOKENS,
     advance,
@@ -401,6 +402,7 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         if settings.get("restore") is not None:
             check_restore_points(surface, list(settings["restore"]), "rope_axis.restore")
+        check_probe_images(images_of(sizes, "test", settings["images"]), "rope_axis.images")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_axis(settings, surface, sizes)

@@ -33,6 +33,7 @@ from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import AXES, Axis, FreqBand, ModelSurface
@@ -320,6 +321,7 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
 
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         s = settings
+        check_probe_images(images_of(sizes, "test", s["images"]), "rope_freq.images")
         wins = ([(int(a), int(b)) for a, b in s["windows"]] if s.get("windows") is not None
                 else default_windows(surface.depth))
         check_settings(surface, s["bands"], wins, list(s["layers"]) if s.get("layers") is not None

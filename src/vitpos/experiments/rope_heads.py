@@ -36,6 +36,7 @@ from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, per
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
     AXIS_SETS,
     SWEEP_TRAIN_TOKENS,
@@ -981,6 +982,7 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         if settings.get("restore_from") is not None:
             check_restore_points(surface, [settings["restore_from"]], "rope_heads.restore_from")
+        check_probe_images(images_of(sizes, "test", settings["probe_images"]), "rope_heads.probe_images")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_heads(settings, surface, sizes)

@@ -37,6 +37,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
     AXIS_SETS,
     SWEEP_TRAIN_TOKENS,
@@ -242,6 +243,7 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
         if settings.get("restore_from") is not None:
             check_restore_points(surface, [settings["restore_from"]], "rope_prefix.restore_from")
         check_block_from(surface, settings["block_from"], "rope_prefix.block_from")
+        check_probe_images(images_of(sizes, "test", settings["images"]), "rope_prefix.images")
 
     def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_prefix(settings, surface, sizes)

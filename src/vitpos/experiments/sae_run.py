@@ -35,6 +35,7 @@ from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percen
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.checks import check_data, check_expansions
 from vitpos.experiments.common import (
     CAUSAL_ON_RUN_DATA,
     SWEEP_TRAIN_TOKENS,
@@ -815,6 +816,9 @@ class SAEExperiment(Experiment[SAEResult]):
     def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         s, L = settings, surface.depth
         sae_config(surface, s["arch"], s["k"], s["expansion"])
+        check_expansions(surface, s["arch"], s["k"], s.get("expansions"), "sae.expansions")
+        if s.get("data") is not None:
+            check_data(surface, s["data"], "sae.data")
         if s.get("layer") is not None and not 0 <= s["layer"] < L:
             raise VitposError(f"sae.layer {s['layer']} is outside 0..{L - 1}; pass a layer of the model")
         if sizes is not None:

@@ -483,12 +483,16 @@ def _family_of(cls_name: str, spec: str) -> HFFamily:
     return fam
 
 
-def _build(cls_name: str, config: Any) -> nn.Module:
+def _build(cls_name: str, config: Any, where: str) -> nn.Module:
     tr = _transformers()
     # The same random init on every load (the stage cache keys a model by its spec; see models/spec.py).
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return getattr(tr, cls_name)(config)
+        try:
+            return getattr(tr, cls_name)(config)
+        except Exception as e:  # the config's values disagree with the modules (a dropout of 3, a bad activation)
+            raise VitposError(f"transformers could not build {cls_name} from {where}: "
+                              f"{' '.join(str(e).split())[:200]}; fix the config's keys") from None
 
 
 def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
@@ -573,23 +577,33 @@ def classifier_labels(config: Any) -> tuple[str, ...] | None:
     return names
 
 
-# sizes a config must have for a patch grid + prefix surface (StopIteration, division by zero otherwise)
-_SIZE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "patch_size", "image_size", "num_channels")
+# sizes a config must have for a patch grid + prefix surface (StopIteration, division by zero otherwise),
+# bounded as the timm: specs' (models.spec.SIZE_BOUNDS): a huge one must be refused, not allocated
+_SIZE_BOUNDS = {"num_hidden_layers": 256, "hidden_size": 16384, "num_attention_heads": 1024, "patch_size": 4096,
+                "image_size": 4096, "num_channels": 16, "intermediate_size": 1 << 18, "num_register_tokens": 1024}
 
 
 def _check_config(config: Any, where: str) -> None:
     """One VitposError naming the key when the config cannot be a vision transformer of >= 1 layer."""
-    for key in _SIZE_KEYS:
-        value = getattr(config, key, None)
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if value is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise VitposError(f"{where}: {key}={value!r}; it must be a whole number >= 1")
+    _check_sizes({k: getattr(config, k, None) for k in _SIZE_BOUNDS}, where)
     heads, width = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
     if isinstance(heads, int) and isinstance(width, int) and width % heads:
         raise VitposError(f"{where}: hidden_size {width} is not a multiple of num_attention_heads {heads}")
     size, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     if isinstance(size, int) and isinstance(patch, int) and size < patch:
         raise VitposError(f"{where}: image_size {size} is smaller than patch_size {patch}: no patch fits")
+
+
+def _check_sizes(values: Mapping[str, Any], where: str) -> None:
+    """The size keys among `values` (a config.json's, a query's) within their bounds: checked before
+    transformers sees them too, since a config builds lists of num_hidden_layers entries at init (a
+    huge count would fill the memory before any model exists)."""
+    for key, top in _SIZE_BOUNDS.items():
+        value = values.get(key)
+        low = 0 if key == "num_register_tokens" else 1
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if value is not None and (isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top):
+                raise VitposError(f"{where}: {key}={value!r}; it must be a whole number in {low}..{top}")
 
 
 def _query_kwargs(query: str, defaults: dict[str, Any], where: str) -> dict[str, Any]:
@@ -631,9 +645,15 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         cfg_path = folder / "config.json"
         if not cfg_path.is_file():
             raise VitposError(f"{folder} has no config.json; save the model with save_pretrained")
+        fix = "save the model with save_pretrained, or fix the file"
+        raw = read_json(cfg_path, fix)
+        if not isinstance(raw, dict):
+            raise VitposError(f"{cfg_path} holds a JSON {type(raw).__name__}, not an object of keys; {fix}")
+        _check_sizes(raw, str(cfg_path))
         try:
             config = tr.AutoConfig.from_pretrained(folder, local_files_only=True)
             kwargs = _query_kwargs(query, _config_keys(config), spec)
+            _check_sizes(kwargs, spec)
             if kwargs:
                 config = tr.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs)
         except VitposError:
@@ -651,24 +671,21 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         if checkpoint is None and not weights.is_file():
             raise VitposError(f"{folder} has no model.safetensors (vitpos reads safetensors only); pass --checkpoint")
         preprocess = _read_preprocess(folder, int(config.num_channels))  # before the weights: the cheap check first
-        model = _load_weights(_build(cls_name, config), weights, spec)
+        model = _load_weights(_build(cls_name, config, str(cfg_path)), weights, spec)
         _check_weights(model, weights)
         return HFSurface(model, spec, fam, preprocess)
     if name in _BY_CLASS or name in NO_SURFACE:
         fam = _family_of(name, spec)
         config_cls = getattr(tr, fam.config_cls)
         kwargs = _query_kwargs(query, _config_keys(config_cls()), spec)
+        _check_sizes(kwargs, spec)
         try:
             config = config_cls(**kwargs)
         except Exception as e:  # TypeError / ValueError / huggingface_hub's strict-dataclass validation errors
             raise VitposError(f"transformers could not build {spec!r}: {' '.join(str(e).split())[:200]}; check the "
                               f"?key=value names against {fam.config_cls}") from None
         _check_config(config, spec)
-        try:
-            model = _build(name, config)
-        except Exception as e:  # the config's keys disagree with each other
-            raise VitposError(f"transformers could not build {spec!r}: {' '.join(str(e).split())[:200]}; check the "
-                              f"?key=value names against {fam.config_cls}") from None
+        model = _build(name, config, spec)
         if checkpoint is not None:
             model = _load_weights(model, Path(checkpoint), spec)
             _check_weights(model, checkpoint)

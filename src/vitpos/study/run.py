@@ -32,6 +32,7 @@ from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_fingerprint, dataset_for, require_fit
 from vitpos.errors import VitposError
 from vitpos.experiments.base import Done, Experiment, StageInput, StagePlan
+from vitpos.experiments.checks import check_head_splits
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
 from vitpos.io import artifact_path, exclusive_lock, relative_artifact, require_out_dir, write_json
 from vitpos.models.head import Head, check_head
@@ -387,6 +388,7 @@ class _ModelStages:
         hit = self._cached_head(self._head_key(settings))
         if hit is not None:
             return PlannedStage(self.key_spec, self.data, "head", None, "cached"), hit[1].digest(), True
+        check_head_splits(sizes, self.data)  # what fit_head would refuse, before the first stage
         n = settings["images"]
         try:
             n_val = sizes.n("val", max(1, n // 4))

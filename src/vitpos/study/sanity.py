@@ -6,7 +6,8 @@ Why by key name, not by each result schema's field types: the result classes liv
 (one per experiment, and they move); a check that walks the JSON by name covers every one of them,
 old and new, from one place, and the names are the project's convention: `top1` and `*_top1`, `*_acc`,
 `*_frac`, `per_class` / `per_group` are fractions of images or tokens, by construction in [0, 1]
-(a drop, a share or a recovery ratio is not, and matches none of the patterns)."""
+(a drop, a share or a recovery ratio is not, and matches none of the patterns); `n` and `n_*` are
+counts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from vitpos.validation.table import expected_verdict
 # (class name / threshold -> number) that holds it.
 FRACTION = re.compile(r"^(?:(?:.+_)?top1(?:_ci95|_ci|_spliced|_by_l2)?|(?:.+_)?acc(?:uracy)?(?:_ci95|_orig_probe)?"
                       r"|.+_frac(?:_by_threshold)?|per_class|per_group)$")
+# A count of images, tokens or features (n, n_test_images, n_row_features ...): a whole number >= 0.
+COUNT = re.compile(r"^n(?:_.+)?$")
 # NaN is a measurement here: undefined where no value exists (e.g. rope_heads' rebuild score of a
 # restore point without a recovery, an SAE's fvu on constant activations). Infinity is never one.
 MAY_BE_NAN = frozenset({"rebuild_score", "recovery_restore", "fvu"})
@@ -50,6 +53,8 @@ def impossible(doc: Any, key: str = "", where: str = "") -> str | None:
         return f"{at} is {x}"
     if FRACTION.match(key) and not -1e-9 <= x <= 1 + 1e-9:  # float rounding of an exact 0 or 1
         return f"{at} is {x:g}, outside [0, 1]"
+    if COUNT.match(key) and (x < 0 or x != int(x)):
+        return f"{at} is {x:g}, not a count"
     return None
 
 
@@ -74,4 +79,4 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-__all__ = ["FRACTION", "MAY_BE_NAN", "impossible", "validation_problem"]
+__all__ = ["COUNT", "FRACTION", "MAY_BE_NAN", "impossible", "validation_problem"]
