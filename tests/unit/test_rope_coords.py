@@ -237,7 +237,7 @@ def test_report_shows_c5_under_each_ablation():
 
     from conftest import GOLDEN
     from vitpos.experiments.rope_heads import _c5_entry
-    from vitpos.report.sections import _sec_heads
+    from vitpos.experiments.rope_heads_section import section as _sec_heads
     from vitpos.results.rope_heads import RopeHeadsResult
 
     doc = copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"]["rope_heads"])
