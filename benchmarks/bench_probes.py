@@ -26,14 +26,8 @@ import time
 import torch
 
 from vitpos.analysis.lbfgs import standardise_stats
-from vitpos.analysis.probes import (
-    DEFAULT_L2_GRID,
-    DEFAULT_MAX_TRAIN_TOKENS,
-    fit_position_probes,
-    position_labels,
-    sample_train_tokens,
-    split_images,
-)
+from vitpos.analysis.probe_split import sample_train_tokens, split_images
+from vitpos.analysis.probes import DEFAULT_L2_GRID, DEFAULT_MAX_TRAIN_TOKENS, fit_position_probes, position_labels
 from vitpos.errors import VitposError
 from vitpos.io import write_json
 

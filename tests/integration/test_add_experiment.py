@@ -25,6 +25,7 @@ from vitpos.experiments import registry
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.base import Result
+from vitpos.results.claim_rules import ClaimRules
 
 MODEL = "builtin:ape"
 # the built-in stages below --quick's sizes: this test is about the added stage, not theirs
@@ -81,7 +82,7 @@ class PatchNormExperiment(Experiment[PatchNormResult]):
     def figures(self, result: PatchNormResult) -> list[Figure]:
         return [Figure("patch_norm", "mean patch-token norm per layer", plot_norms)]
 
-    def section(self, result: PatchNormResult) -> str:
+    def section(self, result: PatchNormResult, claims: ClaimRules) -> str:
         return f"<p>{MARKER}: {result.n_images} images, last layer {result.mean_norm[-1]:.3f}</p>"
 
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed (pip install 'vitpos[hf]')")
 
 from vitpos.cli import main  # noqa: E402
-from vitpos.models.hf_adapter import tiny_spec  # noqa: E402
+from vitpos.models.hf_families import tiny_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -151,7 +151,8 @@ def test_report_shows_fidelity_special_tokens_and_links_the_browser():
     import copy
 
     from conftest import GOLDEN
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
     from vitpos.results.sae_run import SAEResult
 
     golden = copy.deepcopy(GOLDEN["models"]["builtin:ape"]["sae"])
@@ -164,12 +165,13 @@ def test_report_shows_fidelity_special_tokens_and_links_the_browser():
                {"layer": 1, "median_patch_norm": 1.0, "prefix_share": 0.1, "prefix_norm_ratio": [0.5, 7.0],
                 "outlier_threshold": 5.0, "outlier_share": 0.001, "outlier_norm_ratio": None,
                 "outlier_share_by_k": {}}]}}
-    out = SECTIONS["sae"](SAEResult.model_validate(doc))
+    out = BY_NAME["sae"].section(SAEResult.model_validate(doc), CLAIM_RULES)
     assert '<a href="artifacts/x%20y/sae/browse/index.html">' in out
     assert "11.5%" in out and "25.0%" in out and "0.00012" in out  # dense, stability, KL
     assert "reg0 7.00×" in out and "norm &gt; 5× median at this layer</td><td>0.1%</td>" in out
     assert "norm &gt; 5× the median training-token norm (&gt; " in out and "left out: 0 per epoch" in out
-    old = SECTIONS["sae"](SAEResult.model_validate(golden))  # an sae.json without them: no link, no new rows
+    # an sae.json without them: no link, no new rows
+    old = BY_NAME["sae"].section(SAEResult.model_validate(golden), CLAIM_RULES)
     assert old.count("<a ") == 0 and "dense latents" not in old and "prefix tokens" not in old
 
 

@@ -17,7 +17,6 @@ from vitpos.experiments.extrapolate import ExtrapolateExperiment, check_scales, 
 from vitpos.models.own import OwnViTConfig, build_own_vit
 from vitpos.models.spec import parse_timm_spec
 from vitpos.models.timm_adapter import surface_for
-from vitpos.results.rope_freq import RopeFreqResult
 
 OWN = ["ape", "ape-sincos", "rope-axial", "rope-mixed", "rope-ape", "none"]
 FAMILIES = [pytest.param(("own", pe), id=f"own-{pe}") for pe in OWN] + [
@@ -246,27 +245,26 @@ def test_applicability_and_the_study_settings():
 
 
 def test_document_figure_and_report_section(tmp_path):
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
 
     s = tiny_own("rope-mixed")
     result = run_extrapolate(s, _toy(32), n_images=32, out=tmp_path)
     assert (tmp_path / "extrapolate.json").exists()
     assert (tmp_path / "extrapolate.png").read_bytes().startswith(b"\x89PNG")
     assert ExtrapolateExperiment().load(result.to_json()) == result
-    html = SECTIONS["extrapolate"](result)
+    html = BY_NAME["extrapolate"].section(result, CLAIM_RULES)
     assert "24 px" in html and "6×6" in html and "resized" in html and "unseen angles" in html
     doc = result.to_json()
     doc["top1_refused"] = "no <classifier>"
     for sz in doc["sizes"]:
         sz["top1"] = sz["top1_ci"] = None
     refused = ExtrapolateExperiment().load(doc)
-    html = SECTIONS["extrapolate"](refused)
+    html = BY_NAME["extrapolate"].section(refused, CLAIM_RULES)
     assert "refused" in html and "&lt;classifier&gt;" in html
     from vitpos import plots
 
     assert plots.plot_extrapolate(refused, tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
-    with pytest.raises(VitposError, match="ExtrapolateResult section got a RopeFreqResult"):
-        SECTIONS["extrapolate"](RopeFreqResult.model_construct())
 
 
 def test_shapes_data_is_generated_at_the_grid_ratio(monkeypatch):

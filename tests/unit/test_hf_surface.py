@@ -20,7 +20,8 @@ from vitpos.models.gates import (  # noqa: E402
     run_gate,
     site_differences,
 )
-from vitpos.models.hf_adapter import FAMILIES, HFSurface, tiny_spec  # noqa: E402
+from vitpos.models.hf_adapter import HFSurface  # noqa: E402
+from vitpos.models.hf_families import FAMILIES, tiny_spec  # noqa: E402
 from vitpos.models.surface import RopeAxisMap  # noqa: E402
 
 

@@ -27,8 +27,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "vitpos.results": ("vitpos.experiments", "vitpos.plots", "vitpos.study", "vitpos.claims", "vitpos.validation",
                        "vitpos.report"),
     "vitpos.experiments": ("vitpos.study", "vitpos.claims", "vitpos.validation", "vitpos.report"),
+    # the shared rendering helpers every experiment's section uses: nothing above the results layer
+    "vitpos.report.format": ("vitpos.experiments", "vitpos.study", "vitpos.claims", "vitpos.validation",
+                             "vitpos.plots", "vitpos.report.html", "vitpos.report.sections"),
     "vitpos.claims": ("vitpos.experiments", "vitpos.plots", "vitpos.study", "vitpos.validation", "vitpos.report"),
 }
+# exceptions to `FORBIDDEN`: an experiment renders its report section with report.format's helpers
+ALLOWED: dict[str, tuple[str, ...]] = {"vitpos.experiments": ("vitpos.report.format",)}
 # modules of vitpos.experiments that are not an experiment: any experiment may import them
 # (checks: what the stages would refuse, shared by their `check`s and `vitpos run --plan`)
 SHARED_EXPERIMENT_MODULES = frozenset({"vitpos.experiments", "vitpos.experiments.base", "vitpos.experiments.common",
@@ -36,7 +41,11 @@ SHARED_EXPERIMENT_MODULES = frozenset({"vitpos.experiments", "vitpos.experiments
 REGISTRY = "vitpos.experiments.registry"  # lists every experiment: it imports them all
 # helper modules that belong to one experiment (imported by it alone, counted as part of it)
 EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
-                 "vitpos.experiments.sae_sweep": "vitpos.experiments.sae_layers"}
+                 "vitpos.experiments.sae_sweep": "vitpos.experiments.sae_layers",
+                 # each experiment's report section and summary line (`Experiment.section` / `summary`)
+                 **{f"vitpos.experiments.{m}_section": f"vitpos.experiments.{m}"
+                    for m in ("evaluation", "probe", "sae_run", "ape_permute", "rope_axis", "rope_heads",
+                              "rope_prefix", "rope_freq", "extrapolate", "sae_layers")}}
 
 Graph = dict[str, set[str]]
 
@@ -135,7 +144,8 @@ def forbidden_edges(graph: Mapping[str, Iterable[str]]) -> list[str]:
     for a in sorted(graph):
         for b in sorted(graph[a]):
             for src, targets in FORBIDDEN.items():
-                if _in(a, src) and any(_in(b, t) for t in targets):
+                allowed = ALLOWED.get(src, ())
+                if _in(a, src) and any(_in(b, t) for t in targets) and not any(_in(b, t) for t in allowed):
                     bad.append(f"{a} -> {b} ({src} must not import {', '.join(targets)})")
             if (_in(a, "vitpos.experiments") and _in(b, "vitpos.experiments") and a != REGISTRY
                     and b not in SHARED_EXPERIMENT_MODULES
@@ -186,3 +196,15 @@ def test_a_cycle_through_a_function_body_import_is_found(tmp_path):
     bad = forbidden_edges(graph)
     assert any(e.startswith("vitpos.models.m -> vitpos.experiments.e ") for e in bad)
     assert any(e.startswith("vitpos.experiments.e -> vitpos.experiments.f ") for e in bad)
+
+
+def test_experiments_may_use_report_format_and_nothing_else_of_the_report():
+    """An experiment's section imports report.format (allowed); report.html is above it, and
+    report.format must not reach back up to the experiments."""
+    graph = {"vitpos.experiments.e_section": {"vitpos.report.format", "vitpos.report.html"},
+             "vitpos.report.format": {"vitpos.results.base", "vitpos.experiments.base"}}
+    bad = forbidden_edges(graph)
+    assert not any(b.startswith("vitpos.experiments.e_section -> vitpos.report.format ") for b in bad)
+    assert any(b.startswith("vitpos.experiments.e_section -> vitpos.report.html ") for b in bad)
+    assert any(b.startswith("vitpos.report.format -> vitpos.experiments.base ") for b in bad)
+    assert not any(b.startswith("vitpos.report.format -> vitpos.results.base ") for b in bad)

@@ -63,12 +63,14 @@ def test_table_renders_and_reports_a_miss():
 
 
 def test_report_shows_the_count_matched_share_and_the_head_selection():
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
 
     case = next(c for c in CASES if c.claim == "C4" and c.truth)
     res = run_case(case)
     assert res.rope_axis is not None and res.rope_heads is not None
-    axis_html, heads_html = SECTIONS["rope_axis"](res.rope_axis), SECTIONS["rope_heads"](res.rope_heads)
+    axis_html = BY_NAME["rope_axis"].section(res.rope_axis, CLAIM_RULES)
+    heads_html = BY_NAME["rope_heads"].section(res.rope_heads, CLAIM_RULES)
     share = res.rope_axis.to_json()["median_rebuilt_share"]["row"]["median_share"]
     assert "count-matched" in axis_html and f"{share:.2f}" in axis_html
     assert "content floor" in axis_html

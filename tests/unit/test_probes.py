@@ -5,14 +5,8 @@ import pytest
 import torch
 
 from vitpos.analysis.linear_probe import LinearProbe
-from vitpos.analysis.probes import (
-    control_labels,
-    fit_position_probes,
-    position_labels,
-    probe_layers,
-    sample_train_tokens,
-    split_images,
-)
+from vitpos.analysis.probe_split import control_labels, sample_train_tokens, split_images
+from vitpos.analysis.probes import fit_position_probes, position_labels, probe_layers
 from vitpos.errors import VitposError
 
 H = W = 8

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from vitpos.experiments import ape_permute_section, evaluation_section
 from vitpos.report.html import _CSS, _badge
-from vitpos.report.sections import _sec_ape, _sec_eval, _summary_ape
 from vitpos.results.ape_permute import ApePermuteResult
 from vitpos.results.evaluation import EvalResult
 
@@ -30,7 +30,7 @@ def ape_doc() -> ApePermuteResult:
 
 
 def test_ape_section_pairs_each_set_with_its_control():
-    html = _sec_ape(ape_doc())
+    html = ape_permute_section.section(ape_doc())
     pairs = html.split("each permuted set beside its matched random control", 1)[1].split("every variant", 1)[0]
     rows = pairs.split("<tr>")[2:]
     assert [r.split("</td>")[0].removeprefix("<td>") for r in rows] == [
@@ -39,12 +39,12 @@ def test_ape_section_pairs_each_set_with_its_control():
     assert "skipped: no live non-positional latents" in rows[3]
     assert "random_row" in html.split("every variant", 1)[1]  # the controls are listed among the variants too
     assert "[86.0%, 93.0%]" in html
-    assert "control 1.0 pts [0.0, 2.0]" in _summary_ape(ape_doc())
+    assert "control 1.0 pts [0.0, 2.0]" in ape_permute_section.summary(ape_doc())
 
 
 def test_eval_interval_and_inconclusive_badge():
     ev = EvalResult(top1=1.0, n=500, per_class={}, per_group={}, top1_ci95=[0.9924, 1.0])
-    assert "95% Wilson interval [99.2%, 100.0%]" in _sec_eval(ev)
+    assert "95% Wilson interval [99.2%, 100.0%]" in evaluation_section.section(ev)
     assert _badge("inconclusive") == '<span class="badge inconclusive">inconclusive</span>'
     assert ".badge.inconclusive{" in _CSS
 
@@ -52,7 +52,7 @@ def test_eval_interval_and_inconclusive_badge():
 def test_heads_section_says_which_drops_rest_on_the_adaptive_screen():
     from test_report import rope_heads_result
 
-    from vitpos.report.sections import _sec_heads
+    from vitpos.experiments.rope_heads_section import section as _sec_heads
 
     doc = rope_heads_result().model_copy(update={"n_top1_images": 2000})
     assert "adaptive" not in _sec_heads(doc)  # every head on every image: nothing to say
@@ -66,7 +66,9 @@ def test_rope_sections_show_the_c3_c4_intervals():
     result has them; a result written before them renders as before."""
     from test_report import rope_axis_doc, rope_heads_doc
 
-    from vitpos.report.sections import _sec_axis, _sec_heads, _summary_axis
+    from vitpos.experiments.rope_axis_section import section as _sec_axis
+    from vitpos.experiments.rope_axis_section import summary as _summary_axis
+    from vitpos.experiments.rope_heads_section import section as _sec_heads
     from vitpos.results.rope_axis import RopeAxisResult
     from vitpos.results.rope_heads import RopeHeadsResult
 

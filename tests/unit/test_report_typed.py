@@ -10,7 +10,8 @@ import re
 import pytest
 
 from conftest import APE, GOLDEN, ROPE, XSS, make_results, tiny_own, toy_set
-from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.experiments.base import Experiment
+from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.report import sections
 from vitpos.report.html import render_report
 from vitpos.results.base import Result, Skipped
@@ -54,7 +55,7 @@ def test_every_experiment_renders_its_section_and_figures(every_result, tmp_path
     typed = StudyResults.from_json(copy.deepcopy(every_result))
     have = {name for m in typed.models.values() for name, r in m.results.items() if isinstance(r, Result)}
     assert have == {exp.name for exp in EXPERIMENTS}  # each result type is rendered below
-    assert set(sections.SECTIONS) == {exp.name for exp in EXPERIMENTS}  # each has a section of its own
+    assert all(type(exp).section is not Experiment.section for exp in EXPERIMENTS)  # each has a section of its own
     figs = draw_figures(typed, tmp_path, log=pytest.fail)  # every declared figure draws from the typed result
     page = render_report(typed.model_copy(update={"figures": figs}), tmp_path).read_text(encoding="utf-8")
     assert "could not render" not in page and "could not summarise" not in page
@@ -63,7 +64,8 @@ def test_every_experiment_renders_its_section_and_figures(every_result, tmp_path
             result = entry.results.get(exp.name)
             if not isinstance(result, Result):
                 continue
-            body = sections.SECTIONS[exp.name](result)
+            body = exp.section(result, sections.CLAIM_RULES)
+            assert body is not None
             assert "<table" in body and body in page, (spec, exp.name)
             for fig in exp.figures(result):
                 assert figure_key(spec, fig.name) in figs, (spec, fig.name)
@@ -77,7 +79,7 @@ def test_a_section_that_raises_fails_the_render(monkeypatch, tmp_path):
     def renamed(r: RopeHeadsResult) -> str:
         return str(r.primary_head)  # type: ignore[attr-defined]  # as if `primary_rebuilding_head` were renamed
 
-    monkeypatch.setitem(sections.SECTIONS, "rope_heads", sections.Section(RopeHeadsResult, renamed))
+    monkeypatch.setattr(BY_NAME["rope_heads"], "section", lambda r, claims: renamed(r))
     with pytest.raises(AttributeError, match="primary_head"):
         render_report(make_results(), tmp_path)
     assert not list(tmp_path.iterdir())  # nothing half-written
@@ -92,7 +94,7 @@ def test_a_summary_line_that_raises_fails_the_render(monkeypatch, tmp_path):
     def boom(r, claim):
         raise KeyError("renamed")
 
-    monkeypatch.setattr(sections, "_summary_axis", boom)
+    monkeypatch.setattr(BY_NAME["rope_axis"], "summary", boom)
     with pytest.raises(KeyError, match="renamed"):
         render_report(results, tmp_path)
 
@@ -126,7 +128,7 @@ def test_old_results_render_with_their_numbers(tmp_path):
 
 
 def test_an_experiment_without_a_section_shows_its_fields(monkeypatch, tmp_path):
-    monkeypatch.delitem(sections.SECTIONS, "eval")
+    monkeypatch.setattr(BY_NAME["eval"], "section", lambda r, claims: None)  # as if it had none
     page = render_report(make_results(), tmp_path).read_text(encoding="utf-8")
     top1 = GOLDEN["models"]["builtin:ape"]["eval"]["top1"]
     assert f"<tr><td>top1</td><td>{top1:.4g}</td></tr>" in page
@@ -140,12 +142,13 @@ def test_the_sae_section_shows_the_seed_grid_and_both_high_norm_rules():
     import json
     from pathlib import Path
 
+    from vitpos.experiments import sae_run_section
     from vitpos.results.sae_run import SAEResult
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measured" / "dinov2-tiles.results.json")
                      .read_text())
     raw = next(m["sae"] for m in doc["models"].values() if "sae" in m)
-    text = html.unescape(re.sub(r"<[^>]+>", "|", sections._sec_sae(SAEResult.model_validate(raw))))
+    text = html.unescape(re.sub(r"<[^>]+>", "|", sae_run_section.section(SAEResult.model_validate(raw))))
     grid = raw["sweep"]
     assert grid["runs"] and grid["stability"]
     for run in grid["runs"]:

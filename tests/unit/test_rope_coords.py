@@ -237,7 +237,7 @@ def test_report_shows_c5_under_each_ablation():
 
     from conftest import GOLDEN
     from vitpos.experiments.rope_heads import _c5_entry
-    from vitpos.report.sections import _sec_heads
+    from vitpos.experiments.rope_heads_section import section as _sec_heads
     from vitpos.results.rope_heads import RopeHeadsResult
 
     doc = copy.deepcopy(GOLDEN["models"]["builtin:rope-axial"]["rope_heads"])
@@ -257,7 +257,7 @@ def test_report_shows_c5_under_each_ablation():
 def test_coordinate_edits_refuse_a_rope_family_without_the_recomputation():
     pytest.importorskip("transformers", reason="transformers is not installed (pip install 'vitpos[hf]')")
     from vitpos.models import load_model
-    from vitpos.models.hf_adapter import tiny_spec
+    from vitpos.models.hf_families import tiny_spec
 
     torch.manual_seed(0)
     s = load_model(tiny_spec("dinov3"))  # Hugging Face DINOv3: RoPE, but not timm's modules

@@ -305,12 +305,13 @@ def test_refusals_and_applicability():
 
 
 def test_document_figure_and_report_section(tmp_path):
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
 
     s = tiny_own("rope-mixed")
     result = run_rope_freq(s, _toy(40), n_images=40, bands=2, out=tmp_path)
     assert (tmp_path / "rope_freq.json").exists()
     assert (tmp_path / "rope_freq.png").read_bytes().startswith(b"\x89PNG")
     assert RopeFreqExperiment().load(result.to_json()) == result
-    html = SECTIONS["rope_freq"](result)
+    html = BY_NAME["rope_freq"].section(result, CLAIM_RULES)
     assert "no_row_high_L0-1" in html and "position carried by" in html and "frequency range" in html

@@ -223,12 +223,13 @@ def test_refusals_and_applicability():
 
 
 def test_document_figure_and_report_section(tmp_path):
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
 
     s = tiny_own("rope-axial")
     result = run_rope_prefix(s, _toy(40), n_images=40, n_attn_images=4, out=tmp_path)
     assert (tmp_path / "rope_prefix.json").exists()
     assert (tmp_path / "rope_prefix.png").read_bytes().startswith(b"\x89PNG")
     assert RopePrefixExperiment().load(result.to_json()) == result
-    html = SECTIONS["rope_prefix"](result)
+    html = BY_NAME["rope_prefix"].section(result, CLAIM_RULES)
     assert "restore_row_R1_block" in html and "mean Rec, prefix blocked from R" in html

@@ -9,7 +9,7 @@ import json
 import pytest
 from test_claims import axis_doc, claim
 
-from vitpos.report.sections import _axis_calibrated
+from vitpos.experiments.rope_axis_section import _axis_calibrated
 from vitpos.results.rope_axis import ReadoutRemoval, RopeAxisResult
 
 KEYS = ("removed", "kept", "removed_pair", "kept_pair")

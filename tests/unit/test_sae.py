@@ -136,7 +136,7 @@ def test_sparse_gradients_match_dense_reference():
 
 
 def test_stable_argsort_small_is_torchs_stable_argsort():
-    from vitpos.sae.model import stable_argsort_small
+    from vitpos.sae.sparse import stable_argsort_small
 
     g = torch.Generator().manual_seed(0)
     for bound in (1, 7, 768, 1 << 15, (1 << 15) + 1, 100_000):  # the last two take torch's path
@@ -184,7 +184,7 @@ def test_decode_and_feature_contribution_swap_exact():
 
 
 def test_fast_topk_selects_what_torch_topk_selects():
-    from vitpos.sae.model import topk_flat, topk_rows
+    from vitpos.sae.sparse import topk_flat, topk_rows
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):

@@ -53,13 +53,14 @@ def test_the_stage_measures_one_point_per_swept_layer(swept):
 def test_the_curve_has_its_figure_section_and_claims(swept, tmp_path):
     from vitpos.claims.inputs import ClaimInputs
     from vitpos.claims.summary import summarise
-    from vitpos.report.sections import SECTIONS
+    from vitpos.experiments.registry import BY_NAME
+    from vitpos.report.sections import CLAIM_RULES
 
     exp, res, _ = swept
     for fig in exp.figures(res):
         fig.plot(res, tmp_path / f"{fig.name}.png")
         assert (tmp_path / f"{fig.name}.png").read_bytes()[:4] == b"\x89PNG"
-    html = SECTIONS["sae_layers"](res)
+    html = BY_NAME["sae_layers"].section(res, CLAIM_RULES)
     assert "Plausible layers" in html and html.count("<tr>") == 1 + len(res.points)
     s = summarise({"m": ClaimInputs(sae_layers=res)})
     for c in s.claims:

@@ -55,6 +55,7 @@ from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
+from vitpos.experiments import ape_permute_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
@@ -70,6 +71,7 @@ from vitpos.results.ape_permute import (
     VARIANTS,
     ApePermuteResult,
 )
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.runtime.device import trimmed
 from vitpos.sae import SAE
 from vitpos.sae.controls import matched_control, matched_random_features
@@ -581,4 +583,10 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
 
         return [Figure("ape_permute", "top-1 drop per permuted feature set, with controls",
                        lambda r, p: plots.plot_ape_permute(r, p))]
+
+    def section(self, result: ApePermuteResult, claims: ClaimRules) -> str:
+        return ape_permute_section.section(result)
+
+    def summary(self, result: ApePermuteResult, claim: str) -> str:
+        return ape_permute_section.summary(result)
 

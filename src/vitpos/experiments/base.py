@@ -3,7 +3,8 @@ figures it draws and its report section.
 
 An experiment is one module: its `Settings` (the single source of its defaults: the run config's
 section named like the experiment and its `--quick` sizes are derived from them), its `Result`,
-`run_stage`, `plan`, `figures` and `section`. The study (`vitpos.study`) loops over the registry
+`run_stage`, `plan`, `figures`, its report `section` and `summary` line (rendered by the module
+`<name>_section.py` beside it). The study (`vitpos.study`) loops over the registry
 (`vitpos.experiments.registry`, where `register` adds one); the report renders the figures and the
 section each experiment declares; the CLI calls the experiments' library functions.
 An experiment never imports another experiment: what several share lives in `common.py`.
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface
 from vitpos.results.base import Result, Skipped
+from vitpos.results.claim_rules import ClaimRules
 
 
 class Settings(BaseModel):
@@ -209,9 +211,16 @@ class Experiment(ABC, Generic[R]):
         """The figures this result supports (the report shows them in this order)."""
         return []
 
-    def section(self, result: R) -> str | None:
-        """The body of this experiment's section in report.html (HTML, shown below its figures);
-        None: the report's own renderer for it (`vitpos.report.sections.SECTIONS`)."""
+    def section(self, result: R, claims: ClaimRules) -> str | None:
+        """The body of this experiment's section in report.html (HTML, shown below its figures),
+        rendered with `vitpos.report.format`'s helpers; `claims`: the claims' rules, for a section
+        that shows a claim's reading beside its numbers (an experiment never imports the claims).
+        None: the report lists the result's fields."""
+        return None
+
+    def summary(self, result: R, claim: str) -> str | None:
+        """One line of this result's headline numbers for `claim`: the headline table shows it in the
+        other scheme's column of a claim this experiment informs first (None: no line)."""
         return None
 
     def load(self, doc: Mapping[str, Any]) -> R | Skipped:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vitpos.analysis.probes import split_images
+from vitpos.analysis.probe_split import split_images
 from vitpos.errors import VitposError
 from vitpos.experiments.base import SplitSizes
 from vitpos.models.surface import ModelSurface

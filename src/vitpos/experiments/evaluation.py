@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from vitpos.analysis.forward import accuracy_report, predict
 from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import dataset_for
+from vitpos.experiments import evaluation_section
 from vitpos.experiments.base import Done, Experiment, SplitSizes, StageInput, StagePlan
 from vitpos.models.surface import ModelSurface
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.evaluation import EvalResult
 
 
@@ -31,3 +33,9 @@ class EvalExperiment(Experiment[EvalResult]):
         preds, labels = predict(surface, dataset)
         report = accuracy_report(preds, labels, dataset.info)
         return EvalResult.model_validate({**report, "top1_ci95": accuracy_interval(preds == labels)})
+
+    def section(self, result: EvalResult, claims: ClaimRules) -> str:
+        return evaluation_section.section(result)
+
+    def summary(self, result: EvalResult, claim: str) -> str:
+        return evaluation_section.summary(result)

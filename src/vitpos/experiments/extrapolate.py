@@ -35,10 +35,12 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeTokens, fit_probe_token
 from vitpos.analysis.stats import accuracy_interval
 from vitpos.data.resolve import data_name, dataset_at_size, generated_size
 from vitpos.errors import VitposError
+from vitpos.experiments import extrapolate_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.extrapolate import ExtrapolateResult
 
 
@@ -242,3 +244,9 @@ class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
 
         return [Figure("extrapolate", "row / column probe skill above chance per layer and top-1 at the training "
                        "size and larger grids", lambda r, p: plots.plot_extrapolate(r, p))]
+
+    def section(self, result: ExtrapolateResult, claims: ClaimRules) -> str:
+        return extrapolate_section.section(result)
+
+    def summary(self, result: ExtrapolateResult, claim: str) -> str:
+        return extrapolate_section.summary(result)

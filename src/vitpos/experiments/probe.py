@@ -17,9 +17,11 @@ from pydantic import Field
 from vitpos.analysis.forward import capture_layers
 from vitpos.analysis.probes import DEFAULT_L2_GRID, fit_position_probes, probe_layers
 from vitpos.data.resolve import dataset_for
+from vitpos.experiments import probe_section
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.models.surface import ModelSurface, Site, expand_sites
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.probe import MultiSiteProbeResult, ProbeResults, ProbeSiteResult, probe_sites
 
 MAX_IN_MEMORY_BYTES = 3 * 2**30
@@ -139,6 +141,12 @@ class ProbeExperiment(Experiment[ProbeResults]):
                        f"row / column probe accuracy per layer at {name}",
                        lambda r, p, name=name: _plot_site(probe_sites(r)[name], p))
                 for name in sites]
+
+    def section(self, result: ProbeResults, claims: ClaimRules) -> str:
+        return probe_section.section(result)
+
+    def summary(self, result: ProbeResults, claim: str) -> str:
+        return probe_section.summary(result)
 
 
 def _plot_site(res: ProbeSiteResult, path: Path):

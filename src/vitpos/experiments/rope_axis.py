@@ -37,6 +37,7 @@ from pydantic import Field
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import bootstrap_means
 from vitpos.data.resolve import data_name, dataset_for
+from vitpos.experiments import rope_axis_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
@@ -54,6 +55,7 @@ from vitpos.experiments.common import (
 from vitpos.hooks import capture
 from vitpos.models.surface import AXES, Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.common import MIN_GAP
 from vitpos.results.rope_axis import (
     MIN_ABOVE_CHANCE,
@@ -422,3 +424,9 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
             figs.append(Figure("rope_recovery", "recovery Rec(l) after restoring from R",
                                lambda r, p: plots.plot_recovery(r, p)))
         return figs
+
+    def section(self, result: RopeAxisResult, claims: ClaimRules) -> str:
+        return rope_axis_section.section(result)
+
+    def summary(self, result: RopeAxisResult, claim: str) -> str:
+        return rope_axis_section.summary(result, claim)

@@ -32,12 +32,14 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
+from vitpos.experiments import rope_freq_section
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, advance, probe_condition, require_rope
 from vitpos.hooks import remove_rope
 from vitpos.models.surface import AXES, Axis, FreqBand, ModelSurface
 from vitpos.progress import progress_bar
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.common import MIN_GAP
 from vitpos.results.rope_freq import BandInfo, BandSplit, Condition, RopeFreqResult
 
@@ -340,4 +342,10 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
 
         return [Figure("rope_freq", "the removed axis' decodability and top-1 with one frequency band of it removed, "
                        "per layer window", lambda r, p: plots.plot_rope_freq(r, p))]
+
+    def section(self, result: RopeFreqResult, claims: ClaimRules) -> str:
+        return rope_freq_section.section(result)
+
+    def summary(self, result: RopeFreqResult, claim: str) -> str:
+        return rope_freq_section.summary(result)
 

@@ -35,6 +35,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, position_labels
 from vitpos.analysis.stats import LEVEL, accuracy_interval, bootstrap_means, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
+from vitpos.experiments import rope_heads_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
@@ -55,6 +56,7 @@ from vitpos.experiments.common import (
 from vitpos.hooks import capture, edit, head_means, mean_ablate_heads, observe, remove_rope, rope_coordinates
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.rope_heads import SPECIALISED, C5Ablation, RopeHeadsResult
 from vitpos.rope import CoordEdit, remove_axial_channels
 from vitpos.runtime.device import trimmed
@@ -1000,6 +1002,12 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
 
         return [Figure("rope_heads", "axis index, rebuilding score and top-1 drop per head",
                        lambda r, p: plots.plot_rope_heads(r, p))]
+
+    def section(self, result: RopeHeadsResult, claims: ClaimRules) -> str:
+        return rope_heads_section.section(result)
+
+    def summary(self, result: RopeHeadsResult, claim: str) -> str:
+        return rope_heads_section.summary(result)
 
 
 # --- C5 under counterfactual ablations (issue 29, item 4) -------------------------------------------------

@@ -36,6 +36,7 @@ from pydantic import Field
 from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
+from vitpos.experiments import rope_prefix_section
 from vitpos.experiments.base import Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_probe_images, images_of
 from vitpos.experiments.common import (
@@ -51,6 +52,7 @@ from vitpos.experiments.common import (
 from vitpos.hooks import block_prefix, observe
 from vitpos.models.surface import AXES, ModelSurface, Site
 from vitpos.progress import progress_bar
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.common import MIN_GAP
 from vitpos.results.rope_prefix import RopePrefixResult
 
@@ -258,3 +260,9 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
 
         return [Figure("rope_prefix", "probe accuracy per layer with patch → prefix attention blocked, and the "
                        "clean prefix attention mass", lambda r, p: plots.plot_rope_prefix(r, p))]
+
+    def section(self, result: RopePrefixResult, claims: ClaimRules) -> str:
+        return rope_prefix_section.section(result)
+
+    def summary(self, result: RopePrefixResult, claim: str) -> str:
+        return rope_prefix_section.summary(result)

@@ -25,9 +25,11 @@ from typing import Any, cast
 from pydantic import Field
 
 from vitpos.errors import VitposError
+from vitpos.experiments import sae_layers_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.sae_sweep import LayerMeasures, plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.sae_layers import SAELayersResult
 
 SWEEP_BATCH_TOKENS = 4096  # run_sae's training batch (the sae stage's)
@@ -122,6 +124,12 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
 
         return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "
                        "largest all-positional drop", lambda r, p: plots.plot_sae_layers(r, p))]
+
+    def section(self, result: SAELayersResult, claims: ClaimRules) -> str:
+        return sae_layers_section.section(result, claims)
+
+    def summary(self, result: SAELayersResult, claim: str) -> str:
+        return sae_layers_section.summary(result)
 
 
 def _sae_sizes(settings: Mapping[str, Any]) -> dict[str, Any]:

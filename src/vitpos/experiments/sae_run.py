@@ -34,6 +34,7 @@ from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fi
 from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
+from vitpos.experiments import sae_run_section
 from vitpos.experiments.base import Done, Experiment, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_data, check_expansions
 from vitpos.experiments.common import (
@@ -48,6 +49,7 @@ from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
+from vitpos.results.claim_rules import ClaimRules
 from vitpos.results.sae_run import Eta2Count, Eta2Null, NullThresholds, SAEResult, SAETraining
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
@@ -902,3 +904,9 @@ class SAEExperiment(Experiment[SAEResult]):
         except VitposError:
             return False
         return result.browser is None or (artifact_path(root, result.sae_dir) / "browse" / "index.html").is_file()
+
+    def section(self, result: SAEResult, claims: ClaimRules) -> str:
+        return sae_run_section.section(result)
+
+    def summary(self, result: SAEResult, claim: str) -> str:
+        return sae_run_section.summary(result)

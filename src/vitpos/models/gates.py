@@ -202,7 +202,7 @@ def hf_available() -> bool:
 
 def family_rows() -> list[tuple[str, str, str, str]]:
     """(family, positional encoding, prefix tokens, toy spec) for every timm and Hugging Face family."""
-    from vitpos.models.hf_adapter import FAMILIES, tiny_spec
+    from vitpos.models.hf_families import FAMILIES, tiny_spec
 
     rows = [(k, pe, prefix, spec) for k, (spec, pe, prefix) in TIMM_FAMILIES.items()]
     for key, fam in FAMILIES.items():

@@ -157,9 +157,9 @@ def hf_config_for_timm(model: nn.Module, family: str) -> dict[str, Any]:
 def hf_from_timm(model: nn.Module, family: str, classifier: bool = False) -> nn.Module:
     """The transformers twin of a timm model: its config from `hf_config_for_timm`, its weights mapped, loaded
     strictly (only the mask token, which inference never reads, is left at transformers' zeros)."""
-    from vitpos.models.hf_adapter import FAMILIES, _transformers
+    from vitpos.models.hf_families import FAMILIES, require_transformers
 
-    tr = _transformers()
+    tr = require_transformers()
     fam = FAMILIES[family]
     kwargs = hf_config_for_timm(model, family)
     if classifier:

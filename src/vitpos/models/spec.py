@@ -228,7 +228,7 @@ def load_model(spec: str, *, pretrained: bool = False, checkpoint: str | Path | 
         if pretrained:
             raise VitposError("--pretrained applies to timm:NAME specs; hf: specs load a local folder (hf:DIR), the "
                               "local Hugging Face cache (hf:ORG/NAME) or --checkpoint FILE.safetensors")
-        from vitpos.models.hf_adapter import load_hf
+        from vitpos.models.hf_load import load_hf
 
         return load_hf(spec, checkpoint)
     if not spec.startswith("timm:") and (pretrained or checkpoint is not None):

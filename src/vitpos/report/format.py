@@ -1,6 +1,9 @@
-"""Text formatting shared by the report's pieces: escaping, numbers, small tables.
+"""Text formatting shared by the report's pieces: escaping, numbers, small tables, and the few
+typed readers several experiments' sections share.
 
-Every string that comes from the results goes through `e` (html.escape)."""
+The experiments' own sections (`vitpos.experiments.<name>_section`) import this module, so it
+imports nothing above the results layer (tests/unit/test_import_graph.py). Every string that comes
+from the results goes through `e` (html.escape)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,10 @@ import html
 import math
 from collections.abc import Iterable
 from typing import Any
+
+from vitpos.results.ape_permute import Outcome, VariantResult
+from vitpos.results.base import Skipped
+from vitpos.results.common import ProbedCondition
 
 
 def e(x: Any) -> str:
@@ -102,3 +109,32 @@ def families(scheme: Any) -> set[str]:
 
 def last(vals: Any) -> Any:
     return vals[-1] if isinstance(vals, list) and vals else None
+
+
+# ---------------------------------------------------------------- typed readers several sections share
+def axis_acc(c: ProbedCondition | None, axis: str, orig: bool = False) -> float | None:
+    """A condition's final-layer probe accuracy for one axis (retrained, or the clean model's probe)."""
+    if c is None:
+        return None
+    if orig:
+        return last(c.row_acc_orig_probe if axis == "row" else c.col_acc_orig_probe)
+    return last(c.row_acc if axis == "row" else c.col_acc)
+
+
+def delta_top1(name: str, t: float | None, base_top1: float | None) -> str:
+    """A condition's top-1 change from the baseline condition, in points ("—" for the baseline itself)."""
+    return "—" if t is None or base_top1 is None or name == "baseline" else pts(100 * (t - base_top1), signed=True)
+
+
+def drop_text(x: Outcome | None) -> str:
+    """A permutation variant's top-1 drop with its interval ("n/a" where it did not run)."""
+    if not isinstance(x, VariantResult):
+        return "n/a"
+    return f"{pts(x.drop_points)} {ci(x.drop_ci95)}".rstrip()
+
+
+def drop_or_why(x: Outcome | None) -> str:
+    """A permutation variant's drop, or why there is none (skipped, not run)."""
+    if isinstance(x, VariantResult):
+        return drop_text(x)
+    return f"skipped: {x.skipped}" if isinstance(x, Skipped) else "not run"

@@ -19,10 +19,10 @@ from vitpos.claims.registry import BY_ID, CLAIMS, scheme_of
 from vitpos.claims.rules import Sensitivity
 from vitpos.claims.verdict import ClaimVerdict, Summary
 from vitpos.errors import VitposError
-from vitpos.experiments.registry import EXPERIMENTS
+from vitpos.experiments.registry import BY_NAME, EXPERIMENTS
 from vitpos.io import atomic_path
 from vitpos.report.format import e, families, fmt_value, num, table
-from vitpos.report.sections import img, model_section, models_table, reason, summary_line
+from vitpos.report.sections import img, model_section, models_table, reason
 from vitpos.results.base import Result
 from vitpos.study.results import HEADLINE_FIGURE, ModelEntry, StudyResults
 
@@ -144,7 +144,10 @@ def _contrast_cell(claim: str, family: str, models: Mapping[str, ModelEntry], da
         if data is not None and m.data != data:
             continue
         result = m.results.get(exp)
-        text = summary_line(result, claim) if isinstance(result, Result) else f"not applicable: {reason(m, exp)}"
+        if isinstance(result, Result):  # the experiment's own line ("" where it has none)
+            text = BY_NAME[exp].summary(result, claim) or ""
+        else:
+            text = f"not applicable: {reason(m, exp)}"
         by_text.setdefault(text, []).append(str(spec))
     items = [f"<li><b>{e(', '.join(specs))}</b>: {e(text)}</li>" for text, specs in by_text.items()]
     if not items:

@@ -1,0 +1,83 @@
+"""The ape_permute stage's report section and summary line (`vitpos.experiments.ape_permute`)."""
+
+from __future__ import annotations
+
+from vitpos.report.format import ci, drop_or_why, drop_text, e, fmt_value, fnum, num, pct, pts, table
+from vitpos.results.ape_permute import CONTROLS as APE_CONTROLS
+from vitpos.results.ape_permute import ApePermuteResult, Outcome, VariantResult
+from vitpos.results.base import Skipped
+
+APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",
+                  "col_only": "col only"}
+
+
+def summary(r: ApePermuteResult) -> str:
+    parts = []
+    controls = r.controls if r.controls is not None else {"all": "random_features"}
+    for v, label in APE_SET_LABELS.items():
+        x = r.outcome(v)
+        if isinstance(x, VariantResult):
+            c = controls.get(v)
+            parts.append(f"{label} {drop_text(x)}" + (f" (control {drop_text(r.outcome(c))})" if c else ""))
+    return f"baseline top-1 {pct(r.baseline_top1)}; drop when permuting " + (", ".join(parts) or "n/a")
+
+
+def section(r: ApePermuteResult) -> str:
+    fc = r.feature_counts
+    base_ci = ci(r.baseline_top1_ci95, 100, 1, "%")
+    head = (f"<p>{e(r.model)} layer {e(r.layer)} {e(r.site)} on {e(r.data)}: {e(r.n_images)} images, seeds "
+            f"{e(fmt_value(r.seeds))}; baseline top-1 <b>{pct(r.baseline_top1)}</b>"
+            f"{e(' ' + base_ci if base_ci else '')}; "
+            f"positional features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, "
+            f"{e(fc.get('mixed', '?'))} mixed. Drops in top-1 points with their 95% paired-bootstrap interval over "
+            "images (seeds pooled); C2 reads the all-positional set against its same-position cross-image swap (a "
+            "null by construction); the matched random controls are reported beside it.</p>")
+    pairs = []
+    for kept, ctrl in (r.controls or APE_CONTROLS).items():
+        k, c = r.outcome(kept), r.outcome(ctrl)
+        if k is None and c is None:
+            continue
+        pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), drop_or_why(k), str(ctrl), _nf(c),
+                      drop_or_why(c), _note(c)])
+    out = head
+    if pairs:
+        out += "<h4>each permuted set beside its matched random control</h4>"
+        out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
+                      "note"], pairs)
+    if r.nulls:
+        nrows = []
+        for v, of in r.nulls.items():
+            x, k = r.outcome(v), r.outcome(of)
+            nrows.append([str(of), drop_or_why(k), fnum(_edit_norm(k), 3), str(v), drop_or_why(x),
+                          fnum(_edit_norm(x), 3), _note(x)])
+        out += ("<h4>nulls by construction (C2 reads the same-position swap)</h4>"
+                + table(["permuted set", "drop [95% CI]", "edit norm", "null", "null drop [95% CI]", "edit norm",
+                         "note"], nrows))
+    rows = []
+    for v in r.variant_names():
+        x = r.outcome(v)
+        if x is None:
+            rows.append([str(v), "not run", "", "", "", ""])
+            continue
+        if isinstance(x, Skipped):
+            rows.append([str(v), f"skipped: {x.skipped}", "", "", "", ""])
+            continue
+        groups = "; ".join(f"{g}: {pts(gv.drop_points)}" for g, gv in x.per_group.items()) or "—"
+        sd, t = num(x.top1_std), num(x.top1)
+        top1 = f"{100 * t:.1f} ± {100 * sd:.1f}%" if t is not None and sd is not None else pct(t)
+        rows.append([str(v), top1, pts(x.drop_points, x.drop_std), ci(x.drop_ci95) or "—",
+                     "—" if x.n_features is None else str(x.n_features), groups])
+    return out + "<h4>every variant</h4>" + table(["variant", "top-1", "drop (± std over seeds)", "drop 95% CI",
+                                                    "features permuted", "drop per class group"], rows)
+
+
+def _nf(x: Outcome | None) -> str:
+    return str(x.n_features) if isinstance(x, VariantResult) and x.n_features is not None else "—"
+
+
+def _note(x: Outcome | None) -> str:
+    return (x.note or "") if isinstance(x, VariantResult) else ""
+
+
+def _edit_norm(x: Outcome | None) -> float | None:
+    return x.edit_norm if isinstance(x, VariantResult) else None

@@ -1,0 +1,77 @@
+"""The sae_layers stage's report section and summary line (`vitpos.experiments.sae_layers`).
+
+The section shows C1 and C2 at every swept layer and over the plausible ones, read by the
+claims' own rules: the report hands them in (`ClaimRules`), an experiment never imports the claims."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vitpos.report.format import ci, drop_or_why, e, fmt_value, fnum, pts, table
+from vitpos.results.claim_rules import ClaimRules
+from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint, SAELayersResult
+
+
+def _c1_drop(n: Mapping[str, Any], axis: str, control: bool = False) -> str:
+    """A layer's own-axis probe drop (or its matched control's) as C1 read it (`n`: its numbers there)."""
+    key = f"{axis}_control_probe_drop" if control else f"{axis}_probe_drop"
+    return f"{pts(n.get(key))} {ci(n.get(f'{key}_ci95'))}".rstrip()
+
+
+def _sel(n: Mapping[str, Any], axis: str) -> str:
+    return f"{fnum(n.get(f'{axis}_selectivity'), 2)} {ci(n.get(f'{axis}_selectivity_ci95'), digits=2)}".rstrip()
+
+
+def _permuted(p: LayerPoint, variant: str) -> str:
+    return "n/a" if p.permute is None else drop_or_why(p.permute.outcome(variant))
+
+
+def _sweep_images(r: SAELayersResult) -> str:
+    """Which images the per-layer SAEs trained on and which C1's causal check read, where not the run's data."""
+    p = next((p for p in r.points if p.sae is not None), None)
+    if p is None or p.sae is None:
+        return ""
+    causal = p.sae.causal.data if p.sae.causal is not None else None
+    norm = "" if r.sae_high_norm is None else f"; tokens over {r.sae_high_norm:g}x the median norm left out"
+    if p.sae.data == r.data:
+        return norm
+    return f"; SAEs trained on {e(p.sae.data)} images, the causal check read on {e(causal or p.sae.data)}{norm}"
+
+
+def section(r: SAELayersResult, rules: ClaimRules) -> str:
+    # C1 and C2 at each layer and over the plausible ones, read by the claims' own rules
+    c1 = {p.layer: rules.at_layer("C1", r.model, p) for p in r.points}
+    c2 = {p.layer: rules.at_layer("C2", r.model, p) for p in r.points}
+    over = {name: rules.over_plausible([at[layer].result for layer in rules.plausible_layers(r)])
+            for name, at in (("C1", c1), ("C2", c2))}
+    plaus = ", ".join(f"L{p.layer} ({p.selection_frequency:.0%})" for p in r.points if p.layer in r.plausible_layers)
+    head = (f"<p>{e(r.model)} on {e(r.data)}: an SAE of its own at each of {e(r.layer_rule)} (resid_post, TopK k "
+            f"{e(r.sae_k)}, expansion {e(r.sae_expansion)}, {e(r.sae_images)} training images x {e(r.sae_epochs)} "
+            f"epochs, {e(r.sae_eval_images)} held-out images for the causal check{_sweep_images(r)}), and the "
+            f"permutation of its positional features on {e(r.permute_images)} {e(r.data)} images (seeds "
+            f"{e(fmt_value(r.seeds))}). The layer where "
+            "position matters most for behaviour is the largest all-positional drop; its selection frequency is "
+            "bootstrapped over the images (the same resample at every layer). Plausible layers (chosen in at least "
+            f"{PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. Over them C1 <b>{e(over['C1'])}</b> "
+            f"and C2 <b>{e(over['C2'])}</b> (a claim holds when it holds at every plausible layer); the claims "
+            "table reads the curve this way, the single-layer sae and ape_permute stages are reported beside it.</p>")
+    rows = []
+    for p in r.points:
+        n = c1[p.layer].numbers
+        rows.append([f"L{p.layer}" + (" *" if p.layer in r.plausible_layers else ""), fnum(p.fvu),
+                     f"{p.n_row} / {p.n_col} / {p.n_mixed}", c1[p.layer].result, _c1_drop(n, "row"),
+                     _c1_drop(n, "row", True), _c1_drop(n, "col"), _c1_drop(n, "col", True),
+                     f"{_sel(n, 'row')}; {_sel(n, 'col')}", c2[p.layer].result,
+                     _permuted(p, "all_positional"), _permuted(p, "swap_all_positional"),
+                     _permuted(p, "random_all_positional"), f"{p.selection_frequency:.0%}"])
+    return head + table(["layer (* plausible)", "FVU", "row / col / mixed", "C1 here", "row set: row-probe drop",
+                         "its control", "col set: col-probe drop", "its control", "selectivity row; col", "C2 here",
+                         "all-positional drop", "same-position swap", "matched random", "selected"], rows)
+
+
+def summary(r: SAELayersResult) -> str:
+    """The plausible layers and each one's all-positional drop (C1 and C2 over them are the claims')."""
+    drops = ", ".join(f"L{p.layer} ({p.selection_frequency:.0%}): {pts(p.all_positional_drop)} "
+                      f"{ci(p.all_positional_drop_ci95)}".rstrip() for p in r.points if p.layer in r.plausible_layers)
+    return f"{len(r.points)} layers swept; plausible layers, all-positional drop: {drops or 'none'}"
