@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -59,18 +58,18 @@ def plot_norms(result: PatchNormResult, path: Path) -> None:
     plt.close(fig)
 
 
-class PatchNormExperiment(Experiment[PatchNormResult]):
+class PatchNormExperiment(Experiment[PatchNormResult, PatchNormSettings]):
     name = "patch_norm"
     version = 1
     title = "Patch-token norm per layer (a test's experiment)"
     result_type = PatchNormResult
     settings_type = PatchNormSettings
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-        return StagePlan.full(sizes.n("test", settings["images"]), surface.depth)
+    def plan(self, settings: PatchNormSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        return StagePlan.full(sizes.n("test", settings.images), surface.depth)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> PatchNormResult:
-        dataset = dataset_for(surface, stage.data, "test", limit=stage.settings["images"])
+    def run_stage(self, surface: ModelSurface, stage: StageInput[PatchNormSettings]) -> PatchNormResult:
+        dataset = dataset_for(surface, stage.data, "test", limit=stage.settings.images)
         layers = list(range(surface.depth))
         acts, labels, _ = capture_layers(surface, dataset, [Site(layer, "resid_post") for layer in layers],
                                          check_classifier=False)

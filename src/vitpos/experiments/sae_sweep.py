@@ -31,7 +31,9 @@ from pydantic import BaseModel
 from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.ape_permute import ApePermuteResult
 from vitpos.experiments.base import SplitSizes, StagePlan
+from vitpos.experiments.common import SAESite
 from vitpos.experiments.sae_run import GivenSAEResult
+from vitpos.experiments.sae_settings import SAESettings
 from vitpos.models.surface import ModelSurface
 
 PLAUSIBLE = 0.05  # a layer chosen in at least this fraction of the bootstrap resamples is a plausible choice
@@ -172,21 +174,21 @@ def run_sae_sweep(surface: ModelSurface, data: Any, layers: list[int] | None = N
                           c2=_over({k: v.result for k, v in c2s.items()}, plausible))
 
 
-def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],
+def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: SAESettings,
                    permute_images: int, seeds: int) -> StagePlan:
     """What run_sae_sweep computes over `layers`: at each, run_sae (as the sae stage counts it, without
     the latent browser and the seed-stability SAE, which the sweep does not run) and run_ape_permute
-    (its upper bound: every variant has features). sae_settings: the sae stage's keys (images,
+    (its upper bound: every variant has features). sae_settings: each layer's SAE's sizes (images,
     eval_images, epochs, expansion)."""
-    from vitpos.experiments.ape_permute import plan_ape_permute
+    from vitpos.experiments.ape_permute import ApePermuteStageSettings, plan_ape_permute
     from vitpos.experiments.sae_run import SAEExperiment
 
     plan = StagePlan()
+    every_layer = sae_settings.updated(site="resid_post", browse=False, stability=False)
     for layer in layers:
-        sae = {**sae_settings, "layer": layer, "site": "resid_post", "browse": False, "stability": False}
-        plan = plan + SAEExperiment().plan(sae, surface, sizes)
-        plan = plan + plan_ape_permute({"images": permute_images, "seeds": seeds, "sae": {"layer": layer}}, surface,
-                                       sizes)
+        plan = plan + SAEExperiment().plan(every_layer.stage(layer), surface, sizes)
+        permute = ApePermuteStageSettings(images=permute_images, seeds=seeds, sae=SAESite(layer=layer))
+        plan = plan + plan_ape_permute(permute, surface, sizes)
     return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
                      f"{len(layers)} layers x (an SAE, its causal check, the permutation); upper bound: every "
                      "feature set found at every layer")
