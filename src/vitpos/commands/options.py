@@ -137,7 +137,7 @@ def field_param(name: str, field: FieldInfo, flags: Sequence[str] = (), required
     if _is_list(inner):
         item = get_args(inner)[0] if get_args(inner) else str
         example = {int: "1,2", float: "1.5,2"}.get(item, "a,b")
-        given = None if default is None else ",".join(map(str, default))
+        given = default if default is None or default is ... else ",".join(map(str, default))
         return _keyword(name, str | None,
                         typer.Option(given, *flags, help=f"{text}; a comma list, e.g. {example}".lstrip("; ")))
     low, high = _bound(field, Ge), _bound(field, Le)
@@ -193,7 +193,8 @@ def settings_command(parent: typer.Typer, name: str, settings_type: type[S], run
     first_flag = {k: (list(flags.get(k, ())) or [kebab(k)])[0] for k in fields}
 
     def command(**kwargs: Any) -> None:
-        common = Common(**{p.name: kwargs.pop(p.name) for p in shared}, **({} if seed else {"seed": 0}))
+        group: dict[str, Any] = {p.name: kwargs.pop(p.name) for p in shared}
+        common = Common(**{"seed": 0, **group})
         values: dict[str, Any] = {}
         for k, v in kwargs.items():
             inner = _optional(fields[k].annotation)[0]

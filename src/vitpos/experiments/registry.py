@@ -8,6 +8,8 @@ the report and results.json all follow the registry; nothing else needs an edit.
 
 from __future__ import annotations
 
+from typing import Any
+
 from vitpos.experiments.ape_permute import ApePermuteExperiment
 from vitpos.experiments.base import Experiment, Settings
 from vitpos.experiments.evaluation import EvalExperiment
@@ -20,16 +22,17 @@ from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_layers import SAELayersExperiment
 from vitpos.experiments.sae_run import SAEExperiment
 
-# Changed in place by register / unregister: whoever imported them sees every registered experiment.
-EXPERIMENTS: list[Experiment] = []
-BY_NAME: dict[str, Experiment] = {}
+# Changed in place by register / unregister: whoever imported them sees every registered experiment
+# (of any result and settings type: Experiment is invariant in them).
+EXPERIMENTS: list[Experiment[Any, Any]] = []
+BY_NAME: dict[str, Experiment[Any, Any]] = {}
 
 # names a registered experiment may not take: the run config's and a results.json model entry's own keys
 RESERVED = frozenset({"models", "data", "seed", "model_seeds", "eval_images", "pretrained", "checkpoints", "heads",
                       "head", "describe", "not_applicable", "section", "quick"})
 
 
-def register(exp: Experiment) -> Experiment:
+def register(exp: Experiment[Any, Any]) -> Experiment[Any, Any]:
     """Add `exp` after the experiments registered so far (the study runs them in this order); the
     experiments it requires must be registered already. Returns `exp`."""
     name = getattr(exp, "name", None)
@@ -63,7 +66,7 @@ def names() -> tuple[str, ...]:
     return tuple(BY_NAME)
 
 
-def experiment(name: str) -> Experiment:
+def experiment(name: str) -> Experiment[Any, Any]:
     return BY_NAME[name]
 
 
