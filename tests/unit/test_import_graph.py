@@ -30,7 +30,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "vitpos.claims": ("vitpos.experiments", "vitpos.plots", "vitpos.study", "vitpos.validation", "vitpos.report"),
 }
 # modules of vitpos.experiments that are not an experiment: any experiment may import them
-SHARED_EXPERIMENT_MODULES = frozenset({"vitpos.experiments", "vitpos.experiments.base", "vitpos.experiments.common"})
+# (sae_settings: the sae stage's settings, which sae_run, sae_seeds and sae_layers all read)
+SHARED_EXPERIMENT_MODULES = frozenset({"vitpos.experiments", "vitpos.experiments.base", "vitpos.experiments.common",
+                                       "vitpos.experiments.sae_settings"})
 REGISTRY = "vitpos.experiments.registry"  # lists every experiment: it imports them all
 # helper modules that belong to one experiment (imported by it alone, counted as part of it)
 EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
