@@ -236,10 +236,10 @@ def test_applicability_and_the_study_settings():
     with pytest.raises(VitposError, match="cannot be resized"):
         bare.at_size(32)
     cfg = RunConfig()
-    assert exp.stage_settings(cfg, tiny_own("ape"), {}, False) == {"images": 300, "scales": [1.25, 1.5]}
-    assert exp.stage_settings(cfg, tiny_timm("vit"), {}, False)["scales"] == [1.5, 2.0]
+    assert exp.stage_settings(cfg, tiny_own("ape"), {}, False).model_dump() == {"images": 300, "scales": [1.25, 1.5]}
+    assert exp.stage_settings(cfg, tiny_timm("vit"), {}, False).scales == [1.5, 2.0]
     given = RunConfig.model_validate({"extrapolate": {"scales": [2]}})
-    assert exp.stage_settings(given, tiny_own("ape"), {}, False)["scales"] == [2.0]
+    assert exp.stage_settings(given, tiny_own("ape"), {}, False).scales == [2.0]
     with pytest.raises(ValueError):
         RunConfig.model_validate({"extrapolate": {"scales": [0]}})
 

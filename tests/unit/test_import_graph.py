@@ -35,9 +35,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # exceptions to `FORBIDDEN`: an experiment renders its report section with report.format's helpers
 ALLOWED: dict[str, tuple[str, ...]] = {"vitpos.experiments": ("vitpos.report.format",)}
 # modules of vitpos.experiments that are not an experiment: any experiment may import them
-# (checks: what the stages would refuse, shared by their `check`s and `vitpos run --plan`)
+# (checks: what the stages would refuse, shared by their `check`s and `vitpos run --plan`; sae_settings: the
+# sae stage's settings, which sae_run, sae_seeds and sae_layers all read)
 SHARED_EXPERIMENT_MODULES = frozenset({"vitpos.experiments", "vitpos.experiments.base", "vitpos.experiments.common",
-                                       "vitpos.experiments.checks"})
+                                       "vitpos.experiments.checks", "vitpos.experiments.sae_settings"})
 REGISTRY = "vitpos.experiments.registry"  # lists every experiment: it imports them all
 # helper modules that belong to one experiment (imported by it alone, counted as part of it)
 EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",

@@ -176,6 +176,7 @@ def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
     from tests.conftest import capture_surface
 
     from vitpos.experiments.sae_seeds import run_sweep
+    from vitpos.experiments.sae_settings import SAESettings
     from vitpos.models.surface import Site
     from vitpos.sae import SAEConfig, train_sae
     from vitpos.sae.stream import store_batches
@@ -186,8 +187,8 @@ def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
     site = Site(0, "resid_post")
     capture_to_store(surface, "shapes", "train", str(site), tmp_path / "s", limit=24, batch_size=8, progress=False)
     store = ActivationStore(tmp_path / "s")
-    settings = {"expansion": 2, "expansions": [1, 2], "seeds": 2, "k": 4, "arch": "topk", "epochs": 1, "lr": None,
-                "eval_images": 6, "high_norm": 4.0}
+    settings = SAESettings(expansion=2, expansions=[1, 2], seeds=2, k=4, arch="topk", epochs=1, lr=None,
+                           eval_images=6, high_norm=4.0)
     cfg = SAEConfig.model_validate({"arch": "topk", "d_in": surface.width, "expansion": 2, "k": 4, "seed": 0})
     main, _ = train_sae(store_batches(store, str(site), 64, seed=0), cfg, epochs=1, progress=False)
     sweep = run_sweep(surface, site, "shapes", main, lambda: store, settings=settings, seed=0, out=tmp_path / "sw",
@@ -203,12 +204,15 @@ def test_sae_sweep_trains_the_grid_and_matches_seeds(tmp_path):
 
 
 def test_sae_stage_settings_keep_their_old_keys_unless_the_new_ones_are_set():
-    from vitpos.experiments.sae_run import _sae_settings
     from vitpos.study.config import RunConfig
 
-    plain = _sae_settings(RunConfig().section("sae"))
-    assert not {"data", "seeds", "expansions", "high_norm"} & set(plain)
-    set_ = _sae_settings(RunConfig.model_validate({"sae": {"data": "natural", "seeds": 2, "expansions": [2, 4],
-                                                           "high_norm": 4.0}}).section("sae"))
+    def key(config: RunConfig) -> dict:  # the stage settings' JSON: what the stage cache hashes
+        return config.section("sae").stage(0).model_dump(mode="json")  # type: ignore[attr-defined]
+
+    plain = key(RunConfig())
+    assert not {"data", "seeds", "expansions", "high_norm", "causal_data"} & set(plain)
+    set_ = key(RunConfig.model_validate({"sae": {"data": "natural", "seeds": 2, "expansions": [2, 4],
+                                                 "high_norm": 4.0}}))
+    assert set_["causal_data"] == "the run's data"
     assert {k: set_[k] for k in ("data", "seeds", "expansions", "high_norm")} == {
         "data": "natural", "seeds": 2, "expansions": [2, 4], "high_norm": 4.0}

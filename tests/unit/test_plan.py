@@ -12,14 +12,15 @@ import torch
 
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
-from vitpos.experiments.ape_permute import plan_ape_permute, run_ape_permute
+from vitpos.experiments.ape_permute import ApePermuteStageSettings, plan_ape_permute, run_ape_permute
 from vitpos.experiments.base import Done, SplitSizes, StageInput, StagePlan, probe_train_tokens
-from vitpos.experiments.extrapolate import plan_extrapolate, run_extrapolate
+from vitpos.experiments.common import SAESite
+from vitpos.experiments.extrapolate import ExtrapolateSettings, plan_extrapolate, run_extrapolate
 from vitpos.experiments.registry import BY_NAME
-from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
-from vitpos.experiments.rope_freq import plan_rope_freq, run_rope_freq
-from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
-from vitpos.experiments.rope_prefix import plan_rope_prefix, run_rope_prefix
+from vitpos.experiments.rope_axis import RopeAxisSettings, plan_rope_axis, run_rope_axis
+from vitpos.experiments.rope_freq import RopeFreqSettings, plan_rope_freq, run_rope_freq
+from vitpos.experiments.rope_heads import RopeHeadsSettings, plan_rope_heads, run_rope_heads
+from vitpos.experiments.rope_prefix import RopePrefixSettings, plan_rope_prefix, run_rope_prefix
 from vitpos.results.base import Skipped
 from vitpos.study.config import RunConfig
 from vitpos.study.plan import Throughput, measure_throughput
@@ -97,7 +98,7 @@ def rope4():
 def test_rope_axis_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
     for restore, readout in ((None, 0), ([2, 3], 24)):
-        settings = {"images": 280, "restore": restore, "readout_images": readout}
+        settings = RopeAxisSettings(images=280, restore=restore, readout_images=readout)
         plan = plan_rope_axis(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
             run_rope_axis(rope4, data, n_images=280, restore_points=restore, shared_prefix=shared,
@@ -109,8 +110,9 @@ def test_rope_axis_plan_counts_what_runs(rope4, monkeypatch, shared):
 def test_rope_heads_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
     for axis, restore_from, sweep in (("both", None, None), ("col", 1, [1, 3])):
-        settings = {"axis": axis, "restore_from": restore_from, "probe_images": 40, "top1_images": 290,
-                    "attn_images": 6, "sweep_restore": sweep}
+        settings = RopeHeadsSettings(axis=axis, restore_from=restore_from, probe_images=40, top1_images=290,
+                                     attn_images=6, sweep_restore=sweep, top1_screen_images=None,
+                                     c5_ablation_heads=None)
         plan = plan_rope_heads(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
             run_rope_heads(rope4, data, axis=axis, restore_from=restore_from, n_probe_images=40, n_top1_images=290,
@@ -122,7 +124,7 @@ def test_rope_heads_plan_counts_what_runs(rope4, monkeypatch, shared):
 def test_rope_prefix_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
     for restore_from, block_from in ((None, 0), (1, 3), (3, 1), (2, 2)):
-        settings = {"images": 60, "restore_from": restore_from, "block_from": block_from, "attn_images": 5}
+        settings = RopePrefixSettings(images=60, restore_from=restore_from, block_from=block_from, attn_images=5)
         plan = plan_rope_prefix(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
             run_rope_prefix(rope4, data, n_images=60, restore_from=restore_from, block_from=block_from,
@@ -140,7 +142,7 @@ def test_ape_permute_plan_counts_what_runs(monkeypatch, shared, layer, site):
     torch.manual_seed(0)
     sae = SAE(SAEConfig.model_validate({"d_in": ape.width, "expansion": 4, "k": 64})).eval()
     doc = {"layer": layer, "site": site, "row_features": [1, 2], "col_features": [3], "mixed_features": [4]}
-    settings = {"images": 40, "seeds": 2, "sae": {"layer": layer, "site": site}}
+    settings = ApePermuteStageSettings(images=40, seeds=2, sae=SAESite(layer=layer, site=site))
     plan = plan_ape_permute(settings, ape, SplitSizes(test=300), shared_prefix=shared)
     with counting(ape, monkeypatch) as counts:
         res = run_ape_permute(ape, sae, doc, data=toy(300), n_images=40, seeds=(0, 1), shared_prefix=shared)
@@ -153,7 +155,7 @@ def test_rope_freq_plan_counts_what_runs(rope4, monkeypatch, shared):
     data = toy(300)
     cases = ((None, None, 3), ([(0, 1), (0, 3), (1, 4), (1, 2), (3, 4)], None, 2), ([(2, 4)], [1, 3], 2))
     for windows, layers, bands in cases:
-        settings = {"images": 40, "bands": bands, "windows": windows, "layers": layers}
+        settings = RopeFreqSettings(images=40, bands=bands, windows=windows, layers=layers)
         plan = plan_rope_freq(settings, rope4, SplitSizes(test=300), shared_prefix=shared)
         with counting(rope4, monkeypatch) as counts:
             run_rope_freq(rope4, data, n_images=40, bands=bands, windows=windows, layers=layers,
@@ -164,7 +166,7 @@ def test_rope_freq_plan_counts_what_runs(rope4, monkeypatch, shared):
 def test_extrapolate_plan_counts_what_runs(rope4, monkeypatch):
     data = toy(300)
     for scales in (None, [1.5, 2.0, 3.0]):
-        plan = plan_extrapolate({"images": 50, "scales": scales}, rope4, SplitSizes(test=300))
+        plan = plan_extrapolate(ExtrapolateSettings(images=50, scales=scales), rope4, SplitSizes(test=300))
         with counting(rope4, monkeypatch) as counts:
             run_extrapolate(rope4, data, n_images=50, scales=scales)
         assert_counts(plan, counts, exact_work=True)
@@ -173,11 +175,13 @@ def test_extrapolate_plan_counts_what_runs(rope4, monkeypatch):
 
 def test_shared_prefix_plans_fewer_blocks_and_fits(rope4):
     sizes = SplitSizes(test=4000)
-    heads = {"axis": "both", "restore_from": None, "probe_images": 500, "top1_images": 2000, "attn_images": 64}
-    prefix = {"images": 500, "restore_from": None, "block_from": 0, "attn_images": 64}
-    freq = {"images": 300, "bands": 3, "windows": None, "layers": None}
-    for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, {"images": 1000, "restore": None}),
-                         (plan_rope_prefix, prefix), (plan_rope_freq, freq)):
+    heads = RopeHeadsSettings(axis="both", restore_from=None, probe_images=500, top1_images=2000, attn_images=64,
+                              top1_screen_images=None, c5_ablation_heads=None)
+    prefix = RopePrefixSettings(images=500, restore_from=None, block_from=0, attn_images=64)
+    freq = RopeFreqSettings(images=300, bands=3, windows=None, layers=None)
+    axis = RopeAxisSettings(images=1000, restore=None, readout_images=0)
+    for fn, settings in ((plan_rope_heads, heads), (plan_rope_axis, axis), (plan_rope_prefix, prefix),
+                         (plan_rope_freq, freq)):
         new, old = fn(settings, rope4, sizes), fn(settings, rope4, sizes, shared_prefix=False)
         assert new.blocks < old.blocks and new.fits < old.fits and new.forwards < old.forwards
 
@@ -226,7 +230,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
             data_json = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
             unused = 30 - len(data_json["img"])
             assert counts["forwards"] == plan.forwards - missing * 30 - unused
-            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth - unused * (settings["layer"] + 1)
+            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth - unused * (settings.layer + 1)
             assert counts["fits"] == plan.fits
             assert plan.sae_tokens == 300 * ape.num_patches * 2  # and the seed-stability SAE's
         else:
@@ -387,7 +391,7 @@ def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
     cfg = RunConfig.model_validate({"sae_layers": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2,
                                                    "k": 4, "permute_images": 20, "seeds": 1}})
     exp, settings, stage = _stage("sae_layers", ape, toy(300), cfg, {}, tmp_path)
-    assert settings["layers"] == [0, 1]
+    assert settings.layers == [0, 1]
     plan = exp.plan(settings, ape, SplitSizes(train=300, test=300))
     with counting(ape, monkeypatch) as counts:
         result = exp.run_stage(ape, stage)
@@ -453,9 +457,9 @@ def test_ape_permute_plan_before_the_layer_is_chosen_bounds_every_layer():
     """The probes choose the SAE layer after the plan is made: the count must bound the stage at any
     layer (it was counted at depth // 2; DINOv2-S/14's permutation then chose layer 0 and took 2.3x)."""
     ape = tiny_own("ape")
-    unknown = plan_ape_permute({"images": 40, "seeds": 2, "sae": {}}, ape, SplitSizes(test=300))
+    unknown = plan_ape_permute(ApePermuteStageSettings(images=40, seeds=2, sae=SAESite()), ape, SplitSizes(test=300))
     assert "counted at 0" in unknown.note
     for layer in range(ape.depth):
-        known = plan_ape_permute({"images": 40, "seeds": 2, "sae": {"layer": layer, "site": "resid_post"}}, ape,
+        known = plan_ape_permute(ApePermuteStageSettings(images=40, seeds=2, sae=SAESite(layer=layer)), ape,
                                  SplitSizes(test=300))
         assert known.blocks <= unknown.blocks and known.forwards <= unknown.forwards

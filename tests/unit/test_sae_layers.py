@@ -31,7 +31,7 @@ def swept(tmp_path_factory):
     run_cfg = RunConfig.model_validate({"sae_layers": SMALL})
     settings = exp.stage_settings(run_cfg, s, {}, False)
     out = tmp_path_factory.mktemp("sae_layers")
-    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=out / "stage",  # type: ignore[arg-type]
+    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=out / "stage",
                        progress=False, quick=False, root=out)
     return exp, exp.run_stage(s, stage), out
 
@@ -96,7 +96,7 @@ def test_default_sizes_and_deeper_models_take_the_documented_subset():
     exp = BY_NAME["sae_layers"]
     ape = tiny_own("ape")
     settings = exp.stage_settings(RunConfig.model_validate({}), ape, {}, False)
-    assert settings["layers"] == sweep_layers(ape.depth) == [0]
+    assert settings.layers == sweep_layers(ape.depth) == [0]
     assert sweep_layers(12) == [0, 1, 3, 4, 6, 7, 9, 10]  # DINOv2-S/14: 8 evenly spaced of 0..10
     assert sweep_layers(6) == [0, 1, 2, 3, 4]  # the zoo's depth 6: every layer but the last
 
@@ -108,11 +108,11 @@ def test_each_layer_takes_the_sae_stages_high_norm_rule(tmp_path):
 
     exp, s = BY_NAME["sae_layers"], tiny_own("ape")
     plain = exp.stage_settings(RunConfig.model_validate({"sae_layers": SMALL}), s, {}, False)
-    assert "high_norm" not in plain
+    assert "high_norm" not in plain.model_dump(mode="json")  # the cache key
     settings = exp.stage_settings(RunConfig.model_validate({"sae_layers": SMALL, "sae": {"high_norm": 2.5}}), s, {},
                                   False)
-    assert settings == {**plain, "high_norm": 2.5}
-    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=tmp_path / "stage",  # type: ignore[arg-type]
+    assert settings.model_dump(mode="json") == {**plain.model_dump(mode="json"), "high_norm": 2.5}
+    stage = StageInput(data=toy_set(300), seed=0, settings=settings, prior={}, out=tmp_path / "stage",
                        progress=False, quick=False, root=tmp_path)
     res = exp.run_stage(s, stage)
     assert res.sae_high_norm == 2.5

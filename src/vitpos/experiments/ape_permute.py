@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, SerializeAsAny
 
 from vitpos.analysis.forward import accuracy_report, capture_layers
 from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
@@ -57,7 +57,7 @@ from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments import ape_permute_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
-from vitpos.experiments.common import require_ape, sae_edit, sweep_batch
+from vitpos.experiments.common import SAESite, require_ape, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.io import artifact_path
 from vitpos.models.surface import ModelSurface, Site
@@ -519,17 +519,16 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
     return ApePermuteResult.model_validate(doc)
 
 
-def plan_ape_permute(settings: Mapping, surface: ModelSurface, sizes: SplitSizes,
+def plan_ape_permute(settings: ApePermuteStageSettings, surface: ModelSurface, sizes: SplitSizes,
                      shared_prefix: bool = True) -> StagePlan:
     """What run_ape_permute computes: an upper bound (a variant without features is skipped; the
     SAE layer, when the probes are still to choose it, is counted at layer 0, where every run after the
     shared prefix goes through the most blocks: counted at depth // 2, DINOv2-S/14's permutation at
     layer 0 took 2.3x its estimate)."""
-    n, L, seeds = sizes.n("test", settings["images"]), surface.depth, settings["seeds"]
-    sae = settings.get("sae") or {}
-    chosen = sae.get("layer")  # None: the probes have not chosen it yet
-    layer = 0 if chosen is None else int(chosen)
-    resume = _start_after(Site(layer, sae.get("site", "resid_post"))) if shared_prefix else None
+    n, L, seeds = sizes.n("test", settings.images), surface.depth, settings.seeds
+    chosen = settings.sae.layer  # None: the probes have not chosen it yet
+    layer = 0 if chosen is None else chosen
+    resume = _start_after(Site(layer, settings.sae.site)) if shared_prefix else None
     runs = permute_runs(range(seeds))  # the work list run_ape_permute iterates
     at_site = sum(1 for r in runs if not r.at_input)
     # one capture of the mass images (codes' statistics, edit sizes), then the input runs (the APE-table
@@ -552,7 +551,20 @@ class ApePermuteSettings(Settings):
     seeds: int = Field(default=3, ge=1, le=100)
 
 
-class ApePermuteExperiment(Experiment[ApePermuteResult]):
+class ApePermuteStageSettings(ApePermuteSettings):
+    """The stage's settings: the section and the sae stage's settings (the SAE it permutes: its key is
+    this stage's too; serialised as the sae stage's own, all of its fields)."""
+
+    sae: SerializeAsAny[SAESite]
+
+
+def _sae_site(sae: Settings) -> SAESite:
+    if not isinstance(sae, SAESite):
+        raise TypeError(f"ape_permute reads the sae stage's settings, got {type(sae).__name__}")
+    return sae
+
+
+class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]):
     name = "ape_permute"
     version = 2  # 2 (issue 28): the nulls by construction and each variant's edit size
     title = "APE positional-feature permutation (C2)"
@@ -562,21 +574,28 @@ class ApePermuteExperiment(Experiment[ApePermuteResult]):
     scheme = "ape"
     requires = ("sae",)
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        return {**self.settings_of(config).model_dump(), "sae": dict(prior["sae"].settings)}
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> ApePermuteStageSettings:
+        return self._with_sae(config, prior["sae"].settings)
 
-    def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        return {**self.settings_of(config).model_dump(), "sae": dict(planned.get("sae", {}))}
+    def plan_settings(self, config, surface: ModelSurface, planned: Mapping[str, Settings],
+                      quick: bool) -> ApePermuteStageSettings:
+        return self._with_sae(config, planned["sae"])
 
-    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def _with_sae(self, config, sae: Settings) -> ApePermuteStageSettings:
+        s = self.settings_of(config)
+        return ApePermuteStageSettings.model_validate({**{k: getattr(s, k) for k in type(s).model_fields},
+                                                       "sae": _sae_site(sae)})
+
+    def plan(self, settings: ApePermuteStageSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_ape_permute(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> ApePermuteResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[ApePermuteStageSettings]) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
         s = stage.settings
         sae = SAE.load(artifact_path(stage.root, sae_doc["sae_dir"]))
-        return run_ape_permute(surface, sae, sae_doc, data=stage.data, n_images=s["images"],
-                               seeds=tuple(range(s["seeds"])))
+        return run_ape_permute(surface, sae, sae_doc, data=stage.data, n_images=s.images,
+                               seeds=tuple(range(s.seeds)))
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment

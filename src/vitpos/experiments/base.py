@@ -16,9 +16,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import (
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    Self,  # a TypeVar default (PEP 696) on Python 3.11
+    cast,
+)
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar
 
 from vitpos.io import write_json
 from vitpos.models.surface import ModelSurface
@@ -29,15 +37,25 @@ from vitpos.results.claim_rules import ClaimRules
 class Settings(BaseModel):
     """Base of every experiment's settings: the run config's section named like the experiment.
 
-    Frozen, unknown keys refused; its field defaults are the defaults of the study's stage (and the
-    per-experiment commands' options say the same, tests/integration/test_add_experiment.py checks it).
-    `QUICK`: the `vitpos run --quick` sizes, overrides of those defaults."""
+    Frozen, unknown keys refused; its field defaults are the defaults of the study's stage and of the
+    experiment's command, whose options are generated from the fields (`vitpos.commands.options`).
+    `QUICK`: the `vitpos run --quick` sizes, overrides of those defaults.
+
+    A stage's settings (`Experiment.stage_settings`) are an instance of the experiment's settings type or
+    of a subclass adding what the stage derives (e.g. the SAE layer the probes chose); their
+    `model_dump(mode="json")` keys the study's stage cache."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     QUICK: ClassVar[Mapping[str, Any]] = {}
 
+    def updated(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated (bounds checked, unlike `model_copy(update=)`); nested
+        settings stay the instances they are."""
+        return self.model_validate({**{k: getattr(self, k) for k in type(self).model_fields}, **changes})
+
 
 R = TypeVar("R", bound=Result)
+S = TypeVar("S", bound=Settings, default=Settings)  # an experiment's stage settings
 Plot = Callable[[Any, Path], Any]
 
 
@@ -55,17 +73,17 @@ class Done:
     """A finished stage of the same model: its result and the settings that produced it."""
 
     result: Result
-    settings: Mapping[str, Any]
+    settings: Settings
 
 
 @dataclass(frozen=True)
-class StageInput:
+class StageInput(Generic[S]):
     """What the study hands an experiment's stage: the data, the seed, earlier results of the same
     model (by experiment name), the stage's own settings, where to write artifacts."""
 
     data: str
     seed: int
-    settings: Mapping[str, Any]
+    settings: S
     prior: Mapping[str, Done]
     out: Path
     progress: bool
@@ -138,8 +156,9 @@ class StagePlan:
         return StagePlan(fits=count, fit_work=count * heads * probe_train_tokens(n_images, num_patches, cap))
 
 
-class Experiment(ABC, Generic[R]):
-    """One measurement of the study. Subclasses set the class attributes and implement the hooks."""
+class Experiment(ABC, Generic[R, S]):
+    """One measurement of the study, generic over its result and its stage settings `S` (by default its
+    `settings_type`). Subclasses set the class attributes and implement the hooks."""
 
     name: ClassVar[str]  # key in results.json, stage name, figure-key suffix
     # The version of what the stage computes: it keys the study's stage cache (with the versions of
@@ -178,26 +197,26 @@ class Experiment(ABC, Generic[R]):
         applicable, with this reason, like a model without the experiment's position encoding)."""
         return None
 
-    def stage_settings(self, config: Any, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        """The settings that define this stage's result (they key the study's cache); by default the
-        run config's section named like the experiment."""
-        return self.settings_of(config).model_dump()
+    def stage_settings(self, config: Any, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> S:
+        """The settings that define this stage's result (their JSON keys the study's cache); by default
+        the run config's section named like the experiment (of type `settings_type`, which is `S` for an
+        experiment that does not override this)."""
+        return cast(S, self.settings_of(config))
 
     @abstractmethod
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> R:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[S]) -> R:
         """Run the measurement for the study (no figures: the study draws them once)."""
 
-    def plan_settings(self, config: Any, surface: ModelSurface, planned: Mapping[str, Mapping[str, Any]],
-                      quick: bool) -> dict:
+    def plan_settings(self, config: Any, surface: ModelSurface, planned: Mapping[str, Settings], quick: bool) -> S:
         """The stage's settings before earlier stages ran (`planned`: their planned settings by
         name); stages whose settings read earlier results override this with a best guess."""
         return self.stage_settings(config, surface, {}, quick)
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+    def check(self, settings: S, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         """Raise VitposError (naming the config key) when `run_stage` would refuse these settings on
         this model: the study checks every stage before the first runs (and `--plan` exits on it)."""
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: S, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         """Forwards, block evaluations and probe fits `run_stage` will do with these settings (pure:
         counted from the settings and the model's shape; `sizes` caps the image counts)."""
         return StagePlan(note="not counted")

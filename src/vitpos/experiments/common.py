@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
+from pydantic import Field
 
 from vitpos.analysis.forward import accuracy_report, forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens, TokenKeeper
 from vitpos.analysis.probes import ProbeTokens, fit_probe_tokens, probe_sample, rows_in
 from vitpos.analysis.stats import accuracy_interval, bootstrap_means, percentile_interval
 from vitpos.errors import VitposError
+from vitpos.experiments.base import Settings
 from vitpos.hooks import capture, remove_rope
 from vitpos.models.surface import Axis, ModelSurface, Site
 from vitpos.results.common import MIN_GAP
@@ -83,6 +85,15 @@ def condition_context(surface: ModelSurface, axes: tuple[Axis, ...], before: int
             es.enter_context(remove_rope(surface, cast(RemoveSpec, remove), layers=[layer]))
         return es
     return make
+
+
+class SAESite(Settings):
+    """Where an SAE reads: the part of the sae stage's settings (`SAESettings` subclasses it) that the
+    experiments reading its SAE (ape_permute) need, without importing the sae experiment."""
+
+    layer: int | None = Field(default=None, ge=0, description="block index whose site the SAE encodes (0..depth-1); "
+                              "None = chosen from the probe results")
+    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import torch
 from pydantic import Field
@@ -183,12 +183,12 @@ def run_extrapolate(surface: ModelSurface, data: str = "shapes", n_images: int =
     return result
 
 
-def plan_extrapolate(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-    """What run_extrapolate(n_images=settings['images'], scales=settings['scales']) computes, walking
+def plan_extrapolate(settings: ExtrapolateSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    """What run_extrapolate(n_images=settings.images, scales=settings.scales) computes, walking
     its `size_schedule`: one forward of the images per size and a probe fit per layer and size (larger
     grids: more tokens per image, counted as image x block evaluations all the same)."""
-    n, L = sizes.n("test", settings["images"]), surface.depth
-    scales = surface.extrapolation_scales if settings.get("scales") is None else settings["scales"]
+    n, L = sizes.n("test", settings.images), surface.depth
+    scales = surface.extrapolation_scales if settings.scales is None else settings.scales
     # block evaluations are timed at the training grid's cost; larger grids have more tokens per image
     plan = StagePlan(note="the larger grids' blocks take longer than the estimate")
     for _, (H, W) in size_schedule(surface, scales):
@@ -207,7 +207,7 @@ class ExtrapolateSettings(Settings):
         "(vitpos' models 1.25, 1.5: 32 -> 40, 48 px; timm models 1.5, 2)")
 
 
-class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
+class ExtrapolateExperiment(Experiment[ExtrapolateResult, ExtrapolateSettings]):
     name = "extrapolate"
     version = 1
     title = "Resolution extrapolation: probes and top-1 at larger grids"
@@ -220,23 +220,24 @@ class ExtrapolateExperiment(Experiment[ExtrapolateResult]):
     def applies_to_data(self, data: str) -> str | None:
         return fixed_size_problem(data)
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        settings = self.settings_of(config).model_dump()
-        if settings["scales"] is None:  # explicit in the cache key: the scales define the result
-            settings["scales"] = list(surface.extrapolation_scales)
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> ExtrapolateSettings:
+        settings = cast(ExtrapolateSettings, self.settings_of(config))
+        if settings.scales is None:  # explicit in the cache key: the scales define the result
+            settings = settings.updated(scales=list(surface.extrapolation_scales))
         return settings
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        scales = settings.get("scales")
+    def check(self, settings: ExtrapolateSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        scales = settings.scales
         check_scales(surface, surface.extrapolation_scales if scales is None else scales, "extrapolate.scales",
                      data=data)
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: ExtrapolateSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_extrapolate(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> ExtrapolateResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[ExtrapolateSettings]) -> ExtrapolateResult:
         s = stage.settings
-        return run_extrapolate(surface, data=stage.data, n_images=s["images"], scales=s["scales"], seed=stage.seed,
+        return run_extrapolate(surface, data=stage.data, n_images=s.images, scales=s.scales, seed=stage.seed,
                                progress=stage.progress)
 
     def figures(self, result: ExtrapolateResult) -> list[Figure]:

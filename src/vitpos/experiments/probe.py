@@ -7,9 +7,8 @@ position (centred garments, sky at the top).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 from pydantic import Field
@@ -112,25 +111,25 @@ class ProbeSettings(Settings):
     images: int = Field(default=1000, ge=2, description="test-split images, split by image into probe train/test")
 
 
-class ProbeExperiment(Experiment[ProbeResults]):
+class ProbeExperiment(Experiment[ProbeResults, ProbeSettings]):
     name = "probe"
     version = 1
     title = "Linear position probes"
     result_type = ProbeSiteResult
     settings_type = ProbeSettings
 
-    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-        n, L = sizes.n("test", settings["images"]), surface.depth
+    def plan(self, settings: ProbeSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        n, L = sizes.n("test", settings.images), surface.depth
         passes = -(-L // layer_chunk(surface, n))
         # the content baseline's capture at the embedding runs the whole model, then resid_post per chunk
         return (StagePlan.full(n, L, 1 + passes)
                 + StagePlan.probe_fits(1 + L, n, surface.num_patches, PROBE_TRAIN_TOKENS, len(DEFAULT_L2_GRID), True))
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        check_probe_images(images_of(sizes, "test", settings["images"]), "probe.images")
+    def check(self, settings: ProbeSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        check_probe_images(images_of(sizes, "test", settings.images), "probe.images")
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> ProbeResults:
-        return run_probe(surface, data=stage.data, n_images=stage.settings["images"], seed=stage.seed)
+    def run_stage(self, surface: ModelSurface, stage: StageInput[ProbeSettings]) -> ProbeResults:
+        return run_probe(surface, data=stage.data, n_images=stage.settings.images, seed=stage.seed)
 
     def load(self, doc):
         return MultiSiteProbeResult.model_validate(doc) if "sites" in doc else super().load(doc)

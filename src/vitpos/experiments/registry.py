@@ -8,8 +8,16 @@ the report and results.json all follow the registry; nothing else needs an edit.
 
 from __future__ import annotations
 
-from vitpos.experiments.ape_permute import ApePermuteExperiment, plan_ape_permute, run_ape_permute
-from vitpos.experiments.base import Experiment, Settings
+from typing import Any
+
+from vitpos.experiments.ape_permute import (
+    ApePermuteExperiment,
+    ApePermuteStageSettings,
+    plan_ape_permute,
+    run_ape_permute,
+)
+from vitpos.experiments.base import Experiment, Settings, SplitSizes, StagePlan
+from vitpos.experiments.common import SAESite
 from vitpos.experiments.evaluation import EvalExperiment
 from vitpos.experiments.extrapolate import ExtrapolateExperiment
 from vitpos.experiments.probe import ProbeExperiment
@@ -20,17 +28,19 @@ from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_layers import SAELayersExperiment
 from vitpos.experiments.sae_run import SAEExperiment, run_sae
 from vitpos.experiments.sae_sweep import LayerMeasures
+from vitpos.models.surface import ModelSurface
 
-# Changed in place by register / unregister: whoever imported them sees every registered experiment.
-EXPERIMENTS: list[Experiment] = []
-BY_NAME: dict[str, Experiment] = {}
+# Changed in place by register / unregister: whoever imported them sees every registered experiment
+# (of any result and settings type: Experiment is invariant in them).
+EXPERIMENTS: list[Experiment[Any, Any]] = []
+BY_NAME: dict[str, Experiment[Any, Any]] = {}
 
 # names a registered experiment may not take: the run config's and a results.json model entry's own keys
 RESERVED = frozenset({"models", "data", "seed", "model_seeds", "eval_images", "pretrained", "checkpoints", "heads",
                       "head", "describe", "not_applicable", "section", "quick"})
 
 
-def register(exp: Experiment) -> Experiment:
+def register(exp: Experiment[Any, Any]) -> Experiment[Any, Any]:
     """Add `exp` after the experiments registered so far (the study runs them in this order); the
     experiments it requires must be registered already. Returns `exp`."""
     name = getattr(exp, "name", None)
@@ -64,7 +74,7 @@ def names() -> tuple[str, ...]:
     return tuple(BY_NAME)
 
 
-def experiment(name: str) -> Experiment:
+def experiment(name: str) -> Experiment[Any, Any]:
     return BY_NAME[name]
 
 
@@ -93,8 +103,16 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
 
 # What the sae_layers sweep runs at each layer: two experiments' run functions, composed here (the one
 # module that imports every experiment) so that no experiment imports another.
+
+
+def _plan_permute_at(layer: int, images: int, seeds: int, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    """The ape_permute stage's plan for the SAE at `layer` (the sweep names the layer, this builds the settings)."""
+    return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=SAESite(layer=layer)), surface,
+                            sizes)
+
+
 LAYER_MEASURES = LayerMeasures(run_sae=run_sae, run_ape_permute=run_ape_permute, plan_sae=SAEExperiment().plan,
-                               plan_ape_permute=plan_ape_permute)
+                               plan_ape_permute=_plan_permute_at)
 
 # sae_layers last: the stages before it run as they did before it existed (whatever global state it leaves)
 for _exp in (EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),

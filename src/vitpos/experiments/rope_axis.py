@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pydantic import Field
@@ -332,13 +332,13 @@ def readout_layers(depth: int, layers: list[int] | None, quick: bool) -> list[in
     return [depth - 1] if quick else sorted({depth // 2, depth - 1})
 
 
-def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+def plan_rope_axis(settings: RopeAxisSettings, surface: ModelSurface, sizes: SplitSizes,
                    shared_prefix: bool = True) -> StagePlan:
-    """What run_rope_axis(n_images=settings['images'], restore_points=settings['restore']) computes,
+    """What run_rope_axis(n_images=settings.images, restore_points=settings.restore) computes,
     walking its `schedule`. Refits under a condition search at most 2 L2 values (the baseline's row
     and column choices)."""
-    n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
-    Rs = sorted(set(settings["restore"])) if settings.get("restore") else list(range(1, L))
+    n, L, N = sizes.n("test", settings.images), surface.depth, surface.num_patches
+    Rs = sorted(set(settings.restore)) if settings.restore else list(range(1, L))
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
@@ -358,9 +358,9 @@ def plan_rope_axis(settings: Mapping[str, Any], surface: ModelSurface, sizes: Sp
     return plan + readout_plan(settings, L, sizes)
 
 
-def readout_plan(settings: Mapping[str, Any], L: int, sizes: SplitSizes) -> StagePlan:
+def readout_plan(settings: RopeAxisSettings, L: int, sizes: SplitSizes) -> StagePlan:
     """The read-outs' four full forwards (their small probe fits are not counted)."""
-    n_r = min(settings.get("readout_images") or 0, sizes.n("test", settings["images"]))
+    n_r = min(settings.readout_images or 0, sizes.n("test", settings.images))
     if not n_r:
         return StagePlan()
     return StagePlan.full(n_r, L, len(READOUT_CONDITIONS)) + StagePlan(
@@ -384,7 +384,7 @@ class RopeAxisSettings(Settings):
                                              "last layer (the last only under --quick)")
 
 
-class RopeAxisExperiment(Experiment[RopeAxisResult]):
+class RopeAxisExperiment(Experiment[RopeAxisResult, RopeAxisSettings]):
     name = "rope_axis"
     version = 1
     title = "RoPE axis removal and restoring (C3, C4)"
@@ -393,27 +393,27 @@ class RopeAxisExperiment(Experiment[RopeAxisResult]):
     settings_type = RopeAxisSettings
     scheme = "rope"
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        doc = self.settings_of(config).model_dump()
-        restore = doc["restore"]
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> RopeAxisSettings:
+        s = cast(RopeAxisSettings, self.settings_of(config))
+        restore = s.restore
         if restore is None and quick:
             restore = [max(1, surface.depth // 2)]
-        return {**doc, "restore": restore,
-                "readout_layers": readout_layers(surface.depth, doc.get("readout_layers"), quick)}
+        return s.updated(restore=restore, readout_layers=readout_layers(surface.depth, s.readout_layers, quick))
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        if settings.get("restore") is not None:
-            check_restore_points(surface, list(settings["restore"]), "rope_axis.restore")
-        check_probe_images(images_of(sizes, "test", settings["images"]), "rope_axis.images")
+    def check(self, settings: RopeAxisSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.restore is not None:
+            check_restore_points(surface, list(settings.restore), "rope_axis.restore")
+        check_probe_images(images_of(sizes, "test", settings.images), "rope_axis.images")
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: RopeAxisSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_axis(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeAxisResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[RopeAxisSettings]) -> RopeAxisResult:
         s = stage.settings
-        return run_rope_axis(surface, data=stage.data, n_images=s["images"], restore_points=s["restore"],
-                             seed=stage.seed, readout_images=s.get("readout_images", 0),
-                             readout_layer_list=s.get("readout_layers"))
+        return run_rope_axis(surface, data=stage.data, n_images=s.images, restore_points=s.restore,
+                             seed=stage.seed, readout_images=s.readout_images,
+                             readout_layer_list=s.readout_layers)
 
     def figures(self, result: RopeAxisResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment

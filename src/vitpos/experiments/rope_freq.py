@@ -247,15 +247,15 @@ def _split(done: Mapping[str, Mapping[str, Any]], axis: Axis, window: Window, ba
                      high_minus_low_top1_drop_ci95=_points(top_ci), position_in=where)
 
 
-def plan_rope_freq(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+def plan_rope_freq(settings: RopeFreqSettings, surface: ModelSurface, sizes: SplitSizes,
                    shared_prefix: bool = True) -> StagePlan:
-    """What run_rope_freq(n_images=settings['images'], bands=, windows=, layers=) computes. Refits
+    """What run_rope_freq(n_images=settings.images, bands=, windows=, layers=) computes. Refits
     under a condition search at most 2 L2 values (the clean model's row and column choices)."""
-    n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
-    wins = list(dict.fromkeys((int(s), int(e)) for s, e in settings["windows"])) if settings.get("windows") else \
+    n, L, N = sizes.n("test", settings.images), surface.depth, surface.num_patches
+    wins = list(dict.fromkeys((int(s), int(e)) for s, e in settings.windows)) if settings.windows else \
         default_windows(L)
-    probed = sorted(set(settings["layers"])) if settings.get("layers") else default_layers(wins)
-    families = 2 * (settings["bands"] + 1)
+    probed = sorted(set(settings.layers)) if settings.layers else default_layers(wins)
+    families = 2 * (settings.bands + 1)
 
     def fits(from_layer: int, l2_values: int = 2) -> StagePlan:
         count = sum(1 for layer in probed if layer >= from_layer)
@@ -313,7 +313,7 @@ class RopeFreqSettings(Settings):
                                      description="probed layers; None = the last layer of each window")
 
 
-class RopeFreqExperiment(Experiment[RopeFreqResult]):
+class RopeFreqExperiment(Experiment[RopeFreqResult, RopeFreqSettings]):
     name = "rope_freq"
     version = 1
     title = "RoPE frequency bands: which frequencies carry position"
@@ -321,21 +321,21 @@ class RopeFreqExperiment(Experiment[RopeFreqResult]):
     settings_type = RopeFreqSettings
     scheme = "rope"
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+    def check(self, settings: RopeFreqSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         s = settings
-        check_probe_images(images_of(sizes, "test", s["images"]), "rope_freq.images")
-        wins = ([(int(a), int(b)) for a, b in s["windows"]] if s.get("windows") is not None
+        check_probe_images(images_of(sizes, "test", s.images), "rope_freq.images")
+        wins = ([(int(a), int(b)) for a, b in s.windows] if s.windows is not None
                 else default_windows(surface.depth))
-        check_settings(surface, s["bands"], wins, list(s["layers"]) if s.get("layers") is not None
+        check_settings(surface, s.bands, wins, list(s.layers) if s.layers is not None
                        else default_layers(wins))
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: RopeFreqSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_freq(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeFreqResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[RopeFreqSettings]) -> RopeFreqResult:
         s = stage.settings
-        return run_rope_freq(surface, data=stage.data, n_images=s["images"], bands=s["bands"], windows=s["windows"],
-                             layers=s["layers"], seed=stage.seed)
+        return run_rope_freq(surface, data=stage.data, n_images=s.images, bands=s.bands, windows=s.windows,
+                             layers=s.layers, seed=stage.seed)
 
     def figures(self, result: RopeFreqResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import torch
 from pydantic import Field
@@ -888,17 +888,17 @@ def _heads_result(surface: ModelSurface, data: str, axis: str, work: HeadsWork, 
     })
 
 
-def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+def plan_rope_heads(settings: RopeHeadsSettings, surface: ModelSurface, sizes: SplitSizes,
                     shared_prefix: bool = True) -> StagePlan:
     """What run_rope_heads computes with the study's settings (axis, restore_from, probe_images,
     top1_images, attn_images, sweep_restore), walking the same `heads_work`. Refits under a
     condition search at most 2 L2 values."""
     L, Hh, N = surface.depth, surface.num_heads, surface.num_patches
-    work = heads_work(L, Hh, settings.get("restore_from"), settings.get("sweep_restore"))
+    work = heads_work(L, Hh, settings.restore_from, settings.sweep_restore)
     R, later = work.R, work.later
-    n_a = sizes.n("test", settings["attn_images"])
-    n_p = sizes.n("test", settings["probe_images"])
-    n_t = sizes.n("test", settings["top1_images"])
+    n_a = sizes.n("test", settings.attn_images)
+    n_p = sizes.n("test", settings.probe_images)
+    n_t = sizes.n("test", settings.top1_images)
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n_p, N, SWEEP_TRAIN_TOKENS, l2_values)
@@ -925,7 +925,7 @@ def plan_rope_heads(settings: Mapping[str, Any], surface: ModelSurface, sizes: S
         for _ in REBUILD_KINDS:
             rebuild += StagePlan(blocks=n_p * (L - li)) + fits(L - li)
     # top-1 drops: per batch one clean pass, block by block, and blocks >= l per head of layer l
-    n_s = screen_cut(n_t, sweep_batch(surface), settings.get("top1_screen_images"))
+    n_s = screen_cut(n_t, sweep_batch(surface), settings.top1_screen_images)
     drops = StagePlan(forwards=n_t, blocks=n_s * (L + sum(L - li for li, _ in work.heads)))
     if n_s < n_t:  # adaptive top-1: after the screen, the clean pass and the heads in the race
         drops += StagePlan(blocks=(n_t - n_s) * (L + RACE_GUESS * L),
@@ -967,7 +967,7 @@ class RopeHeadsSettings(Settings):
         "mean output) on the primary and this many top heads by the identity drop; None = every head")
 
 
-class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
+class RopeHeadsExperiment(Experiment[RopeHeadsResult, RopeHeadsSettings]):
     name = "rope_heads"
     version = 2  # 2: issue 29 (c5_ablations: C5 under counterfactual ablations)
     title = "RoPE per-head roles and ablation (C4, C5)"
@@ -976,26 +976,27 @@ class RopeHeadsExperiment(Experiment[RopeHeadsResult]):
     settings_type = RopeHeadsSettings
     scheme = "rope"
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        s = self.settings_of(config).model_dump()
-        R = s["restore_from"] if s["restore_from"] is not None else max(1, surface.depth // 2)
-        return {**s, "sweep_restore": sweep_points(surface.depth, R, s.get("sweep_restore"), quick)}
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> RopeHeadsSettings:
+        s = cast(RopeHeadsSettings, self.settings_of(config))
+        R = s.restore_from if s.restore_from is not None else max(1, surface.depth // 2)
+        return s.updated(sweep_restore=sweep_points(surface.depth, R, s.sweep_restore, quick))
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        if settings.get("restore_from") is not None:
-            check_restore_points(surface, [settings["restore_from"]], "rope_heads.restore_from")
-        check_probe_images(images_of(sizes, "test", settings["probe_images"]), "rope_heads.probe_images")
+    def check(self, settings: RopeHeadsSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.restore_from is not None:
+            check_restore_points(surface, [settings.restore_from], "rope_heads.restore_from")
+        check_probe_images(images_of(sizes, "test", settings.probe_images), "rope_heads.probe_images")
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: RopeHeadsSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_heads(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopeHeadsResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[RopeHeadsSettings]) -> RopeHeadsResult:
         s = stage.settings
-        return run_rope_heads(surface, data=stage.data, axis=s["axis"], restore_from=s["restore_from"],
-                              n_probe_images=s["probe_images"], n_top1_images=s["top1_images"],
-                              n_attn_images=s["attn_images"], seed=stage.seed,
-                              top1_screen=s.get("top1_screen_images"), sweep_restore=s.get("sweep_restore"),
-                              c5_ablation_heads=s.get("c5_ablation_heads"))
+        return run_rope_heads(surface, data=stage.data, axis=s.axis, restore_from=s.restore_from,
+                              n_probe_images=s.probe_images, n_top1_images=s.top1_images,
+                              n_attn_images=s.attn_images, seed=stage.seed,
+                              top1_screen=s.top1_screen_images, sweep_restore=s.sweep_restore,
+                              c5_ablation_heads=s.c5_ablation_heads)
 
     def figures(self, result: RopeHeadsResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
@@ -1146,15 +1147,15 @@ def coordinate_edits(surface: ModelSurface) -> bool:
     return True
 
 
-def plan_c5_ablations(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+def plan_c5_ablations(settings: RopeHeadsSettings, surface: ModelSurface, sizes: SplitSizes,
                       shared_prefix: bool = True) -> StagePlan:
     """What c5_under_ablations computes: a clean pass for the head means, then per ablated head and
     ablation blocks >= its layer (shared prefix; the clean stream advanced to the last layer) or a
     full forward. Top-k heads are data-dependent: counted as in layer 0 (an upper bound) with a note."""
     L, Hh = surface.depth, surface.num_heads
-    n_t = sizes.n("test", settings["top1_images"])
+    n_t = sizes.n("test", settings.top1_images)
     kinds = len(C5_ABLATIONS) - 1 if coordinate_edits(surface) else 1  # mean_output only without coordinates
-    k = settings.get("c5_ablation_heads")
+    k = settings.c5_ablation_heads
     means = StagePlan.full(n_t, L)
     if k is None or k + 1 >= L * Hh:  # every head (a top k that covers them all is every head too)
         if not shared_prefix:

@@ -189,20 +189,20 @@ def _doc(res: Mapping[str, Any], spec: Spec) -> dict:
             "prefix_blocked_from": spec.prefix_blocked_from}
 
 
-def plan_rope_prefix(settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes,
+def plan_rope_prefix(settings: RopePrefixSettings, surface: ModelSurface, sizes: SplitSizes,
                      shared_prefix: bool = True) -> StagePlan:
-    """What run_rope_prefix(n_images=settings['images'], restore_from=, block_from=, n_attn_images=)
+    """What run_rope_prefix(n_images=settings.images, restore_from=, block_from=, n_attn_images=)
     computes, walking the same condition families (`families`) in the same order. Refits under a
     condition search at most 2 L2 values (the baseline's row and column choices)."""
-    n, L, N = sizes.n("test", settings["images"]), surface.depth, surface.num_patches
-    n_a = sizes.n("test", settings["attn_images"])
-    R = settings["restore_from"] if settings.get("restore_from") is not None else max(1, L // 2)
+    n, L, N = sizes.n("test", settings.images), surface.depth, surface.num_patches
+    n_a = sizes.n("test", settings.attn_images)
+    R = settings.restore_from if settings.restore_from is not None else max(1, L // 2)
 
     def fits(count: int, l2_values: int = 2) -> StagePlan:
         return StagePlan.probe_fits(count, n, N, SWEEP_TRAIN_TOKENS, l2_values)
 
     plan = StagePlan.full(n_a, L)  # the clean prefix attention
-    for i, (_, kids) in enumerate(families(settings["block_from"], R)):
+    for i, (_, kids) in enumerate(families(settings.block_from, R)):
         plan += StagePlan.full(n, L) + fits(L, len(DEFAULT_L2_GRID) if i == 0 else 2)  # the parent, from the input
         starts = sorted({k for _, k in kids if k > 0}) if shared_prefix else []
         at = starts[0] if starts else 0  # the parent's stream is kept before this layer ...
@@ -227,7 +227,7 @@ class RopePrefixSettings(Settings):
     attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
 
 
-class RopePrefixExperiment(Experiment[RopePrefixResult]):
+class RopePrefixExperiment(Experiment[RopePrefixResult, RopePrefixSettings]):
     name = "rope_prefix"
     version = 1
     title = "RoPE prefix-token route: patch → CLS/register attention blocked"
@@ -241,19 +241,19 @@ class RopePrefixExperiment(Experiment[RopePrefixResult]):
             return missing
         return None if surface.num_prefix_tokens else "no prefix tokens (CLS or registers) to block"
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
-        if settings.get("restore_from") is not None:
-            check_restore_points(surface, [settings["restore_from"]], "rope_prefix.restore_from")
-        check_block_from(surface, settings["block_from"], "rope_prefix.block_from")
-        check_probe_images(images_of(sizes, "test", settings["images"]), "rope_prefix.images")
+    def check(self, settings: RopePrefixSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+        if settings.restore_from is not None:
+            check_restore_points(surface, [settings.restore_from], "rope_prefix.restore_from")
+        check_block_from(surface, settings.block_from, "rope_prefix.block_from")
+        check_probe_images(images_of(sizes, "test", settings.images), "rope_prefix.images")
 
-    def plan(self, settings: Mapping[str, Any], surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: RopePrefixSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         return plan_rope_prefix(settings, surface, sizes)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> RopePrefixResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[RopePrefixSettings]) -> RopePrefixResult:
         s = stage.settings
-        return run_rope_prefix(surface, data=stage.data, n_images=s["images"], restore_from=s["restore_from"],
-                               block_from=s["block_from"], n_attn_images=s["attn_images"], seed=stage.seed)
+        return run_rope_prefix(surface, data=stage.data, n_images=s.images, restore_from=s.restore_from,
+                               block_from=s.block_from, n_attn_images=s.attn_images, seed=stage.seed)
 
     def figures(self, result: RopePrefixResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment

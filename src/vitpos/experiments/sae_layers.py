@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from vitpos.errors import VitposError
 from vitpos.experiments import sae_layers_section
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.common import CAUSAL_ON_RUN_DATA
+from vitpos.experiments.sae_settings import SAESettings
 from vitpos.experiments.sae_sweep import LayerMeasures, plan_sae_sweep, run_sae_sweep, sweep_layers
 from vitpos.models.surface import ModelSurface
 from vitpos.results.claim_rules import ClaimRules
@@ -53,7 +55,23 @@ class SAELayersSettings(Settings):
     seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
 
 
-class SAELayersExperiment(Experiment[SAELayersResult]):
+class SAELayersStageSettings(SAELayersSettings):
+    """The stage's settings: the section (less `enabled`), the swept layers, and the sae stage's data and
+    high-norm rule, which apply to every layer's SAE (in the cache key only when set, so the keys of runs
+    without them stay as they were)."""
+
+    layers: list[int]
+    sae_data: str | None = None  # the sae stage's images for its SAEs (None: the run's data)
+    causal_data: str | None = None
+    high_norm: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _keyed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items()
+                if k != "enabled" and not (k in ("sae_data", "causal_data", "high_norm") and v is None)}
+
+
+class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     name = "sae_layers"
     version = 1
     title = "The SAE layer as a sweep (C1, C2 per layer)"
@@ -71,26 +89,25 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
         return ("not run: sae_layers.enabled is false (--quick turns it off); C1 and C2 read the single SAE layer "
                 "of the sae stage")
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
-        s = cast(SAELayersSettings, self.settings_of(config)).model_dump(exclude={"enabled"})
-        from vitpos.experiments.common import CAUSAL_ON_RUN_DATA
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> SAELayersStageSettings:
+        s = cast(SAELayersSettings, self.settings_of(config))
+        sae = cast(SAESettings, config.section("sae"))
+        # the sae stage's high-norm rule (DINOv2's artifact tokens) applies to every layer's SAE
+        return SAELayersStageSettings.model_validate({
+            **{k: getattr(s, k) for k in type(s).model_fields}, "layers": sweep_layers(surface.depth, s.max_layers),
+            "sae_data": sae.data, "causal_data": None if sae.data is None else CAUSAL_ON_RUN_DATA,
+            "high_norm": sae.high_norm})
 
-        sae = config.section("sae")
-        sae_data = sae.data  # the sae stage's images for its SAEs (None: the run's data)
-        # the sae stage's high-norm rule (DINOv2's artifact tokens) applies to every layer's SAE; added to the
-        # settings only when set, so the cache keys of runs without one stay as they were
-        return {**s, "layers": sweep_layers(surface.depth, s["max_layers"]),
-                **({"sae_data": sae_data, "causal_data": CAUSAL_ON_RUN_DATA} if sae_data is not None else {}),
-                **({"high_norm": sae.high_norm} if sae.high_norm is not None else {})}
-
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+    def check(self, settings: SAELayersStageSettings, surface: ModelSurface, data: str,
+              sizes: SplitSizes | None) -> None:
         from vitpos.experiments.common import sae_config
 
-        if not settings["layers"]:
+        if not settings.layers:
             raise VitposError(f"sae_layers: {surface.spec} has depth {surface.depth}, no layer with a later one to "
                               "read the causal check; set sae_layers.enabled: false")
-        sae_config(surface, "topk", settings["k"], settings["expansion"])
-        n = settings["images"]
+        sae_config(surface, "topk", settings.k, settings.expansion)
+        n = settings.images
         if sizes is not None:
             try:
                 n = sizes.n("train", n)
@@ -101,23 +118,26 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
             raise VitposError(f"sae_layers.images {n} give {n * surface.num_patches} patch tokens, fewer than one SAE "
                               f"batch ({SWEEP_BATCH_TOKENS}); set sae_layers.images to at least {need}")
 
-    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-        return plan_sae_sweep(surface, sizes, list(settings["layers"]), _sae_sizes(settings),
-                              settings["permute_images"], settings["seeds"], self.measures)
+    def plan(self, settings: SAELayersStageSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+        # each layer's SAE as the sae stage would count it, at these sizes
+        sae = SAESettings(images=settings.images, eval_images=settings.eval_images, epochs=settings.epochs,
+                          expansion=settings.expansion)
+        return plan_sae_sweep(surface, sizes, list(settings.layers), sae, settings.permute_images, settings.seeds,
+                              self.measures)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAELayersResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[SAELayersStageSettings]) -> SAELayersResult:
         s = stage.settings
-        kw = {"k": s["k"], "expansion": s["expansion"], "n_train_images": s["images"],
-              "n_eval_images": s["eval_images"], "epochs": s["epochs"], "seed": stage.seed, "keep_acts": False,
-              "high_norm": s.get("high_norm")}
-        seeds = tuple(range(s["seeds"]))
-        sweep = run_sae_sweep(surface, stage.data, self.measures, list(s["layers"]), sae_kw=kw,
-                              permute_images=s["permute_images"], seeds=seeds, out=stage.out,
-                              sae_data=s.get("sae_data"), progress=stage.progress)
+        kw = {"k": s.k, "expansion": s.expansion, "n_train_images": s.images,
+              "n_eval_images": s.eval_images, "epochs": s.epochs, "seed": stage.seed, "keep_acts": False,
+              "high_norm": s.high_norm}
+        seeds = tuple(range(s.seeds))
+        sweep = run_sae_sweep(surface, stage.data, self.measures, list(s.layers), sae_kw=kw,
+                              permute_images=s.permute_images, seeds=seeds, out=stage.out, sae_data=s.sae_data,
+                              progress=stage.progress)
         return SAELayersResult(
-            **dict(sweep), sae_images=s["images"], sae_eval_images=s["eval_images"],
-            sae_epochs=s["epochs"], sae_expansion=s["expansion"], sae_k=s["k"], permute_images=s["permute_images"],
-            seeds=list(seeds), sae_high_norm=s.get("high_norm"))
+            **dict(sweep), sae_images=s.images, sae_eval_images=s.eval_images,
+            sae_epochs=s.epochs, sae_expansion=s.expansion, sae_k=s.k, permute_images=s.permute_images,
+            seeds=list(seeds), sae_high_norm=s.high_norm)
 
     def figures(self, result: SAELayersResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
@@ -132,10 +152,4 @@ class SAELayersExperiment(Experiment[SAELayersResult]):
         return sae_layers_section.summary(result)
 
 
-def _sae_sizes(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The per-layer SAE's sizes as the sae stage's settings name them (for its plan)."""
-    return {"images": settings["images"], "eval_images": settings["eval_images"], "epochs": settings["epochs"],
-            "expansion": settings["expansion"]}
-
-
-__all__ = ["SAELayersExperiment", "SAELayersSettings"]
+__all__ = ["SAELayersExperiment", "SAELayersSettings", "SAELayersStageSettings"]

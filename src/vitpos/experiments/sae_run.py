@@ -23,10 +23,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Any, cast
 
 import torch
-from pydantic import Field
 
 from vitpos.analysis.forward import forward_batches
 from vitpos.analysis.kept import Keep, KeptTokens
@@ -35,10 +34,9 @@ from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percen
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments import sae_run_section
-from vitpos.experiments.base import Done, Experiment, Settings, SplitSizes, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_data, check_expansions
 from vitpos.experiments.common import (
-    CAUSAL_ON_RUN_DATA,
     SWEEP_TRAIN_TOKENS,
     capture_condition,
     sae_config,
@@ -46,6 +44,7 @@ from vitpos.experiments.common import (
     sweep_batch,
 )
 from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
+from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
 from vitpos.hooks import edit
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
@@ -731,69 +730,31 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
 
 
 SAE_BATCH_TOKENS = 4096  # run_sae's default batch, the one the study's sae stage trains with
-_SWEEP_DEFAULTS = {"data": None, "seeds": 1, "expansions": None, "high_norm": None}
 
 
-def _sae_settings(settings: SAESettings) -> dict:
-    """The `sae:` section as stage settings; the sweep / data / high-norm keys only when set, so the
-    stage keys (and caches) of runs that do not use them are those from before the keys existed."""
-    out = {k: v for k, v in settings.model_dump().items() if k not in _SWEEP_DEFAULTS or v != _SWEEP_DEFAULTS[k]}
-    if settings.data is not None:  # C1's causal check reads the run's labelled data (new: keyed apart)
-        out["causal_data"] = CAUSAL_ON_RUN_DATA
-    return out
-
-
-def stability_seed(settings: Mapping[str, Any], seed: int) -> int | None:
+def stability_seed(settings: SAESettings, seed: int) -> int | None:
     """The seed of the stage's seed-stability SAE (None: `stability` off)."""
-    return seed + 1 if settings.get("stability", True) else None
+    return seed + 1 if settings.stability else None
 
 
-def is_sweep(settings: Mapping[str, Any]) -> bool:
+def is_sweep(settings: SAESettings) -> bool:
     """The stage trains the seeds x sizes grid (`sae.seeds` > 1 or `sae.expansions`)."""
-    return settings.get("seeds", 1) > 1 or bool(settings.get("expansions"))
+    return settings.seeds > 1 or bool(settings.expansions)
 
 
-def stage_saes(settings: Mapping[str, Any], seed: int) -> list[tuple[int, int, str]]:
+def stage_saes(settings: SAESettings, seed: int) -> list[tuple[int, int, str]]:
     """(expansion, seed, role) of every SAE the sae stage trains, in order: run_sae's ("main") and its
     seed-stability SAE ("stability"), then the sweep grid's others ("sweep", `sweep_grid`)."""
-    out = [(settings["expansion"], seed, "main")]
+    out = [(settings.expansion, seed, "main")]
     other = stability_seed(settings, seed)
     if other is not None:
-        out.append((settings["expansion"], other, "stability"))
+        out.append((settings.expansion, other, "stability"))
     if is_sweep(settings):
         out += [(exp, sd, "sweep") for exp, sd, main in sweep_grid(settings, seed) if not main]
     return out
 
 
-class SAESettings(Settings):
-    """`sae:` in the run config."""
-
-    QUICK = {"images": 400, "epochs": 2, "expansion": 4}
-    layer: int | None = Field(default=None, ge=0, description="None = chosen from the probe results")
-    site: Literal["resid_post", "resid_pre", "attn_out", "mlp_out"] = "resid_post"
-    arch: Literal["topk", "batchtopk", "relu"] = "topk"
-    k: int = Field(default=32, ge=1)
-    expansion: int = Field(default=8, ge=1, le=256)
-    images: int = Field(default=4000, ge=1)
-    eval_images: int = Field(default=1000, ge=2,
-                             description="held-out test images: metrics, feature scores, causal check")
-    epochs: int = Field(default=4, ge=1, le=1000)
-    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="None = vitpos.sae.train.default_lr")
-    data: str | None = Field(default=None, description="images the SAE trains and is scored on (its C1 causal check "
-                             "too); None = the run's data. e.g. natural, for a model whose labelled task is fashion")
-    seeds: int = Field(default=1, ge=1, description="SAE seeds (run seed, +1, ...): > 1 adds the sweep and its seed "
-                       "stability to sae.json; C1 / C2 read the run seed's SAE")
-    expansions: list[Annotated[int, Field(ge=1)]] | None = Field(
-        default=None, min_length=1, description="dictionary sizes of the sweep (x width); None = [expansion]")
-    high_norm: float | None = Field(default=None, gt=1, allow_inf_nan=False,
-                                    description="leave patch tokens above this x the median patch-token norm out of "
-                                    "SAE training (high-norm artifact tokens); None = keep every patch token")
-    stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
-    include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
-    browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
-
-
-class SAEExperiment(Experiment[SAEResult]):
+class SAEExperiment(Experiment[SAEResult, SAEStageSettings]):
     name = "sae"
     version = SAE_VERSION
     title = "Sparse autoencoder"
@@ -803,29 +764,27 @@ class SAEExperiment(Experiment[SAEResult]):
     scheme = "ape"
     requires = ("probe",)
 
-    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done], quick: bool) -> dict:
+    def stage_settings(self, config, surface: ModelSurface, prior: Mapping[str, Done],
+                       quick: bool) -> SAEStageSettings:
         sae = cast(SAESettings, self.settings_of(config))
-        given = sae.layer is not None
-        layer = sae.layer if given else choose_sae_layer(prior["probe"].result.to_json(), surface.depth)
-        return {**_sae_settings(sae), "layer": layer,
-                "layer_choice": "given" if given else "max min(row, col) probe accuracy"}
+        if sae.layer is not None:
+            return sae.stage(sae.layer)
+        return sae.stage(choose_sae_layer(prior["probe"].result.to_json(), surface.depth))
 
-    def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> dict:
-        sae = cast(SAESettings, self.settings_of(config))
-        return {**_sae_settings(sae), "layer": sae.layer,
-                "layer_choice": "given" if sae.layer is not None else "max min(row, col) probe accuracy"}
+    def plan_settings(self, config, surface: ModelSurface, planned, quick: bool) -> SAEStageSettings:
+        return cast(SAESettings, self.settings_of(config)).stage(None)  # the probes' choice: not known yet
 
-    def check(self, settings: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+    def check(self, settings: SAEStageSettings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
         s, L = settings, surface.depth
-        sae_config(surface, s["arch"], s["k"], s["expansion"])
-        check_expansions(surface, s["arch"], s["k"], s.get("expansions"), "sae.expansions")
-        if s.get("data") is not None:
-            check_data(surface, s["data"], "sae.data")
-        if s.get("layer") is not None and not 0 <= s["layer"] < L:
-            raise VitposError(f"sae.layer {s['layer']} is outside 0..{L - 1}; pass a layer of the model")
+        sae_config(surface, s.arch, s.k, s.expansion)
+        check_expansions(surface, s.arch, s.k, s.expansions, "sae.expansions")
+        if s.data is not None:
+            check_data(surface, s.data, "sae.data")
+        if s.layer is not None and not 0 <= s.layer < L:
+            raise VitposError(f"sae.layer {s.layer} is outside 0..{L - 1}; pass a layer of the model")
         if sizes is not None:
             try:
-                n = sizes.n("train", s["images"])
+                n = sizes.n("train", s.images)
             except ValueError:
                 n = None
             if n is not None and n * surface.num_patches < SAE_BATCH_TOKENS:
@@ -833,63 +792,65 @@ class SAEExperiment(Experiment[SAEResult]):
                 raise VitposError(f"sae.images {n} give {n * surface.num_patches} patch tokens, fewer than one SAE "
                                   f"batch ({SAE_BATCH_TOKENS}); set sae.images to at least {need}")
 
-    def plan(self, settings: Mapping, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
+    def plan(self, settings: SAEStageSettings, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
         L, N = surface.depth, surface.num_patches
-        layer, note = settings["layer"], "upper bound: both row and col features found"
+        layer, note = settings.layer, "upper bound: both row and col features found"
         if layer is None:
             layer, note = L // 2, f"{note}; layer chosen from the probes, counted at {L // 2}"
-        n_train = sizes.n("train", settings["images"])
-        n_eval = sizes.n("test", settings["eval_images"])
+        n_train = sizes.n("train", settings.images)
+        n_eval = sizes.n("test", settings.eval_images)
         later = L - layer - 1
         # train capture (it stops after the SAE's layer: vitpos.store.capture), the held-out passes and,
         # with later layers, the causal check's removals
         out = StagePlan.full(n_train, layer + 1) + StagePlan.full(n_eval, L, HELD_OUT_PASSES +
                                                                   (len(REMOVALS) if later else 0))
         out += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
-        if settings.get("browse", True):  # the browser's two passes stop at the SAE's layer (the second: winners only)
+        if settings.browse:  # the browser's two passes stop at the SAE's layer (the second: winners only)
             out += StagePlan(forwards=2 * n_eval, blocks=2 * n_eval * (layer + 1))
         saes = stage_saes(settings, 0)  # what run_stage trains, whatever its seed
         extra = [exp for exp, _, role in saes if role == "sweep"]
         if extra:  # the sweep's other SAEs: trained on the same store, scored on a held-out capture to the layer
             out += StagePlan.full(n_eval, layer + 1)
             note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
-        tokens = n_train * N * settings["epochs"]  # per SAE: every training token of every epoch (an upper bound)
+        tokens = n_train * N * settings.epochs  # per SAE: every training token of every epoch (an upper bound)
         work = sum(tokens * exp * surface.width for exp, _, _ in saes)
         return out + StagePlan(sae_tokens=tokens * len(saes), sae_work=work, note=note)
 
-    def run_stage(self, surface: ModelSurface, stage: StageInput) -> SAEResult:
+    def run_stage(self, surface: ModelSurface, stage: StageInput[SAEStageSettings]) -> SAEResult:
         s = stage.settings
+        if s.layer is None:
+            raise VitposError("the sae stage runs at a layer: give sae.layer, or run the probe stage first")
         # sae.data: the SAE (its training, held-out metrics and feature scores) may read other images than the
         # run's labelled data, e.g. natural crops for a model measured on fashion; C1's causal check reads the run's
-        data = s.get("data") or stage.data
+        data = s.data or stage.data
         sweep = is_sweep(s)
-        result, sae = run_sae(surface, s["layer"], site=s["site"], data=data, arch=s["arch"], k=s["k"],
-                              expansion=s["expansion"], n_train_images=s["images"], n_eval_images=s["eval_images"],
-                              epochs=s["epochs"], seed=stage.seed, out=stage.out, progress=stage.progress, lr=s["lr"],
-                              keep_acts=sweep, high_norm=s.get("high_norm"),
+        result, sae = run_sae(surface, s.layer, site=s.site, data=data, arch=s.arch, k=s.k,
+                              expansion=s.expansion, n_train_images=s.images, n_eval_images=s.eval_images,
+                              epochs=s.epochs, seed=stage.seed, out=stage.out, progress=stage.progress, lr=s.lr,
+                              keep_acts=sweep, high_norm=s.high_norm,
                               stability_seed=stability_seed(s, stage.seed),
-                              include_special=s.get("include_special", False),
+                              include_special=s.include_special,
                               causal_data=stage.data)  # dropped by run_sae where the SAE reads the run's data itself
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
-                                  "layer_choice": s["layer_choice"]}
+                                  "layer_choice": s.layer_choice}
         if sweep:
-            site = Site(s["layer"], s["site"])
+            site = Site(s.layer, s.site)
             acts = Path(stage.out) / "acts"
 
             def train_store():
-                return _capture_train_store(surface, site, data, s["images"], acts, stage.progress, False)
+                return _capture_train_store(surface, site, data, s.images, acts, stage.progress, False)
 
             update["sweep"] = run_sweep(surface, site, data, sae, train_store, settings=s, seed=stage.seed,
                                         out=Path(stage.out) / "sweep", progress=stage.progress)
             import shutil
 
             shutil.rmtree(acts, ignore_errors=True)  # the training store is scratch once every SAE is trained
-        if s.get("browse", True):
+        if s.browse:
             from vitpos.browse import PAGE, browse_sae
 
             # the page's header reads the seed grid too (positional agreement), which sae.json does not hold
-            browse_sae(surface, stage.out, stage.out / "browse", images=s["eval_images"], data=data,
+            browse_sae(surface, stage.out, stage.out / "browse", images=s.eval_images, data=data,
                        doc=result.model_copy(update=update).to_json())
             # relative to the study's folder, where report.html is: the study writes each stage to
             # OUT/artifacts/<model slug>/<experiment>

@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vitpos.errors import VitposError
+from vitpos.experiments.sae_settings import SAESettings
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.sae_run import SAESweep, SweepRun
 from vitpos.sae import SAE, SAEConfig, sae_metrics, score_features, train_sae
@@ -37,32 +38,32 @@ def _eval_store(surface: ModelSurface, site: Site, data, n_eval: int, folder: Pa
     return ActivationStore(folder)
 
 
-def sweep_axes(settings: Mapping[str, Any], seed: int) -> tuple[list[int], list[int]]:
+def sweep_axes(settings: SAESettings, seed: int) -> tuple[list[int], list[int]]:
     """The grid's seeds (seed..seed+seeds-1) and dictionary sizes (`expansions`, else [expansion])."""
-    seeds = [seed + j for j in range(int(settings.get("seeds", 1)))]
-    return seeds, list(dict.fromkeys(settings.get("expansions") or [settings["expansion"]]))
+    seeds = [seed + j for j in range(settings.seeds)]
+    return seeds, list(dict.fromkeys(settings.expansions or [settings.expansion]))
 
 
-def sweep_grid(settings: Mapping[str, Any], seed: int) -> list[tuple[int, int, bool]]:
+def sweep_grid(settings: SAESettings, seed: int) -> list[tuple[int, int, bool]]:
     """(expansion, seed, main) of every SAE of the grid, in the order run_sweep trains them; main: the
     study's SAE (seed `seed`, size `expansion`), trained by run_sae and not again."""
     seeds, sizes = sweep_axes(settings, seed)
-    return [(exp, sd, (exp, sd) == (settings["expansion"], seed)) for exp, sd in itertools.product(sizes, seeds)]
+    return [(exp, sd, (exp, sd) == (settings.expansion, seed)) for exp, sd in itertools.product(sizes, seeds)]
 
 
 def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_store: Callable[[], Any], *,
-              settings: Mapping[str, Any], seed: int, out: Path | None = None, progress: bool = False,
+              settings: SAESettings, seed: int, out: Path | None = None, progress: bool = False,
               batch_tokens: int = 4096, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS) -> SAESweep:
     """Train the grid's other SAEs (seeds seed..seed+seeds-1 x expansions) on `train_store()`, score
-    them on `settings["eval_images"]` held-out images, and match seeds per size."""
+    them on `settings.eval_images` held-out images, and match seeds per size."""
     seeds, sizes = sweep_axes(settings, seed)
     if len(seeds) < 2 and len(sizes) < 2:
         raise VitposError("an SAE sweep needs sae.seeds >= 2 or two sae.expansions")
     store = train_store()
     key = str(site)
-    factor = settings.get("high_norm")
+    factor = settings.high_norm
     max_norm = None if factor is None else factor * median_token_norm(store, key)
-    n_eval = int(settings["eval_images"])
+    n_eval = settings.eval_images
     saes: dict[tuple[int, int], SAE] = {}
     runs: list[SweepRun] = []
     scores_of: dict[tuple[int, int], Any] = {}
@@ -79,12 +80,12 @@ def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_stor
             if main:
                 sae = main_sae
             else:
-                cfg = SAEConfig.model_validate({"arch": settings["arch"], "d_in": surface.width, "expansion": exp,
-                                                "k": settings["k"], "seed": sd})
-                lr = default_lr(cfg.d_sae) if settings.get("lr") is None else float(settings["lr"])
+                cfg = SAEConfig.model_validate({"arch": settings.arch, "d_in": surface.width, "expansion": exp,
+                                                "k": settings.k, "seed": sd})
+                lr = default_lr(cfg.d_sae) if settings.lr is None else settings.lr
                 batches = store_batches(store, key, batch_tokens, seed=sd, buffer_tokens=buffer_tokens,
                                         max_norm=max_norm)
-                sae, _ = train_sae(batches, cfg, epochs=int(settings["epochs"]), lr=lr, progress=progress)
+                sae, _ = train_sae(batches, cfg, epochs=settings.epochs, lr=lr, progress=progress)
                 if out is not None:
                     sae.save(out / f"x{exp}-seed{sd}")
             secs = time.time() - t0

@@ -30,13 +30,17 @@ import torch
 
 from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.base import SplitSizes, StagePlan
+from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
 from vitpos.models.surface import ModelSurface
 from vitpos.results.ape_permute import ApePermuteResult
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint, SAESweepResult
 from vitpos.results.sae_run import GivenSAEResult, SAEResult
 from vitpos.sae import SAE
 
-PlanStage = Callable[[Mapping[str, Any], ModelSurface, SplitSizes], StagePlan]
+# (the sae stage's settings at one layer, model, split sizes) -> the sae stage's plan there
+PlanSAE = Callable[[SAEStageSettings, ModelSurface, SplitSizes], StagePlan]
+# (layer, images, seeds, model, split sizes) -> the ape_permute stage's plan for that layer's SAE
+PlanPermute = Callable[[int, int, int, ModelSurface, SplitSizes], StagePlan]
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,8 @@ class LayerMeasures:
 
     run_sae: Callable[..., tuple[SAEResult, SAE]]  # `run_sae`'s keywords (the sweep's `sae_kw` among them)
     run_ape_permute: Callable[..., ApePermuteResult]
-    plan_sae: PlanStage  # the sae stage's plan for one layer's settings
-    plan_ape_permute: PlanStage
+    plan_sae: PlanSAE
+    plan_ape_permute: PlanPermute  # the registry builds the stage's settings (the sweep cannot import them)
 
 
 def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
@@ -129,18 +133,17 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
                           selected_layer=selected, plausible_layers=plausible)
 
 
-def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: Mapping[str, Any],
+def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: SAESettings,
                    permute_images: int, seeds: int, measures: LayerMeasures) -> StagePlan:
     """What run_sae_sweep computes over `layers`: at each, run_sae (as the sae stage counts it, without
     the latent browser and the seed-stability SAE, which the sweep does not run) and run_ape_permute
-    (its upper bound: every variant has features). sae_settings: the sae stage's keys (images,
+    (its upper bound: every variant has features). sae_settings: each layer's SAE's sizes (images,
     eval_images, epochs, expansion)."""
     plan = StagePlan()
+    every_layer = sae_settings.updated(site="resid_post", browse=False, stability=False)
     for layer in layers:
-        sae = {**sae_settings, "layer": layer, "site": "resid_post", "browse": False, "stability": False}
-        plan = plan + measures.plan_sae(sae, surface, sizes)
-        plan = plan + measures.plan_ape_permute({"images": permute_images, "seeds": seeds, "sae": {"layer": layer}},
-                                                surface, sizes)
+        plan = plan + measures.plan_sae(every_layer.stage(layer), surface, sizes)
+        plan = plan + measures.plan_ape_permute(layer, permute_images, seeds, surface, sizes)
     return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
                      f"{len(layers)} layers x (an SAE, its causal check, the permutation); upper bound: every "
                      "feature set found at every layer")

@@ -31,7 +31,7 @@ from vitpos.data import dataset_info
 from vitpos.data.base import require_classes
 from vitpos.data.resolve import data_fingerprint, dataset_for, require_fit
 from vitpos.errors import VitposError
-from vitpos.experiments.base import Done, Experiment, StageInput, StagePlan
+from vitpos.experiments.base import Done, Experiment, Settings, StageInput, StagePlan
 from vitpos.experiments.checks import check_head_splits
 from vitpos.experiments.registry import BY_NAME, EXPERIMENTS, stage_versions
 from vitpos.io import artifact_path, exclusive_lock, relative_artifact, require_out_dir, write_json
@@ -304,7 +304,7 @@ class _ModelStages:
         self.log(f"[{self.spec}] head ({reason}) ...")
         t0 = time.time()
         head_dir = self.out / "artifacts" / self.slug / "head"
-        head = fit_head(self.surface, self.data, n_images=settings["images"], seed=self.cfg.seed, out=head_dir,
+        head = fit_head(self.surface, self.data, n_images=self.cfg.head.images, seed=self.cfg.seed, out=head_dir,
                         progress=self.progress)
         result = HeadResult.of(head, relative_artifact(self.out, head_dir), "fitted", reason)
         secs = time.time() - t0
@@ -360,10 +360,11 @@ class _ModelStages:
             return reason
         return next((not_applicable[r] for r in exp.requires if r in not_applicable), None)
 
-    def _key(self, exp: Experiment, settings: dict, head: str | None) -> dict:
+    def _key(self, exp: Experiment, settings: Settings, head: str | None) -> dict:
+        # the settings' JSON, as the stage settings' dicts were hashed before they were typed: old caches still hit
         return {"model": self.fingerprint, "spec": self.spec, "data": self.data, "seed": self.cfg.seed,
                 **({"data_files": self.data_fp} if self.data_fp else {}),
-                "stage": exp.name, "settings": settings, "versions": stage_versions(exp),
+                "stage": exp.name, "settings": settings.model_dump(mode="json"), "versions": stage_versions(exp),
                 **({"head": head} if head is not None else {})}
 
     def _cached(self, exp: Experiment, key: dict) -> Result | None:
@@ -389,7 +390,7 @@ class _ModelStages:
         if hit is not None:
             return PlannedStage(self.key_spec, self.data, "head", None, "cached"), hit[1].digest(), True
         check_head_splits(sizes, self.data)  # what fit_head would refuse, before the first stage
-        n = settings["images"]
+        n = self.cfg.head.images
         try:
             n_val = sizes.n("val", max(1, n // 4))
             images = sizes.n("train", n) + n_val + sizes.n("test", n_val)
@@ -402,7 +403,7 @@ class _ModelStages:
         """run_all's stages counted, not run: cached ones found by their keys (a stage whose settings
         read earlier results gets the real settings when those are cached, a guess otherwise)."""
         done: dict[str, Done] = {}
-        planned: dict[str, dict] = {}
+        planned: dict[str, Settings] = {}
         not_applicable: dict[str, str] = {}
         sizes = split_sizes(self.data)
         head_row, head_digest, needs_head = self._plan_head(sizes)
@@ -445,7 +446,7 @@ class _ModelStages:
             return str(e)
         return None
 
-    def _stage(self, exp: Experiment, settings: dict, done: dict[str, Done], recompute: bool = False
+    def _stage(self, exp: Experiment, settings: Settings, done: dict[str, Done], recompute: bool = False
                ) -> tuple[Result, bool]:
         """The stage's result, and whether it was computed (not served from the cache)."""
         key = self._key(exp, settings, self.surface.head.digest() if self.surface.head is not None else None)

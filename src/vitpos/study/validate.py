@@ -10,15 +10,12 @@ refused before the first; a `--plan` exits 2 on the same problems.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from vitpos.errors import VitposError
-from vitpos.experiments.base import SplitSizes
+from vitpos.experiments.base import Settings, SplitSizes
 from vitpos.models.surface import ModelSurface
 
 
-def check_stage(name: str, settings: Mapping[str, Any], surface: ModelSurface, data: str,
+def check_stage(name: str, settings: Settings, surface: ModelSurface, data: str,
                 sizes: SplitSizes | None = None) -> None:
     """One VitposError, naming the config key and the model, when the stage `name` would refuse
     `settings` on `surface` (None when it would run)."""
@@ -28,7 +25,7 @@ def check_stage(name: str, settings: Mapping[str, Any], surface: ModelSurface, d
         raise VitposError(f"{surface.spec} on {data}, stage {name}: {e}") from None
 
 
-def _check(name: str, s: Mapping[str, Any], surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
+def _check(name: str, s: Settings, surface: ModelSurface, data: str, sizes: SplitSizes | None) -> None:
     from vitpos.experiments.registry import BY_NAME
 
     BY_NAME[name].check(s, surface, data, sizes)
