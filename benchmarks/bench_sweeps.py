@@ -31,7 +31,8 @@ import vitpos.experiments.common as common
 from vitpos.data.resolve import dataset_for
 from vitpos.experiments.base import SplitSizes, StagePlan
 from vitpos.experiments.rope_axis import plan_rope_axis, run_rope_axis
-from vitpos.experiments.rope_heads import plan_rope_heads, run_rope_heads
+from vitpos.experiments.rope_heads import run_rope_heads
+from vitpos.experiments.rope_heads_plan import plan_rope_heads
 from vitpos.io import write_json
 from vitpos.models import load_model
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.rope_heads import head_drops, screen_cut, sweep_batch
+from vitpos.experiments.common import sweep_batch
+from vitpos.experiments.rope_heads_ablation import head_drops, screen_cut
 from vitpos.models.spec import load_model
 from vitpos.study.top1_screen import compare, largest
 

@@ -43,6 +43,9 @@ REGISTRY = "vitpos.experiments.registry"  # lists every experiment: it imports t
 # helper modules that belong to one experiment (imported by it alone, counted as part of it)
 EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
                  "vitpos.experiments.sae_sweep": "vitpos.experiments.sae_layers",
+                 # a large experiment's helper modules, split by job (issue 45)
+                 **{f"vitpos.experiments.rope_heads_{m}": "vitpos.experiments.rope_heads"
+                    for m in ("analysis", "ablation", "rebuild", "plan")},
                  # each experiment's report section and summary line (`Experiment.section` / `summary`)
                  **{f"vitpos.experiments.{m}_section": f"vitpos.experiments.{m}"
                     for m in ("evaluation", "probe", "sae_run", "ape_permute", "rope_axis", "rope_heads",

@@ -19,7 +19,8 @@ from vitpos.experiments.extrapolate import ExtrapolateSettings, plan_extrapolate
 from vitpos.experiments.registry import BY_NAME
 from vitpos.experiments.rope_axis import RopeAxisSettings, plan_rope_axis, run_rope_axis
 from vitpos.experiments.rope_freq import RopeFreqSettings, plan_rope_freq, run_rope_freq
-from vitpos.experiments.rope_heads import RopeHeadsSettings, plan_rope_heads, run_rope_heads
+from vitpos.experiments.rope_heads import run_rope_heads
+from vitpos.experiments.rope_heads_plan import RopeHeadsSettings, plan_rope_heads
 from vitpos.experiments.rope_prefix import RopePrefixSettings, plan_rope_prefix, run_rope_prefix
 from vitpos.results.base import Skipped
 from vitpos.study.config import RunConfig

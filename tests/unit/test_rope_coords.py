@@ -174,7 +174,7 @@ def test_bad_coordinate_edits_are_refused():
 
 
 def test_c5_rule_per_ablation_holds_fails_and_abstains_on_planted_drops():
-    from vitpos.experiments.rope_heads import _c5_entry
+    from vitpos.experiments.rope_heads_ablation import _c5_entry
 
     n = 400
     clean = torch.ones(n, dtype=torch.bool)
@@ -206,7 +206,7 @@ def test_c5_shift_ablation_is_a_null_without_prefix_tokens():
     """Planted null: with no prefix tokens every score is patch-to-patch, so shifting a head's
     coordinates changes nothing (rounding) and its C5 drop is exactly 0; swapping them moves logits."""
     from conftest import _Q, toy_set
-    from vitpos.experiments.rope_heads import HeadDrops, c5_under_ablations
+    from vitpos.experiments.rope_heads_ablation import HeadDrops, c5_under_ablations
     from vitpos.models import load_model
 
     torch.manual_seed(0)
@@ -236,7 +236,7 @@ def test_report_shows_c5_under_each_ablation():
     import copy
 
     from conftest import GOLDEN
-    from vitpos.experiments.rope_heads import _c5_entry
+    from vitpos.experiments.rope_heads_ablation import _c5_entry
     from vitpos.experiments.rope_heads_section import section as _sec_heads
     from vitpos.results.rope_heads import RopeHeadsResult
 

@@ -12,7 +12,7 @@ from test_experiments import planted_rope_model, toy_images
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.summary import summarise
 from vitpos.experiments.rope_axis import kept_fraction_samples, median_samples, run_rope_axis
-from vitpos.experiments.rope_heads import axis_index, axis_index_intervals
+from vitpos.experiments.rope_heads_analysis import axis_index, axis_index_intervals
 from vitpos.results.rope_axis import MIN_ABOVE_CHANCE, kept_fraction
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitpos.experiments.common import rebuilt_share, rebuilt_share_samples
-from vitpos.experiments.rope_heads import null_split, restore_axis_index, selection_frequency
+from vitpos.experiments.rope_heads_analysis import null_split, restore_axis_index, selection_frequency
 from vitpos.models.planted_rope import make_one_axis, make_symmetric, planted_surface
 
 

@@ -204,7 +204,7 @@ def test_forward_from_and_head_drops_through_an_attached_head():
     as __call__ does, and the per-head top-1 drops equal the old path's."""
     from vitpos.analysis.heads import fit_head
     from vitpos.data.resolve import dataset_for
-    from vitpos.experiments.rope_heads import head_drops
+    from vitpos.experiments.rope_heads_ablation import head_drops
     from vitpos.models.spec import load_model
 
     torch.manual_seed(0)
@@ -250,7 +250,7 @@ def test_rope_axis_numbers_do_not_depend_on_the_batch(which):
 
 
 def test_in_the_race_keeps_the_leader_its_rivals_and_the_primary():
-    from vitpos.experiments.rope_heads import HeadDrops, in_the_race
+    from vitpos.experiments.rope_heads_ablation import HeadDrops, in_the_race
 
     n = 400
     clean = torch.ones(n, dtype=torch.bool)
@@ -265,7 +265,7 @@ def test_in_the_race_keeps_the_leader_its_rivals_and_the_primary():
 def test_adaptive_top1_is_the_full_sweep_cut_short():
     """With a screen, a head out of the race keeps exactly the full sweep's screen images, a head in
     it every image; the race is decided on the screen alone; both paths agree."""
-    from vitpos.experiments.rope_heads import HeadDrops, head_drops, in_the_race
+    from vitpos.experiments.rope_heads_ablation import HeadDrops, head_drops, in_the_race
 
     s, data = _planted(("own", "rope-axial"))  # the planted model whose heads' drops differ
     full = head_drops(s, data, batch_size=50)

@@ -103,7 +103,7 @@ def test_head_drop_intervals_are_the_per_head_paired_bootstrap():
     bootstrap of each head alone, and the primary's margin against a head is the paired interval of
     their two ablated runs; an identical head has margin [0, 0]."""
     from vitpos.analysis.stats import paired_bootstrap_diff
-    from vitpos.experiments.rope_heads import HeadDrops
+    from vitpos.experiments.rope_heads_ablation import HeadDrops
 
     g = torch.Generator().manual_seed(3)
     clean = torch.rand(300, generator=g) < 0.9

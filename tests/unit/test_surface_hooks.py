@@ -294,7 +294,7 @@ def test_rope_heads_restore_stats_are_the_captured_means_and_probe_readouts():
     from vitpos.analysis.probes import position_labels
     from vitpos.data.base import DatasetInfo, TensorImageDataset
     from vitpos.experiments.common import capture_condition, condition_context
-    from vitpos.experiments.rope_heads import _restore_stats
+    from vitpos.experiments.rope_heads_rebuild import _restore_stats
 
     s = tiny_own("rope-axial")
     g = torch.Generator().manual_seed(0)

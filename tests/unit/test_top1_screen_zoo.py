@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from vitpos.data.resolve import dataset_for
-from vitpos.experiments.rope_heads import HeadDrops, RopeHeadsSettings, head_drops, screen_cut, sweep_batch
+from vitpos.experiments.common import sweep_batch
+from vitpos.experiments.rope_heads_ablation import HeadDrops, head_drops, screen_cut
+from vitpos.experiments.rope_heads_plan import RopeHeadsSettings
 from vitpos.models.spec import load_model
 from vitpos.study.top1_screen import compare, largest
 

@@ -29,7 +29,7 @@ from vitpos.experiments.extrapolate import ExtrapolateSettings
 from vitpos.experiments.probe import ProbeSettings
 from vitpos.experiments.rope_axis import RopeAxisSettings
 from vitpos.experiments.rope_freq import RopeFreqSettings, parse_windows
-from vitpos.experiments.rope_heads import RopeHeadsSettings
+from vitpos.experiments.rope_heads_plan import RopeHeadsSettings
 from vitpos.experiments.rope_prefix import RopePrefixSettings
 from vitpos.experiments.sae_settings import SAESettings
 from vitpos.study.config import SEED_MAX

@@ -6,7 +6,7 @@ default only where it does)."""
 from __future__ import annotations
 
 from vitpos.claims.c5 import c5_outcome
-from vitpos.experiments.rope_heads import HeadDrops
+from vitpos.experiments.rope_heads_ablation import HeadDrops
 
 
 def largest(drops: list[list[float]]) -> tuple[int, int]:
