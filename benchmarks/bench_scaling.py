@@ -30,7 +30,7 @@ column (target <= 1.25 for memory; time per step within the machine's noise).
 weights, 14x14 grid, 12 layers, D 384) over --eval-images (default 1000) synthetic images, each in a
 fresh subprocess (target: peak RSS <= 2 GiB, whatever the number of layers and images):
 
-  sae-eval   the SAE stage's held-out part (`vitpos.experiments.sae_run.evaluate_sae`) of a random
+  sae-eval   the SAE stage's held-out part (`vitpos.experiments.sae_heldout.evaluate_sae`) of a random
              TopK SAE (--sae-expansion, k 32) at blocks.<--sae-layer>.resid_post of
              timm:vit_small_patch16_224: capture, SAE metrics and feature scores, splice, and the
              causal check (clean probes on every later layer, one ablated forward per feature set;
@@ -191,17 +191,17 @@ def vits16_worker(args) -> dict:
     ds = SyntheticImages(args.eval_images, surface.input_size, info)
     batch = sweep_batch(surface, args.batch_size)  # None: the study's default
     if args.stage == "sae-eval":
-        from vitpos.experiments import sae_run
+        from vitpos.experiments import sae_heldout
         from vitpos.sae import SAE, SAEConfig
 
         torch.manual_seed(0)
         sae = SAE(SAEConfig(d_in=surface.width, expansion=args.sae_expansion, k=32))
-        scores_fn = sae_run.score_features
-        sae_run.score_features = lambda *a, **k: _positional_stand_ins(scores_fn(*a, **k))
+        scores_fn = sae_heldout.score_features
+        sae_heldout.score_features = lambda *a, **k: _positional_stand_ins(scores_fn(*a, **k))
         site = Site(args.sae_layer, "resid_post")
 
         def run():
-            return sae_run.evaluate_sae(surface, sae, site, ds, seed=0, logits=True, batch_size=batch)
+            return sae_heldout.evaluate_sae(surface, sae, site, ds, seed=0, logits=True, batch_size=batch)
     else:
         from vitpos.experiments.rope_axis import run_rope_axis
 

@@ -46,6 +46,8 @@ EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
                  # a large experiment's helper modules, split by job (issue 45)
                  **{f"vitpos.experiments.rope_heads_{m}": "vitpos.experiments.rope_heads"
                     for m in ("analysis", "ablation", "rebuild", "plan")},
+                 **{f"vitpos.experiments.sae_{m}": "vitpos.experiments.sae_run"
+                    for m in ("store", "heldout", "causal")},
                  # each experiment's report section and summary line (`Experiment.section` / `summary`)
                  **{f"vitpos.experiments.{m}_section": f"vitpos.experiments.{m}"
                     for m in ("evaluation", "probe", "sae_run", "ape_permute", "rope_axis", "rope_heads",

@@ -42,7 +42,7 @@ def counting(surface, monkeypatch):
     import vitpos.experiments.common as common
     import vitpos.experiments.extrapolate as extra_mod
     import vitpos.experiments.probe as probe_mod
-    import vitpos.experiments.sae_run as sae_mod
+    import vitpos.experiments.sae_causal as sae_mod
 
     seen = StagePlan()
     counts = {"forwards": 0, "blocks": 0, "fits": 0, "fit_work": 0}

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_own, tiny_timm
-from vitpos.experiments.sae_run import keep_outliers, seed_stability
+from vitpos.experiments.sae_heldout import keep_outliers
+from vitpos.experiments.sae_run import seed_stability
 from vitpos.sae import SAE, SAEConfig
 from vitpos.sae.special import OUTLIER_K, drop_outliers, layer_special, norm_threshold, prefix_names
 

@@ -86,7 +86,7 @@ def test_wilson_edges_and_errors():
 
 
 def test_sae_causal_intervals_from_per_image_accuracies():
-    from vitpos.experiments.sae_run import selectivity_intervals
+    from vitpos.experiments.sae_causal import selectivity_intervals
 
     g = torch.Generator().manual_seed(6)
     clean = {a: 0.9 + 0.1 * torch.rand(3, 40, generator=g) for a in ("row", "col")}

@@ -21,38 +21,30 @@ import itertools
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from vitpos.analysis.forward import forward_batches
-from vitpos.analysis.kept import Keep, KeptTokens
-from vitpos.analysis.probes import DEFAULT_L2_GRID, ProbeSample, ProbeTokens, fit_probe_tokens, probe_sample, rows_in
-from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
+from vitpos.analysis.probes import DEFAULT_L2_GRID
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments import sae_run_section
 from vitpos.experiments.base import Done, Experiment, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_data, check_expansions
-from vitpos.experiments.common import (
-    SWEEP_TRAIN_TOKENS,
-    capture_condition,
-    sae_config,
-    sae_edit,
-    sweep_batch,
-)
+from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_config, sweep_batch
+from vitpos.experiments.sae_causal import REMOVALS
+from vitpos.experiments.sae_heldout import HELD_OUT_PASSES, HeldOut, evaluate_sae
 from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
 from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
-from vitpos.hooks import edit
+from vitpos.experiments.sae_store import _capture_train_store, open_train_store
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.claim_rules import ClaimRules
-from vitpos.results.sae_run import Eta2Count, Eta2Null, NullThresholds, SAEResult, SAETraining
+from vitpos.results.sae_run import SAEResult, SAETraining
 from vitpos.runtime.options import RunOptions
-from vitpos.sae import SAE, FeatureScores, SAEConfig, TrainSettings, sae_metrics, score_features, train_sae
-from vitpos.sae.controls import matched_control
+from vitpos.sae import SAE, SAEConfig, TrainSettings, train_sae
 from vitpos.sae.special import (
     OUTLIER_K,
     SpecialTokens,
@@ -82,67 +74,6 @@ def choose_sae_layer(probe_doc: dict, depth: int) -> int:
     layers = probe_doc["layers"]
     cands = [(accs[i], -layer) for i, layer in enumerate(layers) if layer < depth - 1] or [(accs[0], -layers[0])]
     return -max(cands)[1]
-
-
-def open_train_store(store, surface: ModelSurface, site: Site, data):
-    """Open a store made by `vitpos capture` for SAE training; one-line VitposError unless it holds
-    `site` of `surface`'s model, captured on `data`'s train images."""
-    from vitpos.store.capture import CAPTURE_VERSION, spot_check_store
-    from vitpos.store.reader import ActivationStore
-
-    st = ActivationStore(store)
-    fix = (f"capture one with `vitpos capture --model {surface.spec} --sites {site} --data {data_name(data)} "
-           "--split train`")
-    meta = st.meta
-    if meta.get("model") != surface.spec:
-        raise VitposError(f"--store {st.dir} holds activations of model {meta.get('model')!r}, not {surface.spec!r}; "
-                          f"pass the matching --model or {fix}")
-    if meta.get("weights") not in (None, surface.weights_digest()):
-        raise VitposError(f"--store {st.dir} was captured from other weights of {surface.spec} (weights digest "
-                          f"{meta.get('weights')}, now {surface.weights_digest()}); {fix}")
-    if meta.get("capture_version") != CAPTURE_VERSION:
-        raise VitposError(f"--store {st.dir} was captured by capture version {meta.get('capture_version')}, this "
-                          f"vitpos captures version {CAPTURE_VERSION} (the site values may differ); {fix}")
-    if str(site) not in st.sites:
-        raise VitposError(f"--store {st.dir} has no site {site} (it has {', '.join(st.sites)}); pass a matching "
-                          f"--layer/--site or {fix}")
-    if tuple(st.grid) != tuple(surface.grid) or st.d.get(str(site)) != surface.width:
-        raise VitposError(f"--store {st.dir} has grid {st.grid} x D {st.d.get(str(site))}, the model "
-                          f"{tuple(surface.grid)} x D {surface.width}; {fix}")
-    if isinstance(data, str) and meta.get("data") != data:
-        raise VitposError(f"--store {st.dir} was captured on data {meta.get('data')!r} but --data is {data!r} (its "
-                          f"test split is the held-out set); pass --data {meta.get('data')}")
-    if meta.get("split") == "test":
-        raise VitposError(f"--store {st.dir} holds the test split, which is the SAE's held-out evaluation set; {fix}")
-    if st.num_images == 0:
-        raise VitposError(f"--store {st.dir} holds no images; {fix}")
-    # every shard's first image recomputed: a shard copied in from another store is refused, not trained on
-    spot_check_store(st, surface, site, data, f"re-create the store by rerunning the capture with --force, or {fix}")
-    return st
-
-
-def _capture_train_store(surface: ModelSurface, site: Site, data, n_train_images: int, acts_dir: Path, progress: bool,
-                         force: bool, options: RunOptions | None = None, keep_prefix: bool = False):
-    """The train split's patch tokens at `site` into the store `acts_dir` (resumes an interrupted one;
-    a store there from other settings is replaced: it is run_sae's own scratch)."""
-    from vitpos.store.capture import CAPTURE_VERSION, capture_to_store
-    from vitpos.store.manifest import MANIFEST
-    from vitpos.store.reader import ActivationStore
-
-    if not force and (acts_dir / MANIFEST).is_file():
-        try:
-            manifest = read_json(acts_dir / MANIFEST)
-            meta = manifest.get("meta", {})
-            force = ((meta.get("model"), meta.get("weights"), meta.get("data"), meta.get("limit"),
-                      meta.get("capture_version"))
-                     != (surface.spec, surface.weights_digest(), data_name(data), n_train_images, CAPTURE_VERSION)
-                     or bool(manifest.get("keep_prefix", False)) != keep_prefix)
-        except Exception:  # unreadable: start over
-            force = True
-    opts = options if options is not None else RunOptions()
-    capture_to_store(surface, data, "train", str(site), acts_dir, limit=n_train_images, batch_size=sweep_batch(surface),
-                     force=force, progress=progress, device=opts.device, amp=opts.amp, keep_prefix=keep_prefix)
-    return ActivationStore(acts_dir)
 
 
 @dataclass(frozen=True)
@@ -380,120 +311,6 @@ def sae_result(job: SAEJob, trained: Trained, held: HeldOut, special: SpecialTok
     })
 
 
-def sae_doc_from_held(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int = 0) -> dict[str, Any]:
-    """What the claims and ape_permute read of an SAE result, for an SAE that is given (not trained
-    here, e.g. a planted one): `evaluate_sae` on `eval_set` with class logits."""
-    held = evaluate_sae(surface, sae, s, eval_set, seed=seed, logits=True)
-    sc = held.scores
-    return {"model": surface.spec, "layer": s.layer, "site": s.name, "data": data_name(eval_set), **held.metrics,
-            "top1": held.top1, "top1_spliced": held.top1_spliced, "row_features": sc.row_features,
-            "col_features": sc.col_features, "mixed_features": sc.mixed_features,
-            "n_row_features": len(sc.row_features), "n_col_features": len(sc.col_features),
-            "n_mixed_features": len(sc.mixed_features), "thresholds": vars(sc.thresholds), "causal": held.causal,
-            "eta2_null": held.eta2_null}
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """What run_sae measures on the held-out images: SAE metrics, feature scores, the splice's
-    effect on the logits (None without class logits) and the causal check (None at the last layer)."""
-
-    metrics: dict[str, float]
-    scores: FeatureScores
-    logit_kl: float | None
-    top1: float | None
-    top1_spliced: float | None
-    top1_change_points: float | None
-    causal: dict | None
-    eta2_null: Eta2Null | None = None
-    other_metrics: list[dict[str, float]] = field(default_factory=list)  # sae_metrics of each of `others`
-
-
-def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
-                 batch_size: int | None = None, outlier_threshold: float | None = None,
-                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None) -> HeldOut:
-    """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
-    causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
-    (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
-    the transient memory of a batch, the numbers move in the last bits). `outlier_threshold`: the splice
-    leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
-    further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
-    `causal_set`: the causal check reads these (labelled) images instead of `eval_set`, captured apart.
-
-    Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
-    256-image batches, and at later layers only the clean probes' sampled tokens and val / test
-    images; nothing grows with layers x images x grid."""
-    batch_size = sweep_batch(surface, batch_size)
-    later = list(range(s.layer + 1, surface.depth)) if s.layer is not None else []
-    sample, kept, labels, clean_logits = _capture_held(surface, s, eval_set, later, seed, logits, batch_size)
-    with kept:
-        metrics = sae_metrics(sae, lambda: (a.reshape(-1, a.shape[-1])
-                                            for a in kept.iter_images(str(s), batch_size)))
-        per: int = batch_size
-        other_metrics = [sae_metrics(o, lambda: (a.reshape(-1, a.shape[-1])
-                                                 for a in kept.iter_images(str(s), per))) for o in others]
-        scores = score_features(sae, kept.iter_images(str(s), batch_size), surface.grid)
-        null = eta2_null(sae, kept.iter_images(str(s), batch_size), surface.grid, scores, seed=seed)
-        rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
-        kl = top1 = top1_spliced = change = None
-        clean_correct = None
-        if logits:
-            # splice the reconstruction in (patch tokens only): how much does the model notice?
-            base_logp = clean_logits.log_softmax(-1)
-            splice = sae_edit(surface, sae, lambda x, z: keep_outliers(x, sae.decode(z), outlier_threshold))
-            with edit(surface, {s: splice}):
-                spliced_logits = torch.cat([o for _, _, o in forward_batches(surface, eval_set, batch_size)])
-            preds = spliced_logits.argmax(-1)
-            kl = float((base_logp.exp() * (base_logp - spliced_logits.log_softmax(-1))).sum(-1).mean())
-            clean_correct = clean_logits.argmax(-1) == labels
-            top1 = float(clean_correct.float().mean())
-            top1_spliced = float((preds == labels).float().mean())
-            change = 100 * (top1_spliced - top1)
-        if not later:
-            causal = None
-        elif causal_set is None:
-            causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
-                                  readout=Readout(labels, clean_correct, rms, sizes))
-        else:
-            causal = _causal_check_on(surface, sae, s, causal_set, later, scores, batch_size, seed)
-    return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null, other_metrics)
-
-
-def _capture_held(surface: ModelSurface, s: Site, dataset, later: list[int], seed: int, logits: bool,
-                  batch_size: int):
-    """The held-out capture: site `s` whole, at each later layer a probe sample's tokens; with labels and logits."""
-    sample = probe_sample(len(dataset), surface.num_patches, seed=seed, max_train_tokens=SWEEP_TRAIN_TOKENS)
-    keep = {s: Keep.whole(range(len(dataset))), **{Site(i, "resid_post"): Keep.probe(sample) for i in later}}
-    kept, labels, clean_logits, _ = capture_condition(surface, dataset, None, keep, check_classifier=logits,
-                                                      batch_size=batch_size)
-    return sample, kept, labels, clean_logits
-
-
-def _causal_check_on(surface: ModelSurface, sae: SAE, s: Site, dataset, later: list[int], scores, batch_size: int,
-                     seed: int) -> dict:
-    """causal_check on other images than the SAE's held-out set (labelled ones): their own capture,
-    probe sample, labels and RMS codes (the controls are matched where the removal happens)."""
-    logits = surface.classifier_problem(dataset.info, dataset.info.name) is None
-    sample, kept, labels, clean_logits = _capture_held(surface, s, dataset, later, seed, logits, batch_size)
-    with kept:
-        rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
-        correct = clean_logits.argmax(-1) == labels if logits else None
-        out = causal_check(surface, sae, s, dataset, kept, sample, later, scores, batch_size,
-                           readout=Readout(labels, correct, rms, sizes))
-    return {**out, "data": dataset.info.name}
-
-
-def keep_outliers(x: torch.Tensor, recon: torch.Tensor, threshold: float | None) -> torch.Tensor:
-    """The reconstruction, except at tokens of norm > threshold, which keep x (None: none kept).
-    Without such tokens it is `recon` itself, so a model without outliers splices bit-identically."""
-    if threshold is None:
-        return recon
-    out = x.float().norm(dim=-1) > threshold
-    if not bool(out.any()):
-        return recon
-    return torch.where(out.unsqueeze(-1), x.to(recon.dtype), recon)
-
-
 def seed_stability(a: SAE, b: SAE, cos_threshold: float = STABLE_COS) -> dict[str, float]:
     """Decoder directions of `a` and `b` matched one-to-one (maximum total cosine, scipy's
     linear_sum_assignment; F x F, fine to F ~ 16k): share of a's latents whose match has
@@ -507,226 +324,6 @@ def seed_stability(a: SAE, b: SAE, cos_threshold: float = STABLE_COS) -> dict[st
     matched = torch.from_numpy(cos[rows, cols])
     return {"cos_threshold": cos_threshold, "share_matched": float((matched >= cos_threshold).double().mean()),
             "median_cos": float(matched.median())}
-
-
-ETA2_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # thresholds whose admitted feature counts are reported
-NULL_QUANTILE = 0.99  # the null-derived threshold: this quantile of the live latents' null eta2
-
-
-@torch.no_grad()
-def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, seed: int = 0,
-              quantile: float = NULL_QUANTILE) -> Eta2Null:
-    """eta2 of every latent with the patch positions shuffled within each image (a fresh random
-    permutation per image: position carries nothing, content and sample size stay), its `quantile`
-    over live latents per statistic as the null-derived threshold, and how many features each
-    threshold admits on the real scores (row / col / mixed under FeatureThresholds with min_eta2 =
-    min_eta2_pos = t, the other settings kept), on `ETA2_GRID` and at the null thresholds."""
-    g = torch.Generator().manual_seed(50_000 + seed)
-
-    def shuffled():
-        for a in batches:
-            perm = torch.stack([torch.randperm(a.shape[1], generator=g) for _ in range(a.shape[0])])
-            yield torch.gather(a, 1, perm.unsqueeze(-1).expand_as(a))
-
-    null = score_features(sae, shuffled(), grid, scores.thresholds)
-    live = scores.fire_rate >= scores.thresholds.min_fire_rate
-    stats: dict[str, float | None] = {}
-    for stat in ("row", "col", "pos"):
-        v = getattr(null, f"eta2_{stat}")[live]
-        stats[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
-        stats[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
-
-    def counts(t_axis: float, t_pos: float) -> dict[str, int]:
-        probe = FeatureScores(scores.grid, scores.n_images, scores.eta2_row, scores.eta2_col, scores.eta2_pos,
-                              scores.fire_rate, scores.cell_means)
-        probe.classify(replace(scores.thresholds, min_eta2=t_axis, min_eta2_pos=t_pos))
-        return {"row": len(probe.row_features), "col": len(probe.col_features), "mixed": len(probe.mixed_features)}
-
-    t_axis = max(stats["null_row_q"] or 0.0, stats["null_col_q"] or 0.0)
-    t_pos = stats["null_pos_q"] or 0.0
-    used = scores.thresholds
-    return Eta2Null(quantile=quantile, n_live=int(live.sum()), **stats,
-                    admitted=[Eta2Count(threshold=t, **counts(t, t)) for t in ETA2_GRID],
-                    null_thresholds=NullThresholds(min_eta2=t_axis, min_eta2_pos=t_pos, **counts(t_axis, t_pos)),
-                    used_above_null=bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos))
-
-
-@torch.no_grad()
-def code_rms(sae: SAE, batches, scores: FeatureScores) -> tuple[torch.Tensor, dict[str, float]]:
-    """(F,) RMS of each latent's code over the held-out patch tokens (decoder rows are unit-norm, so
-    the size of what removing it subtracts), and the mean ||sum_f z_f d_f|| of the row and col sets."""
-    sq, n = None, 0
-    norms = {"row": 0.0, "col": 0.0}
-    sets = {"row": scores.row_features, "col": scores.col_features}
-    for a in batches:
-        z = sae.encode(a)
-        zz = z.double().pow(2).sum((0, 1))
-        sq = zz if sq is None else sq + zz
-        n += z.shape[0] * z.shape[1]
-        for k, ids in sets.items():
-            if ids:
-                norms[k] += float(sae.feature_contribution(z, ids).norm(dim=-1).sum())
-    rms = (sq / max(n, 1)).sqrt().float() if sq is not None else torch.zeros(sae.d_sae)
-    return rms, {k: v / max(n, 1) for k, v in norms.items()}
-
-
-@dataclass(frozen=True)
-class Readout:
-    """What the causal check needs beside the probes: held-out labels, the clean per-image
-    correctness (None without class logits), each latent's RMS code and the sets' edit norms."""
-
-    labels: torch.Tensor
-    clean_correct: torch.Tensor | None
-    rms: torch.Tensor
-    edit_norms: dict[str, float]
-
-
-CONTROL_STREAM = 70_000  # + seed: the removal controls' own generator
-# causal_check's removal passes (a held-out forward each), in order: each set's features, then each set's
-# matched random removal (only with a Readout); a set without features skips its passes
-REMOVALS = (("ablate", "row"), ("ablate", "col"), ("control", "row"), ("control", "col"))
-HELD_OUT_PASSES = 3  # evaluate_sae's held-out capture and spliced forward, and the special-token report's
-
-
-def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
-                 batch_size: int | None = None, readout: Readout | None = None) -> dict:
-    """Subtract row (col) features at the SAE site; clean probes read position at later layers.
-
-    `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
-    ablated forwards keep only the probes' test images. One layer's images are loaded at a time.
-    With `readout` (issue 28): each removal's top-1 (overall, per class group, paired interval) and
-    edit norm, and per set a matched random-latent removal (`control_row`, `control_col`) measured
-    the same way; their draws come from their own generator, so the older numbers do not move."""
-    keys = {layer: str(Site(layer, "resid_post")) for layer in later}
-    probes = {}
-    clean_per_layer = []
-    test = sample.split.test  # one split for every layer (same ids, same seed)
-    for layer in later:
-        rows = clean.keep[keys[layer]].images
-        whole = clean.images(keys[layer])
-        probes[layer] = fit_probe_tokens(ProbeTokens.from_whole(sample, clean.tokens(keys[layer]), whole, rows),
-                                         surface.grid, control=False)
-        clean_per_layer.append(_layer_image_accuracy(probes[layer], whole[rows_in(rows, test)]))
-        del whole
-    out = {"layers": later, "clean_row_acc": [probes[layer].row_acc for layer in later],
-           "clean_col_acc": [probes[layer].col_acc for layer in later]}
-    clean_per_image = _stack_layers(clean_per_layer)
-    seed = sample.seed
-    positional = scores.row_features + scores.col_features + scores.mixed_features
-
-    def remove(ids: list[int]) -> dict:
-        fn = sae_edit(surface, sae, lambda x, z, ids=ids: x - sae.feature_contribution(z, ids))
-        keep = {Site(layer, "resid_post"): Keep.whole(test) for layer in later}
-        acts, _, logits, _ = capture_condition(surface, dataset, lambda fn=fn: edit(surface, {site: fn}), keep,
-                                               check_classifier=False, batch_size=batch_size)
-        row, col, ablated_per_layer = [], [], []
-        with acts:
-            for layer in later:
-                feats = acts.images(keys[layer])[rows_in(keep[Site(layer, "resid_post")].images, test)]
-                row.append(probes[layer].row_probe.accuracy(feats))
-                col.append(probes[layer].col_probe.accuracy(feats))
-                ablated_per_layer.append(_layer_image_accuracy(probes[layer], feats))
-                del feats
-        return {"row": row, "col": col, "per_image": _stack_layers(ablated_per_layer), "logits": logits}
-
-    def effect(kind: str, r: dict) -> dict:
-        row, col = r["row"], r["col"]
-        d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
-        d_col = sum(c - a for c, a in zip(out["clean_col_acc"], col, strict=True)) / len(later)
-        mine, other = (d_row, d_col) if kind == "row" else (d_col, d_row)
-        denom = abs(mine) + abs(other)
-        return {"row_acc": row, "col_acc": col, "row_drop": d_row, "col_drop": d_col,
-                "selectivity": mine / denom if denom > 1e-9 else None,
-                **selectivity_intervals(clean_per_image, r["per_image"], kind, seed)}
-
-    for what, kind in REMOVALS:
-        if what == "control" and readout is None:
-            continue
-        ids = scores.row_features if kind == "row" else scores.col_features
-        if not ids:
-            out[f"{what}_{kind}"] = {"skipped": f"no {kind} features"}
-            continue
-        if what == "ablate":
-            r = remove(ids)
-            out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
-                                                                     readout.edit_norms.get(kind) if readout else None)}
-            continue
-        assert readout is not None
-        live = scores.fire_rate >= scores.thresholds.min_fire_rate
-        g = torch.Generator().manual_seed(CONTROL_STREAM + (0 if kind == "row" else 1) + 10 * seed)
-        ctrl, note = matched_control(readout.rms, ids, positional, live, g, what="RMS code")
-        if not ctrl:
-            out[f"control_{kind}"] = {"skipped": note or "no live non-positional latents"}
-            continue
-        r = remove(ctrl)
-        size = _edit_norm(surface, sae, clean, site, ctrl, batch_size)
-        out[f"control_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ctrl), size),
-                                  "features": ctrl, "note": note}
-    if readout is not None and readout.clean_correct is not None:
-        out["clean_top1"] = float(readout.clean_correct.float().mean())
-    return out
-
-
-def _behaviour(logits: torch.Tensor, readout: Readout | None, info, n: int, size: float | None) -> dict:
-    """Top-1 under a removal beside the clean one: drop in points, its paired interval, per class group."""
-    out: dict[str, Any] = {"n_features": n, "edit_norm": size}
-    if readout is None or readout.clean_correct is None:
-        return out
-    preds = logits.argmax(-1)
-    correct = preds == readout.labels
-    clean = readout.clean_correct
-    out["top1"] = float(correct.float().mean())
-    out["top1_drop"] = 100 * float(clean.float().mean() - correct.float().mean())
-    out["top1_drop_ci95"] = scaled(paired_bootstrap_diff(clean.float(), correct.float()), 100.0)
-    groups = {}
-    for gname, ids in info.class_groups.items():
-        mask = torch.isin(readout.labels, torch.tensor(ids))
-        if mask.any():
-            groups[gname] = 100 * float(clean[mask].float().mean() - correct[mask].float().mean())
-    out["per_group_drop"] = groups
-    return out
-
-
-@torch.no_grad()
-def _edit_norm(surface, sae: SAE, clean: KeptTokens, site: Site, ids: list[int], batch_size: int | None) -> float:
-    total, n = 0.0, 0
-    for a in clean.iter_images(str(site), sweep_batch(surface, batch_size)):
-        c = sae.feature_contribution(sae.encode(a), ids)
-        total += float(c.norm(dim=-1).sum())
-        n += c.shape[0] * c.shape[1]
-    return total / max(n, 1)
-
-
-def _layer_image_accuracy(probes, feats: torch.Tensor) -> dict[str, torch.Tensor]:
-    """{"row", "col"} -> (images,) token accuracy of one layer's clean probes per image."""
-    return {a: _image_accuracy(getattr(probes, f"{a}_probe"), feats) for a in ("row", "col")}
-
-
-def _stack_layers(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """{"row", "col"} -> (layers, images) from one {"row", "col"} -> (images,) per layer."""
-    return {a: torch.stack([p[a] for p in per_layer]) for a in ("row", "col")}
-
-
-def _image_accuracy(probe, feats: torch.Tensor) -> torch.Tensor:
-    """(images,) fraction of each image's patch tokens whose position the probe reads correctly."""
-    labels = probe.position_labels.to(feats.device)
-    return (probe.predict(feats) == labels).float().mean(1).cpu()
-
-
-def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[str, torch.Tensor], kind: str,
-                          seed: int = 0) -> dict[str, list[float] | None]:
-    """95 % paired-bootstrap intervals of the row / col probe drops and of the selectivity of
-    ablating the `kind` features. clean / ablated: {"row", "col"} -> (layers, images) per-image
-    token accuracies on the same images; an image's drop is its mean over layers of clean - ablated,
-    and a resample's selectivity is own / (|own| + |other|) of its mean drops (resamples with both
-    drops ~0 are undefined and left out)."""
-    d = torch.stack([(clean[a].double() - ablated[a].double()).mean(0) for a in ("row", "col")], 1)  # (images, 2)
-    m = bootstrap_means(d, seed=seed)
-    mine, other = (m[:, 0], m[:, 1]) if kind == "row" else (m[:, 1], m[:, 0])
-    denom = mine.abs() + other.abs()
-    sel = torch.where(denom > 1e-9, mine / denom.clamp_min(1e-300), torch.full_like(mine, float("nan")))
-    return {"row_drop_ci95": percentile_interval(m[:, 0]), "col_drop_ci95": percentile_interval(m[:, 1]),
-            "selectivity_ci95": percentile_interval(sel)}
 
 
 SAE_BATCH_TOKENS = 4096  # run_sae's default batch, the one the study's sae stage trains with

@@ -10,7 +10,7 @@ from typing import Any
 
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.experiments.ape_permute import run_ape_permute
-from vitpos.experiments.sae_run import sae_doc_from_held
+from vitpos.experiments.sae_heldout import sae_doc_from_held
 from vitpos.models.planted_ape import Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.models.spec import OwnSurface
 from vitpos.models.surface import Site
