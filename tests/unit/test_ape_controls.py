@@ -9,7 +9,8 @@ import torch
 
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
-from vitpos.experiments.ape_permute import code_stats, crossed_edit, image_rotation, run_ape_permute, swap_features
+from vitpos.experiments.ape_permute import run_ape_permute
+from vitpos.experiments.ape_permute_variants import code_stats, crossed_edit, image_rotation, swap_features
 from vitpos.results.ape_permute import CONTROLS, NULLS, VARIANTS, variant_names
 from vitpos.sae import SAE, SAEConfig
 from vitpos.sae.controls import matched_control, matched_random_features
@@ -165,7 +166,7 @@ def test_the_swap_and_crossed_nulls_are_no_ops_on_pure_positional_features():
     assert torch.equal(crossed_edit(x, z, sae, [0, 1, 2, 3], [4, 5, 6, 7], (4, 4), g), x)
     assert not torch.equal(swap_features(x, z, sae, [8, 9], other), x)
     # the real permutation of the same set does move them
-    from vitpos.experiments.ape_permute import permute_features, random_perms
+    from vitpos.experiments.ape_permute_variants import permute_features, random_perms
     assert not torch.equal(permute_features(x, z, sae, list(range(8)), random_perms("all", 5, (4, 4), g)), x)
     assert torch.equal(image_rotation(1, g), torch.zeros(1, dtype=torch.long))
 

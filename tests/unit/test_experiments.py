@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.errors import VitposError
-from vitpos.experiments.ape_permute import permute_features, random_perms, run_ape_permute
+from vitpos.experiments.ape_permute import run_ape_permute
+from vitpos.experiments.ape_permute_variants import permute_features, random_perms
 from vitpos.experiments.rope_axis import condition_context, probe_condition, run_rope_axis
 from vitpos.sae import SAE, SAEConfig
 

@@ -48,6 +48,7 @@ EXPERIMENT_OF = {"vitpos.experiments.sae_seeds": "vitpos.experiments.sae_run",
                     for m in ("analysis", "ablation", "rebuild", "plan")},
                  **{f"vitpos.experiments.sae_{m}": "vitpos.experiments.sae_run"
                     for m in ("store", "heldout", "causal")},
+                 "vitpos.experiments.ape_permute_variants": "vitpos.experiments.ape_permute",
                  # each experiment's report section and summary line (`Experiment.section` / `summary`)
                  **{f"vitpos.experiments.{m}_section": f"vitpos.experiments.{m}"
                     for m in ("evaluation", "probe", "sae_run", "ape_permute", "rope_axis", "rope_heads",
