@@ -531,7 +531,7 @@ class Small:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Small:
     from vitpos.models import load_model
-    from vitpos.models.hf_adapter import tiny_spec
+    from vitpos.models.hf_families import tiny_spec
     from vitpos.sae import SAE, SAEConfig
 
     root = tmp_path_factory.mktemp("small")
@@ -608,7 +608,9 @@ def test_every_mutated_new_file_is_refused_in_one_line(kind, small, tmp_path, ca
 
 def _cache_entries() -> dict[str, dict]:
     """One stage-cache result of each shape the study caches: eval, a head, a probe site, the validation table."""
-    from vitpos.study.rules import RULES
+    from vitpos.claims.registry import rule_set
+
+    rules = rule_set()
 
     return {
         "eval": {"top1": 0.5, "n": 8, "per_class": {"a": 0.5, "b": 0.5}, "per_group": {}, "top1_ci95": [0.2, 0.8]},
@@ -616,7 +618,7 @@ def _cache_entries() -> dict[str, dict]:
                  "l2": 1.0, "val_top1_by_l2": [0.5, 0.25], "n_train_images": 8},
         "probe": {"layers": [0, 1], "row_acc": [0.5, 0.75], "col_acc": [0.25, 1.0], "row_control_acc": [0.3, None],
                   "dead_frac": 0.0, "rebuild_score": [[0.1, float("nan")]]},
-        "validation": {"rules_version": RULES.version, "rules_hash": RULES.digest(), "n_images": 8, "seeds": [0],
+        "validation": {"rules_version": rules.version, "rules_hash": rules.digest(), "n_images": 8, "seeds": [0],
                        "rows": [{"claim": "C1", "case": "c", "description": "d", "planted": True,
                                  "verdict": "supported", "expected": "supported", "passes": True, "evidence": "e"}]},
     }
