@@ -73,3 +73,15 @@ def test_parser_sees_a_real_layout():
     doc = entries(layout_block())
     assert {"models/", "experiments/", "cli.py"} <= set(doc)  # a parser that found nothing would pass vacuously
     assert "surface" in doc["models/"]
+
+
+def test_readme_first_screen_is_a_guide():
+    """The README's first 60 lines hold both set-up commands, the library example and the claims table,
+    and no commit hash or load average sits above its results section (issue 45)."""
+    text = (ROOT / "README.md").read_text()
+    head = "\n".join(text.splitlines()[:60])
+    for needed in (".venv/bin/vitpos run --out vitpos-out", ".venv/bin/python -m pytest -q",
+                   "from vitpos.hooks import capture", "| C1 ", "| C5 "):
+        assert needed in head, f"README's first 60 lines lack {needed!r}"
+    above = text.split("## Results in five lines", 1)[0]
+    assert not re.search(r"\b[0-9a-f]{7}\b", above) and "load average" not in above.lower()
