@@ -21,9 +21,9 @@ from vitpos.claims.intervals import (
     measured_at_least,
     outcome,
 )
-from vitpos.claims.layers import AtLayer, over_curve
+from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, POINTS, Threshold, Thresholds
-from vitpos.claims.verdict import ConditionReading, Number
+from vitpos.claims.verdict import Number
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
 from vitpos.results.sae_run import AblationEffect
 
@@ -198,10 +198,7 @@ class C1(RuleClaim[View]):
         return ModelClaim(outcome(p.c1), dict(p.c1_numbers))
 
     def _layer(self, spec: str, t: Thresholds) -> AtLayer:
-        def at(p: LayerPoint) -> tuple[Outcome, tuple[ConditionReading, ...]]:
-            r = self.at_layer(spec, p, t)
-            return r.result, r.conditions
-        return at
+        return layer_reader(self.at_layer, spec, t)
 
     def read(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs],
              t: Thresholds) -> ModelClaim | None:

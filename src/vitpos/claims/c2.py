@@ -10,10 +10,9 @@ from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, ModelClaim, RuleClaim
 from vitpos.claims.c1 import PLAUSIBLE_SWEEP
 from vitpos.claims.inputs import ClaimInputs, none_top1
-from vitpos.claims.intervals import Interval, Outcome, as_list, at_least, bounds, exceeds, outcome
-from vitpos.claims.layers import AtLayer, over_curve
+from vitpos.claims.intervals import Interval, as_list, at_least, bounds, exceeds, outcome
+from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, Threshold, Thresholds
-from vitpos.claims.verdict import ConditionReading
 from vitpos.results.ape_permute import ApePermuteResult, VariantResult
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
 
@@ -169,10 +168,7 @@ class C2(RuleClaim[View]):
         return ModelClaim(outcome(p.c2), dict(p.c2_numbers))
 
     def _layer(self, spec: str, t: Thresholds) -> AtLayer:
-        def at(p: LayerPoint) -> tuple[Outcome, tuple[ConditionReading, ...]]:
-            r = self.at_layer(spec, p, t)
-            return r.result, r.conditions
-        return at
+        return layer_reader(self.at_layer, spec, t)
 
     def read(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs],
              t: Thresholds) -> ModelClaim | None:

@@ -18,6 +18,14 @@ from vitpos.results.sae_layers import LayerPoint, SAELayersResult
 AtLayer = Callable[[LayerPoint], tuple[Outcome, tuple[ConditionReading, ...]]]
 
 
+def layer_reader(at_layer: Callable[[str, LayerPoint, Thresholds], ModelClaim], spec: str, t: Thresholds) -> AtLayer:
+    """A claim's reading at one swept layer (its `at_layer`) as `over_curve` takes it: result and conditions."""
+    def at(p: LayerPoint) -> tuple[Outcome, tuple[ConditionReading, ...]]:
+        r = at_layer(spec, p, t)
+        return r.result, r.conditions
+    return at
+
+
 def plausible_layers(sweep: SAELayersResult, threshold: float) -> list[int]:
     """The swept layers chosen as the largest all-positional drop in >= threshold of the resamples."""
     return [p.layer for p in sweep.points if p.selection_frequency >= threshold]
