@@ -116,14 +116,15 @@ def test_an_undefined_median_recovery_is_null_not_nan(monkeypatch):
     import json
 
     import vitpos.experiments.rope_axis as ra
+    from vitpos.results.rope_axis import MedianRecovery, MedianShare
 
     none = {"mean_rec": None, "mean_share": None}
     monkeypatch.setattr(ra, "condition_recovery_samples", lambda *a, **k: (dict(none), None))
     monkeypatch.setattr(ra, "condition_rebuilt_share", lambda *a, **k: (dict(none), None))
     _, medians, _, shares = ra.recoveries({}, {}, [1, 2], [0, 1])
     for a in ("row", "col"):
-        assert ra.MedianRecovery(**medians[a]).median_rec is None and medians[a]["restore_points"] == []
-        assert ra.MedianShare(**shares[a]).median_share is None
+        assert MedianRecovery(**medians[a]).median_rec is None and medians[a]["restore_points"] == []
+        assert MedianShare(**shares[a]).median_share is None
     json.dumps([medians, shares], allow_nan=False)  # no NaN to write
 
 

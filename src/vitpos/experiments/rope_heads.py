@@ -189,7 +189,7 @@ def _heads_result(surface: ModelSurface, data: str, axis: str, work: HeadsWork, 
 
 class RopeHeadsExperiment(Experiment[RopeHeadsResult, RopeHeadsSettings]):
     name = "rope_heads"
-    version = 2  # 2: issue 29 (c5_ablations: C5 under counterfactual ablations)
+    version = 3  # 2: issue 29 (c5_ablations: C5 under counterfactual ablations); 3: an undefined fall is null, not NaN
     title = "RoPE per-head roles and ablation (C4, C5)"
     claims = ("C4", "C5")
     result_type = RopeHeadsResult

@@ -4,6 +4,8 @@ the top heads ablated jointly, the R sweep (`rebuild_sweep`) and the primary hea
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any, NamedTuple, TypeVar
@@ -271,8 +273,11 @@ def _intervention(surface: ModelSurface, kind: str, heads: Mapping[int, list[int
 
 
 def _head_grid(L: int, Hh: int, values: Mapping[tuple[int, int], T]) -> list[list[T | None]]:
-    """[layer][head] of `values` ({(layer, head): value}), None where a head has none."""
-    return [[values.get((li, h)) for h in range(Hh)] for li in range(L)]
+    """[layer][head] of `values` ({(layer, head): value}), None where a head has none or its value is
+    undefined (a NaN fall: no axis had a recovery to fall from)."""
+    def cell(v: T | None) -> T | None:
+        return None if isinstance(v, float) and math.isnan(v) else v
+    return [[cell(values.get((li, h))) for h in range(Hh)] for li in range(L)]
 
 
 class Rebuild(NamedTuple):
