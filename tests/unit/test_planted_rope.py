@@ -8,7 +8,8 @@ import torch
 
 from vitpos.hooks import remove_rope
 from vitpos.models.planted_rope import make_inert, make_one_axis, make_silent, planted_surface
-from vitpos.validation.rope_cases import ValidationTable, rope_cases, run_case, verdict
+from vitpos.validation.rope_cases import rope_cases
+from vitpos.validation.table import rope_case, validation_table
 
 CASES = rope_cases()
 
@@ -47,32 +48,13 @@ def test_every_claim_has_a_planted_true_and_a_planted_false_case():
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.claim}-{c.name}" for c in CASES])
 def test_verdict_matches_the_planted_truth(case):
-    row = verdict(case, run_case(case))
-    assert row.ok, (row.verdict, row.expected, row.evidence)
+    (row,) = validation_table([rope_case(case)]).rows
+    assert row.passes and row.claim == case.claim and row.planted == case.truth, (row.verdict, row.evidence)
 
 
 def test_table_renders_and_reports_a_miss():
-    case = CASES[0]
-    doc = run_case(case)
-    good = verdict(case, doc)
-    bad = good.model_copy(update={"verdict": "inconclusive", "ok": False})
-    table = ValidationTable(rows=[good, bad])
-    assert not table.ok and ValidationTable(rows=[good]).ok
-    md = table.markdown()
-    assert md.count("\n") == 3 and "| NO |" in md and "| yes |" in md
-
-
-def test_report_shows_the_count_matched_share_and_the_head_selection():
-    from vitpos.experiments.registry import BY_NAME
-    from vitpos.report.sections import CLAIM_RULES
-
-    case = next(c for c in CASES if c.claim == "C4" and c.truth)
-    res = run_case(case)
-    assert res.rope_axis is not None and res.rope_heads is not None
-    axis_html = BY_NAME["rope_axis"].section(res.rope_axis, CLAIM_RULES)
-    heads_html = BY_NAME["rope_heads"].section(res.rope_heads, CLAIM_RULES)
-    share = res.rope_axis.to_json()["median_rebuilt_share"]["row"]["median_share"]
-    assert "count-matched" in axis_html and f"{share:.2f}" in axis_html
-    assert "content floor" in axis_html
-    assert "bootstrap" in heads_html and "restore condition" in heads_html and "L2H0 100.0%" in heads_html
-    assert "R=2: L2 h0" in heads_html
+    table = validation_table([rope_case(CASES[0])])
+    (good,) = table.rows
+    bad = good.model_copy(update={"verdict": "inconclusive", "passes": False})
+    assert table.passes and not table.model_copy(update={"rows": [good, bad]}).passes
+    assert "**no**" in table.model_copy(update={"rows": [good, bad]}).markdown()

@@ -20,7 +20,10 @@ from vitpos.claims.intervals import Outcome, all_of
 from vitpos.claims.rules import Threshold, Thresholds, values
 from vitpos.claims.verdict import ConditionReading, Number, SeedSummary
 
-X = TypeVar("X")  # what a claim's conditions read of one model (its typed view of the results)
+X = TypeVar("X")
+# Which planted cases a rule has seen: `design` cases were looked at while the rules were written;
+# `held_out` ones were built after the rules they test were frozen.
+Split = Literal["design", "held_out"]  # what a claim's conditions read of one model (its typed view of the results)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ class Planted(Protocol):
 
     @property
     def truth(self) -> Mapping[str, bool]: ...
+
+    @property
+    def split(self) -> Split: ...
 
     @property
     def measure(self) -> Callable[[int, tuple[int, ...]], ClaimInputs]: ...

@@ -5,7 +5,6 @@ the top heads ablated jointly, the R sweep (`rebuild_sweep`) and the primary hea
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any, NamedTuple, TypeVar

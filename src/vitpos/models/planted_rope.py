@@ -34,7 +34,7 @@ The cases (claim, planted truth):
             is not the rebuilding head's
 
 This module builds the models (the weights); `vitpos.validation.rope_cases` lists the cases, measures
-them and reads their verdicts (`validate_rope`).
+them, and `vitpos.validation.table` reads their verdicts.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -19,6 +21,8 @@ class ValidationRow(BaseModel):
     # each named condition of the claim's rule on this case: holds / fails / inconclusive (empty in
     # tables written before the claims had named conditions)
     conditions: dict[str, str] = Field(default_factory=dict)
+    # design: a case seen while the rules were written; held_out: built after they were frozen
+    split: Literal["design", "held_out"] = "design"
 
     @property
     def decided_by(self) -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vitpos.claims.base import Split
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.experiments.ape_permute import run_ape_permute
 from vitpos.experiments.sae_heldout import sae_doc_from_held
@@ -28,6 +29,7 @@ class PlantedCase:
     description: str
     truth: dict[str, bool]
     measure: Callable[[int, tuple[int, ...]], ClaimInputs]
+    split: Split = "design"  # claims.base.Split: seen while the rules were written, or held out
 
 
 def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: tuple[int, ...] = (0, 1)

@@ -21,18 +21,18 @@ from vitpos.validation import rope_cases
 from vitpos.validation.ape_cases import APE_CASES, PlantedCase
 
 
-def _from_rope(case: rope_cases.PlantedCase) -> PlantedCase:
+def rope_case(case: rope_cases.PlantedCase) -> PlantedCase:
     """A planted RoPE case (one claim each, sizes of its own) as a row source of the one table."""
 
     def measure(n_images: int, seeds: tuple[int, ...]) -> ClaimInputs:
         return rope_cases.run_case(case)  # its own probe / top-1 sizes: the rules were validated at them
 
     return PlantedCase(name=f"rope:{case.name}", description=case.why, truth={case.claim: case.truth},
-                       measure=measure)
+                       measure=measure, split=case.split)
 
 
 # C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
-CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(_from_rope(c) for c in rope_cases.rope_cases()))
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(rope_case(c) for c in rope_cases.rope_cases()))
 
 
 def registered_cases() -> list[Planted]:
@@ -59,11 +59,12 @@ def validation_table(cases: Iterable[Planted] | None = None, n_images: int = 300
             readings = {r.name: r.outcome for r in c.conditions.get(case.name, [])}
             rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
                                       verdict=c.verdict, expected=want, passes=c.verdict == want,
-                                      evidence=c.text(), conditions=readings))
+                                      evidence=c.text(), conditions=readings, split=case.split))
     rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
     rules = rule_set()
     return ValidationTable(rules_version=rules.version, rules_hash=rules.digest(), n_images=n_images,
                            seeds=list(seeds), rows=rows)
 
 
-__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "registered_cases", "validation_table"]
+__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "registered_cases", "rope_case",
+           "validation_table"]
