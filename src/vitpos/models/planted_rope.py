@@ -54,13 +54,14 @@ INFO = DatasetInfo(name="planted", num_classes=4, class_names=("a", "b", "c", "d
                    in_chans=3)
 
 
-def planted_surface(pe: str = "rope-axial", depth: int = 2, seed: int = 0) -> OwnSurface:
+def planted_surface(pe: str = "rope-axial", depth: int = 2, seed: int = 0, heads: int = HEADS) -> OwnSurface:
     """A tiny own ViT with sharp attention: a large CLS token (unrotated: a query's score against it
     depends on the query's absolute position), sharp q / k and a strong attention output, so the
-    rotations alone make each patch's state a clear function of its position."""
+    rotations alone make each patch's state a clear function of its position. heads: more heads of
+    a smaller head_dim (WIDTH / heads), fewer rotary pairs each."""
     torch.manual_seed(seed)
     cfg = OwnViTConfig.model_validate({"pe": pe, "img_size": GRID_PX, "patch_size": PATCH, "in_chans": 3,
-                                       "num_classes": 4, "embed_dim": WIDTH, "depth": depth, "num_heads": HEADS,
+                                       "num_classes": 4, "embed_dim": WIDTH, "depth": depth, "num_heads": heads,
                                        "mlp_ratio": 2.0})
     s = OwnSurface(build_own_vit(cfg).eval(), f"planted:{pe}", cfg)
     with torch.no_grad():

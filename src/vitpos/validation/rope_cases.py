@@ -14,6 +14,7 @@ from vitpos.data.base import TensorImageDataset
 from vitpos.experiments.rope_axis import run_rope_axis
 from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
+from vitpos.models.planted_rope_power import c4_complete, c4_redundant
 from vitpos.models.spec import OwnSurface
 
 
@@ -48,6 +49,11 @@ def rope_cases() -> list[PlantedCase]:
                     lambda: classified(c5_model("true"), (1, 0), None), own_data),
         PlantedCase("C5", "a layer-0 head matters more", False, "an active layer-0 head that the classifier reads",
                     lambda: classified(c5_model("false"), (0, 1), (1, 0)), own_data),
+        # issue 46 (planted_rope_power): each planted-false case fails one condition alone
+        PlantedCase("C4", "complete rebuild", False, "one-axis rebuilders that put back all of the position",
+                    c4_complete, flat_data, split="held_out"),
+        PlantedCase("C4", "redundant rebuilders", False, "two heads per axis share the rebuild: none carries much",
+                    c4_redundant, flat_data, split="held_out"),
     ]
 
 
