@@ -11,6 +11,7 @@ from vitpos.validation.table import rope_case, validation_table
 
 # case name -> the condition that alone decides it (None: planted true, every condition holds)
 TARGETS: dict[str, str | None] = {
+    "row in rings": "mlp_removed",
     "complete rebuild": "partial",
     "redundant rebuilders": "head_share",
 }
