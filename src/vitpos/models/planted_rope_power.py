@@ -7,6 +7,19 @@ They reuse the exact edits of `vitpos.models.planted_rope` (inert, one-axis, sil
 tiny own RoPE ViT, on its near-constant images unless a case says otherwise. R = the last block.
 
 The cases (claim, planted truth, the one condition that decides it):
+  C3 false  entangled axes (`kept`): depth 2, block 1 silent; in block 0 head 0 is row-only and
+            head 1 a gate: its keys are 0 on every patch and k_c on the class token (the key
+            weights read a direction of the class token's normalised state orthogonal to every
+            patch's), its query a constant q (no query weights), so its only score is the class
+            token's, s(p) = G(row) + H(col) = (rotated q) . k_c, and its attention to the class
+            token sigmoid(s(p) - ln 16) is its whole output's dependence on position. q is solved
+            (least squares, exact to 1e-5) so that H spreads the columns over the sigmoid's slope
+            and G = 0 on rows 1-3 but GATE_SCORE on row 0, whose rotation is the identity: there
+            the class token takes all the attention (1 - ~e^-37, 1 in float32) and the head writes
+            one vector whatever the column. Removing the row rotations makes every patch look like
+            row 0 to the row channels: the gate shuts everywhere, so the columns go with the rows
+            (no_row keeps ~0 of col above the floor), while removing the column rotations leaves
+            the row-only head, so the rows stay (no_col keeps ~100 % of row)
   C3 false  row in rings (`mlp_removed`): C3-true's model on images whose patches carry their row
             in content a linear probe cannot read: a pattern of radius RING_AMP * (row + 1) at a
             random angle in a fixed 2D pixel plane (concentric rings, every ring centred on the
@@ -28,13 +41,28 @@ The cases (claim, planted truth, the one condition that decides it):
 
 from __future__ import annotations
 
+import math
+
 import torch
+from timm.layers import apply_rot_embed_cat
 
 from vitpos.data.base import TensorImageDataset
-from vitpos.models.planted_rope import GRID_PX, PATCH, REBUILD_SCALE, _eva, dataset, make_one_axis, planted_surface
+from vitpos.models.planted_rope import (
+    GRID_PX,
+    PATCH,
+    REBUILD_SCALE,
+    _eva,
+    dataset,
+    flat_images,
+    make_one_axis,
+    make_silent,
+    planted_surface,
+)
 from vitpos.models.spec import OwnSurface
 
 COMPLETE_SCALE = 4.0  # the rebuilders' output scale of the complete rebuild (C4-true's: REBUILD_SCALE)
+GATE_SCORE = 40.0  # the gate head's class-token score where the row rotation is the identity (row 0)
+GATE_SPREAD = 2.0  # the step of its class-token score from one column to the next
 RING_AMP = 0.05  # pixel amplitude step of the rings: row r's ring has radius RING_AMP * (r + 1)
 REDUNDANT_HEADS = 4  # heads per layer of the redundant rebuilders' model: two copies per axis in the last block
 
@@ -85,3 +113,64 @@ def ring_images(n: int, seed: int = 0, amp: float = RING_AMP, noise: float = 0.0
 
 def ring_data(s: OwnSurface) -> TensorImageDataset:
     return dataset(ring_images(240))
+
+
+def _scores(surface: OwnSurface, rope: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """(N, d): the attention score (SDPA's scale 1 / sqrt(d)) of each patch's query against an
+    unrotated `key` when the query is the j-th unit vector, under rotary tensor `rope` (N, 2d):
+    the score of any constant query q is this @ q."""
+    d = surface.head_dim
+    eye = torch.eye(d)
+    return torch.stack([apply_rot_embed_cat(eye[j].expand(rope.shape[0], d), rope) @ key for j in range(d)], 1) \
+        * d ** -0.5
+
+
+@torch.no_grad()
+def make_gate(surface: OwnSurface, layer: int, head: int) -> None:
+    """Head `head` of block `layer` (block 0: it reads the embedding) attends only to the class
+    token, with score G(row) + H(col): G = GATE_SCORE where the row rotation is the identity (row 0,
+    and every patch once the row rotations are removed), 0 on the other rows; H(col) steps by
+    GATE_SPREAD around ln(patches), so that the gate's attention to the class token varies with the
+    column except where G shuts it."""
+    m = _eva(surface)
+    d, D = surface.head_dim, surface.width
+    rope = m.rope.get_embed()  # (N, 2d): every head's rotary tensor (axial RoPE: one for all)
+    off = surface.rope_embed(layer, rope, {"row": None})
+    off = off[head] if off.dim() == 3 else off
+    amap = surface.rope_axis_map()
+    rows, cols = amap.channels("row"), amap.channels("col")  # type: ignore[arg-type]
+    key = torch.ones(d)
+    clean, removed = _scores(surface, rope, key), _scores(surface, off, key)
+    H, W = surface.grid
+    col = torch.arange(H * W) % W
+    shut = (rope - off).abs().amax(1) < 1e-6  # the patches whose row rotation is the identity
+    a = torch.cat([clean[:, rows], removed[:1, rows]]).double()
+    g = torch.cat([torch.where(shut, GATE_SCORE, 0.0), torch.tensor([GATE_SCORE])]).double()
+    h = (math.log(H * W) + GATE_SPREAD * (col - (W - 1) / 2)).double()
+    q = torch.zeros(d)
+    q[rows] = torch.linalg.lstsq(a, g.unsqueeze(1)).solution.squeeze(1).float()
+    q[cols] = torch.linalg.lstsq(clean[:, cols].double(), h.unsqueeze(1)).solution.squeeze(1).float()
+    # the key weights read a direction w of the normalised state with w . cls = 1 and w . patch = 0
+    # for every patch of the planted images (w orthogonal to the span of their states)
+    norm = m.blocks[layer].norm1
+    patches = norm(m.patch_embed(flat_images(64).float() / 255)).reshape(-1, D).double()
+    cls = norm(m.cls_token.reshape(1, D))[0].double()
+    u, sv, _ = torch.linalg.svd(patches.T, full_matrices=False)
+    u = u[:, sv > sv[0] * 1e-4]
+    w = cls - u @ (u.T @ cls)
+    w = (w / (w @ cls)).float()
+    qkv = m.blocks[layer].attn.qkv
+    qs, ks = slice(head * d, (head + 1) * d), slice(D + head * d, D + (head + 1) * d)
+    qkv.weight[qs] = 0
+    qkv.bias[qs] = q
+    qkv.weight[ks] = torch.outer(key, w)
+    qkv.bias[ks] = 0
+
+
+def c3_entangled() -> OwnSurface:
+    """Block 0: a row-only head and the gate (`make_gate`); block 1 silent."""
+    s = planted_surface("rope-axial", depth=2)
+    make_one_axis(s, 0, 0, "row")
+    make_gate(s, 0, 1)
+    make_silent(s, 1)
+    return s

@@ -14,7 +14,7 @@ from vitpos.data.base import TensorImageDataset
 from vitpos.experiments.rope_axis import run_rope_axis
 from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
-from vitpos.models.planted_rope_power import c4_complete, c4_redundant, ring_data
+from vitpos.models.planted_rope_power import c3_entangled, c4_complete, c4_redundant, ring_data
 from vitpos.models.spec import OwnSurface
 
 
@@ -52,6 +52,8 @@ def rope_cases() -> list[PlantedCase]:
         # issue 46 (planted_rope_power): each planted-false case fails one condition alone
         PlantedCase("C3", "row in rings", False, "content carries the row as a ring's radius: only an MLP reads it",
                     lambda: c3_model("rope-axial"), ring_data, split="held_out"),
+        PlantedCase("C3", "entangled axes", False, "a head reads the columns only where the row rotation is not "
+                    "the identity: removing the rows removes the columns", c3_entangled, flat_data, split="held_out"),
         PlantedCase("C4", "complete rebuild", False, "one-axis rebuilders that put back all of the position",
                     c4_complete, flat_data, split="held_out"),
         PlantedCase("C4", "redundant rebuilders", False, "two heads per axis share the rebuild: none carries much",
