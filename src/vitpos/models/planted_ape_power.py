@@ -76,7 +76,7 @@ import torch.nn.functional as F
 
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.models.own import OwnViTConfig, build_own_vit
-from vitpos.models.planted_ape import CLASS_NAMES, GAIN, GRID, GROUPS, N, PRIOR
+from vitpos.models.planted_ape import CLASS_NAMES, GAIN, GRID, GROUPS, PRIOR, N
 from vitpos.models.spec import OwnSurface
 from vitpos.sae import SAE, SAEConfig
 
