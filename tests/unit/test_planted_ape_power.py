@@ -4,12 +4,15 @@ near-threshold planted-true case is supported; and each circuit is what its docs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.models import planted_ape_power as power
 from vitpos.models.planted_ape_power import PC
+from vitpos.models.spec import OwnSurface
 from vitpos.results.validation import ValidationTable
 from vitpos.validation.ape_cases import APE_POWER_CASES, PlantedCase
 from vitpos.validation.table import CASES, validation_table
@@ -105,10 +108,11 @@ def test_the_numbers_behind_each_deciding_condition(measured):
 
 @torch.no_grad()
 def test_the_circuits_compute_their_labels_and_cancel_what_they_say():
-    builds = ((power.cells_recoded, "position", 0.0, PC.row + PC.col),
-              (power.rows_elsewhere, "position", 0.0, PC.row + PC.cell),
-              (power.rows_need_everything, "position", 0.0, PC.row), (power.colour_in_position, "colour", 0.0, ()),
-              (power.colour_position, "position", 0.5, ()))
+    builds: tuple[tuple[Callable[[], OwnSurface], power.Label, float, tuple[int, ...]], ...] = (
+        (power.cells_recoded, "position", 0.0, PC.row + PC.col),
+        (power.rows_elsewhere, "position", 0.0, PC.row + PC.cell),
+        (power.rows_need_everything, "position", 0.0, PC.row), (power.colour_in_position, "colour", 0.0, ()),
+        (power.colour_position, "position", 0.5, ()))
     for build, label, p_blue, cancelled in builds:
         s = build()
         x, y = next(power.power_data(160, label, p_blue, seed=3).batches(160))
@@ -130,5 +134,7 @@ def test_rows_need_every_always_on_channel_and_colour_ignores_position():
     s = power.colour_in_position()
     x, _ = next(power.power_data(64, "colour").batches(64))
     clean = s(x)
-    s.model.pos_embed.copy_(s.model.pos_embed[:, torch.randperm(16, generator=torch.Generator().manual_seed(0))])
+    pe = s.model.pos_embed
+    assert isinstance(pe, torch.Tensor)
+    pe.copy_(pe[:, torch.randperm(16, generator=torch.Generator().manual_seed(0))])
     assert torch.allclose(s(x), clean, atol=1e-5)
