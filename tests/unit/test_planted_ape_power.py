@@ -95,14 +95,14 @@ def test_the_numbers_behind_each_deciding_condition(measured):
     assert (swap := ap.variant("swap_all_positional")) is not None and swap.drop_points == 0.0
     lo, hi = _iv(perm.drop_points, perm.drop_ci95)
     assert 0 < lo and hi < 10
-    # near_threshold: top-1 drops within 3x of C1's 5 points and C2's 10, their intervals above them
+    # near_threshold: top-1 drops within 4x of C1's 5 points and 3x of C2's 10, their intervals above them
     near = measured["ape:near_threshold"]
     c, ap = causal["ape:near_threshold"], near.ape_permute
     assert c is not None and ap is not None and (perm := ap.variant("all_positional")) is not None
     for axis in ("row", "col"):
         e = c.effect(axis)
         assert e is not None and e.top1_drop is not None and 5 < _iv(e.top1_drop, e.top1_drop_ci95)[0]
-        assert e.top1_drop < 15
+        assert e.top1_drop < 20
     assert 10 < _iv(perm.drop_points, perm.drop_ci95)[0] and perm.drop_points < 30
 
 
