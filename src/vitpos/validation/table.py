@@ -18,7 +18,7 @@ from vitpos.claims.registry import CLAIMS, rule_set
 from vitpos.claims.summary import summarise
 from vitpos.results.validation import ValidationRow, ValidationTable, expected_verdict
 from vitpos.validation import rope_cases
-from vitpos.validation.ape_cases import APE_CASES, PlantedCase
+from vitpos.validation.ape_cases import APE_CASES, APE_POWER_CASES, PlantedCase
 
 
 def rope_case(case: rope_cases.PlantedCase) -> PlantedCase:
@@ -31,8 +31,9 @@ def rope_case(case: rope_cases.PlantedCase) -> PlantedCase:
                        measure=measure, split=case.split)
 
 
-# C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
-CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(rope_case(c) for c in rope_cases.rope_cases()))
+# C1/C2 (planted APE models, and the held-out ones that give each condition a case it alone decides) and
+# C3-C5 (planted RoPE models): one table, claims x planted truth.
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *APE_POWER_CASES, *(rope_case(c) for c in rope_cases.rope_cases()))
 
 
 def registered_cases() -> list[Planted]:
