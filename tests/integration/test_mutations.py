@@ -67,3 +67,17 @@ def test_flips_compares_verdicts_row_by_row():
     before = [row("a", "not supported"), row("b", "not supported")]
     got = flips(before, [row("a", "not supported"), row("b", "supported")])
     assert [(f.case, f.before, f.after) for f in got] == [("b", "not supported", "supported")]
+
+
+def test_a_precondition_never_fails_alone(results):
+    """A precondition (C1's feature_sets) is left out of the mutations because no case can be decided
+    by it alone: wherever it fails, a condition that reads what it requires fails too."""
+    from vitpos.claims.registry import CLAIMS
+
+    pre = {(c.id, k.name) for c in CLAIMS for k in c.conditions if k.precondition}
+    assert ("C1", "feature_sets") in pre
+    base, _ = results
+    failing = [r for r in base.rows for cid, name in pre if r.claim == cid and r.conditions.get(name) == "fails"]
+    assert failing  # the table has rows where it fails (ape:no_position) ...
+    for r in failing:  # ... and each fails on another condition too
+        assert [k for k, v in r.conditions.items() if v == "fails" and (r.claim, k) not in pre], r.case

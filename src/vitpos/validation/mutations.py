@@ -180,12 +180,15 @@ def _always_holds(claim_id: str, condition: str) -> Apply:
 
 
 def condition_mutations() -> list[Mutation]:
-    """Every condition of every rule claim switched off (it always holds)."""
+    """Every condition of every rule claim switched off (it always holds); preconditions are not
+    defences (`Condition.precondition`) and are left as they are."""
     out = []
     for claim in BY_ID.values():
         if isinstance(claim, RuleClaim):
             cond: Condition[Any]
             for cond in claim.rule_conditions:
+                if cond.precondition:
+                    continue
                 out.append(Mutation(f"{claim.id}.{cond.name} always holds", f"{claim.id}'s condition `{cond.name}` "
                                     "switched off", (claim.id,), _always_holds(claim.id, cond.name), rule_only=True))
     return out
