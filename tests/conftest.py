@@ -64,6 +64,33 @@ def permute_patches(images: torch.Tensor, perm: torch.Tensor, grid: tuple[int, i
     return patches.reshape(B, H, W, C, ph, pw).permute(0, 3, 1, 4, 2, 5).reshape(B, C, Hp, Wp)
 
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_validation_table_per_session():
+    """The run's planted-model validation table depends only on the code, the registered claims and its
+    sizes (a run caches it under the code's fingerprint); every run_study of a session reads one
+    measurement of it, as a run's own cache would, instead of measuring it again for each output
+    directory. A test that registers a claim or passes its own cases gets a fresh table."""
+    from vitpos.claims.registry import CLAIMS, rule_set
+    from vitpos.study import run as study_run
+    from vitpos.study.cache import code_fingerprint
+
+    real = study_run.validation_table
+    memo: dict[tuple, object] = {}
+
+    def once(cases=None, n_images=300, seeds=(0, 1)):
+        if cases is not None:
+            return real(cases, n_images=n_images, seeds=seeds)
+        key = (n_images, tuple(seeds), code_fingerprint(), rule_set().digest(), tuple(c.id for c in CLAIMS))
+        if key not in memo:
+            memo[key] = real(n_images=n_images, seeds=seeds)
+        return memo[key].model_copy(deep=True)  # type: ignore[attr-defined]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(study_run, "validation_table", once)
+    yield
+    mp.undo()
+
 @pytest.fixture
 def own():
     return tiny_own

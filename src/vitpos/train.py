@@ -57,9 +57,16 @@ def _input_transform(data: str, img_size: int | None):
             raise VitposError(f"--img-size applies to imagefolder data only; {data!r} has a fixed size "
                               "(drop --img-size)")
         return None
-    if img_size is not None and not 8 <= img_size <= 1024:
-        raise VitposError(f"--img-size must lie in 8..1024 (got {img_size})")
+    if img_size is not None and not 8 <= img_size <= MAX_IMG_SIZE:
+        raise VitposError(f"--img-size must lie in 8..{MAX_IMG_SIZE} (got {img_size})")
+    if img_size is None and (native := imagefolder.native_size(data)) > MAX_IMG_SIZE:
+        # checked before the model config (le=4096) would give a schema error after loading the images
+        raise VitposError(f"{data}'s images are {native} px, more than an own ViT trains at ({MAX_IMG_SIZE} px at "
+                          f"most); pass --img-size N (8..{MAX_IMG_SIZE}) to resize them")
     return imagefolder.default_transform(img_size or imagefolder.native_size(data))
+
+
+MAX_IMG_SIZE = 1024  # --img-size's bound, and the largest native size trained at without one
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:

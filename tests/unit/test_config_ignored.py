@@ -42,3 +42,18 @@ def test_a_byte_order_mark_is_read_past(suffix, body, tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + body)
     cfg = load_config(path, {}, quick=False)
     assert cfg.models == ["builtin:ape"] and cfg.seed == 3
+
+
+def test_a_checkpoint_for_a_model_outside_the_shipped_set_is_refused_when_models_are_left_out(tmp_path):
+    """With `models` left out the run's models are the shipped ones (`_models_for`): a checkpoint keyed
+    by any other spec would never be loaded, so the plan refuses it, as it does with `models` given."""
+    from vitpos.study.run import plan_study
+
+    path = tmp_path / "run.yaml"
+    path.write_text("checkpoints:\n  bogus-model: w.safetensors\n")
+    cfg = load_config(path, {}, quick=True)
+    with pytest.raises(VitposError) as info:
+        plan_study(tmp_path / "out", cfg, measure=None)
+    said = str(info.value)
+    assert "config key 'checkpoints' names bogus-model, which is not among the run's models (builtin:" in said
+    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()

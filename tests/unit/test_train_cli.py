@@ -350,3 +350,17 @@ def test_an_imagefolder_with_a_symlink_loop_is_refused(tmp_path):
     os.symlink(tmp_path / "imgs", tmp_path / "imgs" / "a" / "loop")
     with pytest.raises(VitposError, match="through a symbolic link"):
         load_split(f"imagefolder:{tmp_path / 'imgs'}", "train", seed=0)
+
+
+def test_images_larger_than_an_own_vit_trains_at_are_refused_before_loading(tmp_path):
+    """A folder of 1040-px images (over MAX_IMG_SIZE) was a pydantic schema error after the images loaded;
+    now one line naming the size and --img-size, and nothing written."""
+    from vitpos.train import MAX_IMG_SIZE
+
+    _folder_of_pngs(tmp_path / "imgs", MAX_IMG_SIZE + 16)
+    out = tmp_path / "m"
+    res = CliRunner().invoke(app, ["train", "--pe", "ape", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--quick",
+                                   "--out", str(out), "--no-progress"])
+    assert isinstance(res.exception, VitposError), res.output
+    assert f"images are {MAX_IMG_SIZE + 16} px" in str(res.exception) and "--img-size" in str(res.exception)
+    assert not out.exists()

@@ -36,6 +36,10 @@ class Condition(Generic[X]):
     name: str
     meaning: str
     check: Callable[[X, Thresholds], tuple[Outcome, dict[str, Number]] | None]
+    # a precondition names why the rule has nothing to read (e.g. no feature set to remove): every
+    # condition that reads what it requires fails with it, so no planted case can be decided by it
+    # alone and the mutation test does not switch it off (it checks that implication instead)
+    precondition: bool = False
 
     def __call__(self, x: X, t: Thresholds) -> ConditionReading | None:
         got = self.check(x, t)

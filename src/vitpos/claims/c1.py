@@ -115,7 +115,7 @@ def _above_control(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
 CONDITIONS: tuple[Condition[View], ...] = (
     Condition("feature_sets", "its SAE has >= 1 row and >= 1 col feature",
               lambda v, t: (known(v.sae.n_row_features > 0 and v.sae.n_col_features > 0),
-                            {"n_row": v.sae.n_row_features, "n_col": v.sae.n_col_features})),
+                            {"n_row": v.sae.n_row_features, "n_col": v.sae.n_col_features}), precondition=True),
     Condition("selective", "each set's removal is axis-selective (>= C1.selective)",
               lambda v, t: _per_axis("selectivity", v.selectivity, at_least, "C1.selective", t)),
     Condition("probe_drop", "each set's removal lowers its own-axis probe by >= C1.min_probe_drop points",

@@ -86,10 +86,13 @@ def _load_inputs(out: Path, cfg: RunConfig
     surfaces = {}
     fingerprints = {}
     pairs = _models_for(cfg)
-    stray = sorted(set(cfg.heads) - {spec for spec, _ in pairs})
-    if stray:
-        raise VitposError(f"config key 'heads' names {', '.join(stray)}, which is not among the run's models "
-                          f"({', '.join(dict.fromkeys(s for s, _ in pairs))}); key each head dir by its model spec")
+    run = dict.fromkeys(s for s, _ in pairs)
+    for key, given_for in (("heads", cfg.heads), ("checkpoints", cfg.checkpoints)):
+        # with `models` left out the run's models are the shipped ones: an entry for any other is never read
+        stray = sorted(set(given_for) - set(run))
+        if stray:
+            raise VitposError(f"config key '{key}' names {', '.join(stray)}, which is not among the run's models "
+                              f"({', '.join(run)}); key each entry by its model spec, or leave it out")
     given: dict[str, Head] = {}
     for spec, data in pairs:
         if spec not in surfaces:

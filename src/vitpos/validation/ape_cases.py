@@ -12,10 +12,12 @@ from vitpos.claims.base import Split
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.experiments.ape_permute import run_ape_permute
 from vitpos.experiments.sae_heldout import sae_doc_from_held
+from vitpos.models import planted_ape_power as power
 from vitpos.models.planted_ape import Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.models.spec import OwnSurface
 from vitpos.models.surface import Site
 from vitpos.results.sae_run import GivenSAEResult
+from vitpos.sae import SAE
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,13 @@ def measure_ape(surface: OwnSurface, label: Label, n_images: int = 400, seeds: t
     """The sae (held-out scoring + causal check, `evaluate_sae`) and ape_permute results of a planted
     model with the planted SAE at block 0's output, on `n_images` planted test images."""
 
-    sae = planted_sae()
-    data: Any = planted_data(n_images, label, seed=7)  # the run functions take a dataset object as `data`
+    return measure_planted(surface, planted_sae(), planted_data(n_images, label, seed=7), seeds)
+
+
+def measure_planted(surface: OwnSurface, sae: SAE, data: Any, seeds: tuple[int, ...]) -> ClaimInputs:
+    """measure_ape's measurement of any planted model, SAE (at block 0's output) and planted images
+    (`data`, a dataset object: what the run functions take as `data`)."""
+    n_images = len(data)
     sae_doc = sae_doc_from_held(surface, sae, Site(0, "resid_post"), data, seed=0)
     ap = run_ape_permute(surface, sae, sae_doc, data=data, n_images=n_images, seeds=seeds)
     return ClaimInputs(sae=GivenSAEResult.model_validate(sae_doc), ape_permute=ap, scheme=surface.scheme,
@@ -59,4 +66,34 @@ APE_CASES: tuple[PlantedCase, ...] = (
           False, False),
     _case("ape:no_position", "APE table 0 (no position anywhere); the label needs position", "none", "position",
           False, False),
+)
+
+
+def _power(name: str, description: str, build: Callable[[], OwnSurface], label: power.Label, p_blue: float,
+           truth: dict[str, bool]) -> PlantedCase:
+    """A case of `planted_ape_power` (its docstring says why each truth follows from the weights); held
+    out: built after rules version 4 (hash bfb33fb5b1333858) was frozen."""
+    return PlantedCase(name, description, truth,
+                       lambda n, seeds: measure_planted(build(), power.power_sae(),
+                                                        power.power_data(n, label, p_blue, seed=7), seeds),
+                       split="held_out")
+
+
+# One planted-false case per condition of C1 / C2 that it alone should decide, and a planted-true case
+# nearer the thresholds (planted_ape_power's docstring). C1's `feature_sets` has none: a model without a
+# row (col) feature set has no removal of it either, so `selective`, `probe_drop` and `above_control`
+# fail with it.
+APE_POWER_CASES: tuple[PlantedCase, ...] = (
+    _power("ape:cells_recoded", "row and col one-hots re-coded downstream as a cell one-hot (only selective "
+           "decides)", power.cells_recoded, "position", 0.0, {"C1": False}),
+    _power("ape:rows_elsewhere", "downstream row code read from cell one-hots, from the row latents only on the "
+           "red square (only probe_drop decides)", power.rows_elsewhere, "position", 0.0, {"C1": False}),
+    _power("ape:rows_need_everything", "downstream row code needs the row one-hot and eight always-on latents "
+           "(only above_control decides)", power.rows_need_everything, "position", 0.0, {"C1": False}),
+    _power("ape:colour_in_position", "the colour stored inside the positional latents; label colour (only "
+           "above_null decides)", power.colour_in_position, "colour", 0.0, {"C2": False}),
+    _power("ape:rare_position", "position decides the class of 1 image in 10 (only min_drop decides)",
+           power.colour_position, "position", 0.9, {"C2": False}),
+    _power("ape:near_threshold", "position decides the class of half the images (top-1 drops near the "
+           "thresholds)", power.colour_position, "position", 0.5, {"C1": True, "C2": True}),
 )

@@ -18,7 +18,7 @@ from vitpos.claims.registry import CLAIMS, rule_set
 from vitpos.claims.summary import summarise
 from vitpos.results.validation import ValidationRow, ValidationTable, expected_verdict
 from vitpos.validation import rope_cases
-from vitpos.validation.ape_cases import APE_CASES, PlantedCase
+from vitpos.validation.ape_cases import APE_CASES, APE_POWER_CASES, PlantedCase
 
 
 def rope_case(case: rope_cases.PlantedCase) -> PlantedCase:
@@ -31,8 +31,9 @@ def rope_case(case: rope_cases.PlantedCase) -> PlantedCase:
                        measure=measure, split=case.split)
 
 
-# C1/C2 (planted APE models) and C3-C5 (planted RoPE models): one table, claims x planted truth.
-CASES: tuple[PlantedCase, ...] = (*APE_CASES, *(rope_case(c) for c in rope_cases.rope_cases()))
+# C1/C2 (planted APE models, and the held-out ones that give each condition a case it alone decides) and
+# C3-C5 (planted RoPE models): one table, claims x planted truth.
+CASES: tuple[PlantedCase, ...] = (*APE_CASES, *APE_POWER_CASES, *(rope_case(c) for c in rope_cases.rope_cases()))
 
 
 def registered_cases() -> list[Planted]:
@@ -47,24 +48,33 @@ def registered_cases() -> list[Planted]:
     return out
 
 
+def case_rows(case: Planted, inputs: ClaimInputs) -> list[ValidationRow]:
+    """The rows of one case from its measured results: each planted claim's verdict from `summarise`."""
+    verdicts = {c.id: c for c in summarise({case.name: inputs}).claims}
+    rows = []
+    for cid, planted in case.truth.items():
+        c = verdicts[cid]
+        want = expected_verdict(planted)
+        readings = {r.name: r.outcome for r in c.conditions.get(case.name, [])}
+        rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
+                                  verdict=c.verdict, expected=want, passes=c.verdict == want,
+                                  evidence=c.text(), conditions=readings, split=case.split))
+    return rows
+
+
+def table_of(rows: Iterable[ValidationRow], n_images: int, seeds: tuple[int, ...]) -> ValidationTable:
+    rules = rule_set()
+    return ValidationTable(rules_version=rules.version, rules_hash=rules.digest(), n_images=n_images,
+                           seeds=list(seeds), rows=sorted(rows, key=lambda r: (r.claim, not r.planted, r.case)))
+
+
 def validation_table(cases: Iterable[Planted] | None = None, n_images: int = 300,
                      seeds: tuple[int, ...] = (0, 1)) -> ValidationTable:
     """Measure every case (None: `registered_cases()`) and read each planted claim's verdict from `summarise`."""
-    rows = []
-    for case in registered_cases() if cases is None else cases:
-        verdicts = {c.id: c for c in summarise({case.name: case.measure(n_images, seeds)}).claims}
-        for cid, planted in case.truth.items():
-            c = verdicts[cid]
-            want = expected_verdict(planted)
-            readings = {r.name: r.outcome for r in c.conditions.get(case.name, [])}
-            rows.append(ValidationRow(claim=cid, case=case.name, description=case.description, planted=planted,
-                                      verdict=c.verdict, expected=want, passes=c.verdict == want,
-                                      evidence=c.text(), conditions=readings, split=case.split))
-    rows.sort(key=lambda r: (r.claim, not r.planted, r.case))
-    rules = rule_set()
-    return ValidationTable(rules_version=rules.version, rules_hash=rules.digest(), n_images=n_images,
-                           seeds=list(seeds), rows=rows)
+    rows = [row for case in (registered_cases() if cases is None else cases)
+            for row in case_rows(case, case.measure(n_images, seeds))]
+    return table_of(rows, n_images, seeds)
 
 
-__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "registered_cases", "rope_case",
-           "validation_table"]
+__all__ = ["CASES", "ValidationRow", "ValidationTable", "expected_verdict", "case_rows", "registered_cases",
+           "rope_case", "table_of", "validation_table"]

@@ -1,0 +1,83 @@
+"""The mutation test (issue 46): every pipeline mutation of `vitpos.validation.mutations` (a defence
+switched off, a control or null made a no-op, the wrong head ablated, probe targets permuted, SAE
+types shuffled) flips at least one row of the validation table. A mutation that flips nothing is a
+defence that the planted cases cannot see, and fails this test."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitpos.validation.mutations import PIPELINE_MUTATIONS, Mutation, condition_mutations, flips, run_mutations
+from vitpos.validation.table import registered_cases
+
+pytestmark = pytest.mark.slow
+
+# the APE cases at fewer images than the run's table (300): the planted effects are exact, the
+# intervals still clear (the RoPE cases keep their own sizes)
+N_IMAGES, SEEDS = 150, (0,)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_mutations(registered_cases(), N_IMAGES, SEEDS)
+
+
+def test_the_table_passes_unmutated(results):
+    base, _ = results
+    assert base.passes and len(base.rows) >= 15
+
+
+def test_there_are_at_least_twelve_mutations_and_the_issue_six():
+    names = {m.name for m in (*PIPELINE_MUTATIONS, *condition_mutations())}
+    assert len(names) >= 12
+    for six in ("same-position swap edits nothing", "C1 control removes nothing", "C3 floor at chance",
+                "C4 S from clean attention", "C4 S threshold 0.5", "C3.kept always holds"):
+        assert six in names
+
+
+@pytest.mark.parametrize("name", [m.name for m in (*PIPELINE_MUTATIONS, *condition_mutations())])
+def test_every_mutation_flips_a_row(results, name):
+    _, done = results
+    (r,) = [r for r in done if r.mutation.name == name]
+    assert r.rows > 0, f"{name}: no planted case of {r.mutation.claims} was read under it"
+    assert r.flips, f"{name} ({r.mutation.what}) flips no row: the table cannot see this defence"
+
+
+def test_a_mutation_is_undone_after_it_ran():
+    """Applying and leaving a mutation restores every patched function (the table is the same after)."""
+    from vitpos.experiments import ape_permute, ape_permute_variants
+    from vitpos.validation.mutations import applied
+
+    swap = PIPELINE_MUTATIONS[1]
+    assert isinstance(swap, Mutation) and "swap" in swap.name
+    before = ape_permute_variants.swap_features
+    with applied(swap):
+        assert ape_permute_variants.swap_features is not before
+    assert ape_permute_variants.swap_features is before
+    assert getattr(ape_permute, "swap_features", before) is before
+
+
+def test_flips_compares_verdicts_row_by_row():
+    from vitpos.results.validation import ValidationRow
+
+    def row(case: str, verdict: str) -> ValidationRow:
+        return ValidationRow(claim="C1", case=case, description="", planted=False, verdict=verdict,
+                             expected="not supported", passes=verdict == "not supported", evidence="")
+
+    before = [row("a", "not supported"), row("b", "not supported")]
+    got = flips(before, [row("a", "not supported"), row("b", "supported")])
+    assert [(f.case, f.before, f.after) for f in got] == [("b", "not supported", "supported")]
+
+
+def test_a_precondition_never_fails_alone(results):
+    """A precondition (C1's feature_sets) is left out of the mutations because no case can be decided
+    by it alone: wherever it fails, a condition that reads what it requires fails too."""
+    from vitpos.claims.registry import CLAIMS
+
+    pre = {(c.id, k.name) for c in CLAIMS for k in c.conditions if k.precondition}
+    assert ("C1", "feature_sets") in pre
+    base, _ = results
+    failing = [r for r in base.rows for cid, name in pre if r.claim == cid and r.conditions.get(name) == "fails"]
+    assert failing  # the table has rows where it fails (ape:no_position) ...
+    for r in failing:  # ... and each fails on another condition too
+        assert [k for k, v in r.conditions.items() if v == "fails" and (r.claim, k) not in pre], r.case
