@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 
 import torch
-from timm.layers import apply_rot_embed_cat
+from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
 from vitpos.data.base import TensorImageDataset
 from vitpos.models.planted_rope import (
