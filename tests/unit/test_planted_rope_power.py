@@ -1,6 +1,7 @@
 """Planted RoPE cases with power (vitpos.models.planted_rope_power, issue 46): each held-out
 planted-false case comes out as planted, and the one condition it was built to fail is the only one
-that fails, so `ValidationTable.power()` credits that condition (METHODS.md, Power)."""
+that fails, so `ValidationTable.power()` credits that condition (METHODS.md, Power); the C4 cases
+built for a pipeline mutation (`MUTATED`) flip under it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Planted RoPE models with power (issue 46): each planted-false case below passes every condition
 of its claim's rule but one, so that condition alone decides it (METHODS.md, Power; the table's
-`ValidationTable.power()` counts them). Built after rules version 4 was frozen (hash
-bfb33fb5b1333858): held out, no rule was tuned on them.
+`ValidationTable.power()` counts them); a planted-true case here holds only through one defence
+(the restore-condition S), so the pipeline mutation that switches it off flips it. Built after rules
+version 4 was frozen (hash bfb33fb5b1333858): held out, no rule was tuned on them.
 
 They reuse the exact edits of `vitpos.models.planted_rope` (inert, one-axis, silent) on the same
 tiny own RoPE ViT, on its near-constant images unless a case says otherwise. R = the last block.
