@@ -1,15 +1,18 @@
 """Planted RoPE cases with power (vitpos.models.planted_rope_power, issue 46): each held-out
 planted-false case comes out as planted, and the one condition it was built to fail is the only one
-that fails, so `ValidationTable.power()` credits that condition (METHODS.md, Power)."""
+that fails, so `ValidationTable.power()` credits that condition (METHODS.md, Power); the C4 cases
+built for a pipeline mutation (`MUTATED`) flip under it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vitpos.data.base import to_float
 from vitpos.hooks import remove_rope
-from vitpos.models.planted_rope import flat_images
-from vitpos.models.planted_rope_power import c3_entangled
+from vitpos.models.planted_rope import _eva, flat_images
+from vitpos.models.planted_rope_power import c3_entangled, c4_hidden
+from vitpos.validation.mutations import PIPELINE_MUTATIONS, applied
 from vitpos.validation.rope_cases import rope_cases
 from vitpos.validation.table import rope_case, validation_table
 
@@ -19,6 +22,13 @@ TARGETS: dict[str, str | None] = {
     "entangled axes": "kept",
     "complete rebuild": "partial",
     "redundant rebuilders": "head_share",
+    "weakly biased rebuilders": "specialised",
+    "specialised where it rebuilds": None,
+}
+# case name -> the pipeline mutation that must flip its verdict (only that defence tells it apart)
+MUTATED: dict[str, str] = {
+    "weakly biased rebuilders": "C4 S threshold 0.5",
+    "specialised where it rebuilds": "C4 S from clean attention",
 }
 CASES = [c for c in rope_cases() if c.name in TARGETS]
 
@@ -58,3 +68,37 @@ def test_the_gate_reads_the_columns_only_where_the_row_rotation_is_not_the_ident
 
     assert spread(clean[0]) < 1e-3 and min(spread(clean[r]) for r in range(1, H)) > 1.0
     assert max(spread(off[r]) for r in range(H)) < 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(MUTATED))
+def test_the_mutation_it_was_built_for_flips_it(name):
+    """Under its mutation the case's verdict moves: the weakly biased rebuilders' S (between 0.5 and
+    the null threshold) passes a 0.5 threshold; the hidden-axis head's clean-attention S (~0.6) fails
+    the null threshold that its restore-condition S (~1) clears."""
+    (case,) = [c for c in CASES if c.name == name]
+    (m,) = [m for m in PIPELINE_MUTATIONS if m.name == MUTATED[name]]
+    with applied(m):
+        (row,) = validation_table([rope_case(case)]).rows
+    assert not row.passes, (row.verdict, row.conditions)
+    assert row.conditions["specialised"] == ("fails" if case.truth else "holds"), row.conditions
+
+
+def test_the_hidden_channels_are_quiet_only_where_the_head_rebuilds():
+    """specialised where it rebuilds: the row rebuilder's col query channels are ~0 on the stream
+    entering the last block with every rotation off before it (~0.1 of them: noise of the
+    near-constant images), and large on the clean stream."""
+    s = c4_hidden()
+    last, d = s.depth - 1, s.head_dim
+    block = _eva(s).blocks[last]
+    cols = s.rope_axis_map().channels("col")  # type: ignore[arg-type]
+    x = to_float(flat_images(16, seed=1))
+    with torch.no_grad():
+        clean = s.run_blocks(s.embed_tokens(x), 0, last)
+        with remove_rope(s, {"row": None, "col": None}, layers=range(last)):
+            restored = s.run_blocks(s.embed_tokens(x), 0, last)
+
+        def col_query(stream: torch.Tensor) -> float:  # mean norm of head 0's col query channels, patch queries
+            q = block.attn.qkv(block.norm1(stream))[:, s.num_prefix_tokens:, :d]
+            return float(q[..., cols].norm(dim=-1).mean())
+
+    assert col_query(restored) < 0.15 * col_query(clean), (col_query(restored), col_query(clean))

@@ -1,7 +1,8 @@
 """Planted RoPE models with power (issue 46): each planted-false case below passes every condition
 of its claim's rule but one, so that condition alone decides it (METHODS.md, Power; the table's
-`ValidationTable.power()` counts them). Built after rules version 4 was frozen (hash
-bfb33fb5b1333858): held out, no rule was tuned on them.
+`ValidationTable.power()` counts them); a planted-true case here holds only through one defence
+(the restore-condition S), so the pipeline mutation that switches it off flips it. Built after rules
+version 4 was frozen (hash bfb33fb5b1333858): held out, no rule was tuned on them.
 
 They reuse the exact edits of `vitpos.models.planted_rope` (inert, one-axis, silent) on the same
 tiny own RoPE ViT, on its near-constant images unless a case says otherwise. R = the last block.
@@ -37,6 +38,21 @@ The cases (claim, planted truth, the one condition that decides it):
             is partial and specialised (S = +-1 exactly), but its row part is shared by two heads
             (and the col part by two others), so keeping one head's rotations off removes only the
             part of the rebuild that head writes, a small share of the mean recovery over both axes
+  C4 false  weakly biased rebuilders (`specialised`, against the null threshold): C4-true's
+            rebuilders, but each keeps its other axis' query and key channels, rescaled by
+            WEAK_SCALES (row head, col head; the random init's row head already leans to the row,
+            so its col channels are doubled) instead of zeroed: both read both axes and favour
+            their own, so the primary's restore-condition S is ~0.63 (the col head's ~-0.71),
+            above the round 0.5 but below the null threshold (~0.82: the relabelled-pair |S| of
+            heads that read both axes); the rebuild is still partial and the primary carries
+            enough of it
+  C4 true   specialised only where it rebuilds (the restore-condition S): C4-true's rebuilders,
+            but the row head's col query and key channels read the stream's deviation from the
+            state it has in the restore condition (its original weights times HIDDEN_SCALE, bias
+            minus those weights times the restore condition's mean normalised patch state). Where
+            it rebuilds (rotations off before R: every patch near that state) they are ~0 and the
+            head is row-only (S ~ 1 > the null threshold); in the clean run the stream carries the
+            position layers 0-1 wrote, so they are large and its clean-attention S is ~0.6
 """
 
 from __future__ import annotations
@@ -46,12 +62,14 @@ import math
 import torch
 from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
-from vitpos.data.base import TensorImageDataset
+from vitpos.data.base import TensorImageDataset, to_float
+from vitpos.hooks import remove_rope
 from vitpos.models.planted_rope import (
     GRID_PX,
     PATCH,
     REBUILD_SCALE,
     _eva,
+    _qk_rows,
     dataset,
     flat_images,
     make_one_axis,
@@ -64,6 +82,10 @@ COMPLETE_SCALE = 4.0  # the rebuilders' output scale of the complete rebuild (C4
 GATE_SCORE = 40.0  # the gate head's class-token score where the row rotation is the identity (row 0)
 GATE_SPREAD = 2.0  # the step of its class-token score from one column to the next
 RING_AMP = 0.05  # pixel amplitude step of the rings: row r's ring has radius RING_AMP * (r + 1)
+# the weakly biased rebuilders' other-axis query / key scale (row head, col head): chosen so that both
+# restore-condition S lie inside (0.5, null threshold), S ~ 0.63 and -0.71 against a threshold ~0.82
+WEAK_SCALES = (2.0, 0.55)
+HIDDEN_SCALE = 3.0  # the hidden col channels' weight scale: clean-attention S ~0.6, restore-condition S ~0.998
 REDUNDANT_HEADS = 4  # heads per layer of the redundant rebuilders' model: two copies per axis in the last block
 
 
@@ -85,6 +107,57 @@ def c4_redundant() -> OwnSurface:
     last = s.depth - 1
     for h in range(REDUNDANT_HEADS):
         make_one_axis(s, last, h, "row" if h < REDUNDANT_HEADS // 2 else "col")
+    with torch.no_grad():
+        _eva(s).blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
+    return s
+
+
+@torch.no_grad()
+def make_biased(surface: OwnSurface, layer: int, head: int, axis: str, scale: float) -> None:
+    """The other axis' query and key channels of this head scaled by `scale` (0: `make_one_axis`,
+    1: unchanged): its scores turn with both axes, the other one's part rescaled."""
+    other = "col" if axis == "row" else "row"
+    qkv = _eva(surface).blocks[layer].attn.qkv
+    rows = _qk_rows(surface, head, surface.rope_axis_map().channels(other))  # type: ignore[arg-type]
+    qkv.weight[rows] *= scale
+    qkv.bias[rows] *= scale
+
+
+def c4_weak() -> OwnSurface:
+    """C4-true's model with rebuilders that keep a WEAK_SCALES share of their other axis' channels."""
+    s = planted_surface("rope-axial", depth=3)
+    last = s.depth - 1
+    make_biased(s, last, 0, "row", WEAK_SCALES[0])
+    make_biased(s, last, 1, "col", WEAK_SCALES[1])
+    with torch.no_grad():
+        _eva(s).blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
+    return s
+
+
+@torch.no_grad()
+def make_hidden_axis(surface: OwnSurface, layer: int, head: int, axis: str, scale: float = HIDDEN_SCALE) -> None:
+    """The other axis' query and key channels of this (unedited) head read only the stream's
+    deviation from its restore-condition state: weights times `scale`, bias minus them times the
+    mean normalised patch state entering `layer` with every rotation off before it (near-constant
+    images: every patch is near that mean there, so these channels are ~0 where the head rebuilds)."""
+    m = _eva(surface)
+    x = to_float(flat_images(64))
+    with remove_rope(surface, {"row": None, "col": None}, layers=range(layer)):
+        state = m.blocks[layer].norm1(surface.run_blocks(surface.embed_tokens(x), 0, layer))
+    mean = state[:, surface.num_prefix_tokens:].reshape(-1, surface.width).mean(0)
+    other = "col" if axis == "row" else "row"
+    qkv = m.blocks[layer].attn.qkv
+    rows = _qk_rows(surface, head, surface.rope_axis_map().channels(other))  # type: ignore[arg-type]
+    qkv.weight[rows] *= scale
+    qkv.bias[rows] = -qkv.weight[rows] @ mean
+
+
+def c4_hidden() -> OwnSurface:
+    """C4-true's model whose row rebuilder reads the columns only through `make_hidden_axis`."""
+    s = planted_surface("rope-axial", depth=3)
+    last = s.depth - 1
+    make_hidden_axis(s, last, 0, "row")
+    make_one_axis(s, last, 1, "col")
     with torch.no_grad():
         _eva(s).blocks[last].attn.proj.weight.mul_(REBUILD_SCALE)
     return s

@@ -138,14 +138,17 @@ def _floor_at_chance(stack: ExitStack) -> None:
 
 
 def _s_from_clean_attention(stack: ExitStack) -> None:
-    """C4's axis index S is read from clean attention instead of where the head rebuilds."""
+    """C4's axis index S is read from clean attention instead of where the head rebuilds: S and its
+    interval both (C4's `specialised` reads the interval, so S alone would change no verdict)."""
     real = rope_heads_analysis.restore_axis_index
 
     def restore_S(surface: Any, images: torch.Tensor, axes: Any, R: int, *args: Any, **kwargs: Any) -> Any:
         got = real(surface, images, axes, R, *args, **kwargs)
-        clean, _ = rope_heads_analysis.axis_index(surface, images)
+        clean, kl = rope_heads_analysis.axis_index(surface, images)
         S = [[None if got.S[li][h] is None else clean[li][h] for h in range(len(row))] for li, row in enumerate(got.S)]
-        return got._replace(S=S)
+        ci = [[None if got.ci95[li][h] is None else kl["ci95"][li][h] for h in range(len(row))]
+              for li, row in enumerate(got.ci95)]
+        return got._replace(S=S, ci95=ci)
 
     _patch_everywhere(stack, rope_heads_analysis, "restore_axis_index", restore_S)
 

@@ -14,7 +14,14 @@ from vitpos.data.base import TensorImageDataset
 from vitpos.experiments.rope_axis import run_rope_axis
 from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
-from vitpos.models.planted_rope_power import c3_entangled, c4_complete, c4_redundant, ring_data
+from vitpos.models.planted_rope_power import (
+    c3_entangled,
+    c4_complete,
+    c4_hidden,
+    c4_redundant,
+    c4_weak,
+    ring_data,
+)
 from vitpos.models.spec import OwnSurface
 
 
@@ -58,6 +65,10 @@ def rope_cases() -> list[PlantedCase]:
                     c4_complete, flat_data, split="held_out"),
         PlantedCase("C4", "redundant rebuilders", False, "two heads per axis share the rebuild: none carries much",
                     c4_redundant, flat_data, split="held_out"),
+        PlantedCase("C4", "weakly biased rebuilders", False, "the rebuilders read both axes and favour one: S "
+                    "between 0.5 and the null threshold", c4_weak, flat_data, split="held_out"),
+        PlantedCase("C4", "specialised where it rebuilds", True, "the row rebuilder reads the columns only from "
+                    "position the stream carries in the clean run", c4_hidden, flat_data, split="held_out"),
     ]
 
 
