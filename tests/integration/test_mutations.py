@@ -40,9 +40,8 @@ def test_there_are_at_least_twelve_mutations_and_the_issue_six():
 BLIND = {
     "C3.removed always holds": "the MLP read-out is measured against chance on the same layers, so a removal "
                                "that leaves too much for the linear floored fraction leaves it for the MLP too",
-    "C3 floor at chance": "a planted-true case that needs the floor fails mlp_removed (unfloored)",
-    "C4 S from clean attention": "no case whose primary head's S differs between clean and restore attention",
-    "C4 S threshold 0.5": "no case with a rebuilder's S between 0.5 and its null threshold",
+    "C3 floor at chance": "content that raises the floor also fails removed / mlp_removed against chance; only a "
+                          "head that erases content under the row rotation could pass them (not built)",
 }
 
 
