@@ -74,6 +74,7 @@ class PlantedProbe:
     name = "c6:decodable"
     description = "position planted at every layer"
     truth = {"C6": True}
+    split = "design"
 
     @property
     def measure(self) -> Callable[[int, tuple[int, ...]], ClaimInputs]:
