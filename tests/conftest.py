@@ -91,6 +91,19 @@ def _one_validation_table_per_session():
     yield
     mp.undo()
 
+def seed_validation(out: Path) -> None:
+    """Put the session's one validation table in `out`'s stage cache, as a run there would have: a
+    `vitpos run` in a subprocess (which the session's memo cannot reach) then reads it instead of
+    measuring the planted models again. The run's own check (`validation_problem`) still reads it."""
+    from vitpos.study import run as study_run
+    from vitpos.study.cache import StageCache
+
+    table = study_run.validation_table(n_images=study_run.VALIDATION_IMAGES, seeds=study_run.VALIDATION_SEEDS)
+    cache = StageCache(out, False)
+    key = study_run._validation_key()  # the key the run looks the table up by
+    cache.put(study_run._validation_path(cache, key), key, table.model_dump(mode="json"), 0.0)
+
+
 @pytest.fixture
 def own():
     return tiny_own

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GOLDEN_PATH  # tests/golden/run_quick_results.json
+from conftest import GOLDEN_PATH, seed_validation  # GOLDEN_PATH: tests/golden/run_quick_results.json
 
 # claims whose verdict rule changed on purpose since the golden file was written: their verdicts,
 # per-model results and evidence text are not compared, their measured numbers still are
@@ -214,6 +214,7 @@ def test_each_cpu_golden_differs_from_the_default_only_by_float_rounding():
 @pytest.mark.slow
 def test_quick_run_equals_the_golden_file(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    seed_validation(tmp_path / "out")  # the planted-model table is not compared here; measured once per session
     proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--quick", "--no-progress", "--out",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import vitpos
+from conftest import seed_validation
 from vitpos.errors import VitposError
 from vitpos.study.config import RunConfig, load_config
 from vitpos.study.run import run_study
@@ -51,6 +52,7 @@ class _Tags(HTMLParser):
 
 def test_cli_run_quick_end_to_end(tiny_models, tmp_path):
     out = tmp_path / "out"
+    seed_validation(out)  # the planted-model table: measured once per session
     proc = subprocess.run([sys.executable, "-m", "vitpos.cli", "run", "--quick", "--no-progress", "--models",
                            ",".join(tiny_models), "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
