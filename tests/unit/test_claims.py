@@ -300,11 +300,13 @@ def test_the_summary_carries_typed_pieces_per_model_family():
     c2 = next(c for c in s.claims if c.id == "C2")
     assert c2.verdict == "partly supported"
     two, one = c2.headlines
-    assert (two.family, two.models, two.holds, two.seeds_text()) == (
-        "builtin:ape", ["builtin:ape", "builtin:ape-seed1"], 2, "holds on 2/2 seeds")
     mean, ci = seed_interval([20.0, 22.0])
+    # two seeds: a t-interval with one degree of freedom, wide enough to straddle C2.min_drop (FAMILY_RULE)
+    family = f"family inconclusive (2/2 seeds hold; seed interval [{ci[0]:.3g}, {ci[1]:.3g}] straddles C2.min_drop 10)"
+    assert (two.family, two.models, two.holds, two.seeds_text()) == (
+        "builtin:ape", ["builtin:ape", "builtin:ape-seed1"], 2, f"holds on 2/2 seeds; {family}")
     assert two.value == pytest.approx(mean) and two.ci95 == pytest.approx(ci) and two.number == "all_positional_drop"
-    assert two.text() == f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts, holds on 2/2 seeds"
+    assert two.text() == f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts, holds on 2/2 seeds; {family}"
     # one model: the family's headline is the model's own number and interval
     assert one.family == "timm:vit<b>" and one.seeds_text() == "inconclusive"
     assert one.value == c2.numbers["timm:vit<b>"]["all_positional_drop"] == 12.0
@@ -631,6 +633,45 @@ def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.50)), ("builtin:pairs-ape-seed1", c1(0.52))])
     ci = s["builtin:pairs-ape"].ci95
     assert ci is not None and ci == pytest.approx([0.51 - 0.127062, 0.51 + 0.127062], abs=1e-5)  # inside: untouched
+
+
+def test_a_family_holds_only_when_every_seed_holds_and_the_seed_interval_clears_the_threshold():
+    """FAMILY_RULE (issue 48): the seeds' interval of the headline number is read against the threshold
+    the rule holds it to (C2: C2.min_drop = 10 pts); a family whose seeds all hold but whose interval
+    straddles it is inconclusive, one whose interval lies below it fails whatever its seeds say."""
+    from vitpos.claims.base import ModelClaim
+    from vitpos.claims.registry import BY_ID
+    from vitpos.claims.summary import seed_summaries
+
+    t = rule_set().values()
+    assert t["C2.min_drop"] == 10.0
+
+    def family(*pts: tuple[str, float]) -> str | None:
+        found = [(f"builtin:ape{'' if i == 0 else f'-seed{i}'}",
+                  ModelClaim(result=r, numbers={"all_positional_drop": d})) for i, (r, d) in enumerate(pts)]
+        return seed_summaries(BY_ID["C2"], found, t)["builtin:ape"].family_result
+
+    assert family((HOLDS, 30.0), (HOLDS, 31.0), (HOLDS, 29.5)) == HOLDS  # interval ~[28.6, 31.4]
+    assert family((HOLDS, 11.0), (HOLDS, 30.0), (HOLDS, 12.0)) == INCONCLUSIVE  # every seed holds, wide interval
+    assert family((HOLDS, 30.0), (FAILS, 2.0), (HOLDS, 29.0)) == INCONCLUSIVE
+    assert family((HOLDS, 5.0), (HOLDS, 6.0), (HOLDS, 5.5)) == FAILS  # interval below 10 (seeds' own intervals aside)
+    assert family((FAILS, 30.0), (FAILS, 31.0)) == FAILS
+    two = [(spec, ModelClaim(result=HOLDS, numbers={"all_positional_drop": d}))
+           for spec, d in (("builtin:ape", 30.0), ("builtin:ape-seed1", 31.0))]
+    assert seed_summaries(BY_ID["C2"], two)["builtin:ape"].family_result is None  # no thresholds: no family result
+
+
+def test_a_family_without_one_headline_threshold_reads_its_seeds_verdicts():
+    from vitpos.claims.registry import BY_ID
+    from vitpos.claims.summary import family_result
+
+    assert BY_ID["C5"].headline.threshold is None
+    t = rule_set().values()
+    assert family_result(BY_ID["C5"], [HOLDS, HOLDS], [1.0, 9.0], t)[0] == HOLDS
+    assert family_result(BY_ID["C5"], [HOLDS, FAILS], [1.0, 9.0], t)[0] == INCONCLUSIVE
+    assert family_result(BY_ID["C5"], [FAILS, FAILS], [1.0, 9.0], t)[0] == FAILS
+    for c in BY_ID.values():  # a named threshold is one of the claim's own, so the rule can read it
+        assert c.headline.threshold is None or c.headline.threshold in t and c.headline.threshold.startswith(c.id)
 
 
 def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_verdict():

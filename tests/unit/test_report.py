@@ -407,7 +407,8 @@ def test_claims_row_reads_at_a_glance_and_folds_the_models(tmp_path):
     assert html.escape(c2.sentence) in glance
     assert [h.family for h in c2.headlines] == ["builtin:ape", odd]
     seeds, one = c2.headlines
-    assert seeds.seeds_text() == f"holds on {seeds.holds}/2 seeds" and one.seeds_text() == c2.numbers[odd]["result"]
+    assert seeds.seeds_text() == f"holds on {seeds.holds}/2 seeds; family {seeds.family_result} ({seeds.family_reason})"
+    assert seeds.family_result is not None and one.seeds_text() == c2.numbers[odd]["result"]
     for h in c2.headlines:
         assert f"<b>{html.escape(h.family)}</b>: {html.escape(h.value_text())}" in glance
     assert html.escape(seeds.seeds_text()) in glance

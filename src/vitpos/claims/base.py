@@ -66,7 +66,9 @@ def decide(conditions: Sequence[ConditionReading]) -> Outcome:
 class Headline:
     """A claim's headline number: made of per-model numbers (`parts`, keys of the claim's numbers) as
     the smaller of them, their mean, or the one; `cis`: each part's interval key (default `<part>_ci95`);
-    `range`: where the number can lie at all (a seed interval is cut there)."""
+    `range`: where the number can lie at all (a seed interval is cut there); `threshold`: the rule set's
+    threshold the number must reach for the claim to hold (a model family's seed interval is read
+    against it), None where the rule has no single threshold on this number."""
 
     number: str
     label: str
@@ -75,6 +77,7 @@ class Headline:
     how: Literal["min", "mean", "one"]
     range: tuple[float, float] | None = None
     cis: tuple[str, ...] | None = None
+    threshold: str | None = None
 
     def ci_keys(self) -> tuple[str, ...]:
         return self.cis if self.cis is not None else tuple(f"{k}_ci95" for k in self.parts)

@@ -178,7 +178,8 @@ class C1(RuleClaim[View]):
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
     headline = Headline(number="min_selectivity", label="smaller of the row and col sets' causal selectivity",
-                        unit="fraction", parts=("row_selectivity", "col_selectivity"), how="min", range=(-1.0, 1.0))
+                        unit="fraction", parts=("row_selectivity", "col_selectivity"), how="min", range=(-1.0, 1.0),
+                        threshold="C1.selective")
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.sae is None else View.of(model.sae)

@@ -147,7 +147,8 @@ class C2(RuleClaim[View]):
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
     headline = Headline(number="all_positional_drop", label="top-1 drop permuting all positional features",
-                        unit="points", parts=("all_positional_drop",), how="one", range=(-100.0, 100.0))
+                        unit="points", parts=("all_positional_drop",), how="one", range=(-100.0, 100.0),
+                        threshold="C2.min_drop")
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.ape_permute is None else View.of(model.ape_permute, none_top1(models, model.data, spec))

@@ -34,6 +34,11 @@ AGGREGATION = """Aggregation over the models of the claim's scheme: `supported` 
 fails for at least one, `inconclusive` when it is inconclusive for every model. A claim is
 `not applicable` where no model of its scheme ran. `numbers[model]` records `result` (holds /
 fails / inconclusive) and `holds` (result == holds)."""
+FAMILY_RULE = """Model families (`NAME`, `NAME-seed1`, ...: independently trained seeds), beside the per-seed results
+and not entering the verdict above: a family `holds` when the claim holds on every seed and, where
+the claim's headline number has one threshold (C1: C1.selective, C2: C2.min_drop), the seeds'
+Student-t interval of that number lies at or above it; it `fails` when the claim fails on every seed
+or that interval lies below the threshold; otherwise it is `inconclusive`."""
 
 
 def rules_text(rules: RuleSet | None = None) -> str:
@@ -41,7 +46,7 @@ def rules_text(rules: RuleSet | None = None) -> str:
     rules = rule_set() if rules is None else rules
     values = "\n".join(f"  {t.name} = {t.value:g} {t.unit} ({t.source}): {t.meaning}" for t in rules.thresholds)
     return "\n".join([RULES_PREAMBLE, *(c.rule for c in CLAIMS), f"Rule set version {rules.version} "
-                      f"(claims/rules.py, hash {rules.digest()}):", values, AGGREGATION])
+                      f"(claims/rules.py, hash {rules.digest()}):", values, AGGREGATION, FAMILY_RULE])
 
 
 # --- seeds, model families and the headline number ---------------------------------------------------
@@ -81,9 +86,33 @@ def _families(found: Sequence[tuple[str, ModelClaim]]) -> dict[str, list[tuple[s
     return families
 
 
-def seed_summaries(claim: Claim, found: Sequence[tuple[str, ModelClaim]]) -> dict[str, SeedSummary]:
-    """Per model family with >= 2 seeds: on how many the claim holds, and the headline number's
-    mean with a Student-t interval over the seeds."""
+def family_result(claim: Claim, results: Sequence[str], ci: Sequence[float] | None,
+                  t: Thresholds) -> tuple[str, str]:
+    """A model family's result by `FAMILY_RULE` from its seeds' results and the seeds' interval of the
+    headline number, with the reason in words."""
+    n, holds, fails = len(results), results.count(HOLDS), results.count(FAILS)
+    name = claim.headline.threshold
+    if name is None:
+        return (HOLDS if holds == n else FAILS if fails == n else INCONCLUSIVE,
+                f"{holds}/{n} seeds hold; {claim.id}'s headline has no single threshold")
+    thr = t[name]
+    if ci is None:
+        where = "no seed interval"
+    elif ci[1] < thr:
+        return FAILS, f"seed interval [{ci[0]:.3g}, {ci[1]:.3g}] below {name} {thr:g}"
+    else:
+        where = f"seed interval [{ci[0]:.3g}, {ci[1]:.3g}] {'clears' if ci[0] >= thr else 'straddles'} {name} {thr:g}"
+    if fails == n:
+        return FAILS, f"fails on every seed; {where}"
+    if holds == n and ci is not None and ci[0] >= thr:
+        return HOLDS, f"holds on every seed; {where}"
+    return INCONCLUSIVE, f"{holds}/{n} seeds hold; {where}"
+
+
+def seed_summaries(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
+                   t: Thresholds | None = None) -> dict[str, SeedSummary]:
+    """Per model family with >= 2 seeds: on how many the claim holds, the headline number's mean
+    with a Student-t interval over the seeds, and (given the thresholds `t`) the family's result."""
     out = {}
     for fam, members in _families(found).items():
         if len(members) < 2:
@@ -94,9 +123,11 @@ def seed_summaries(claim: Claim, found: Sequence[tuple[str, ModelClaim]]) -> dic
         lo, hi = claim.headline.range or (-math.inf, math.inf)
         if ci is not None:  # a t-interval over two or three seeds can leave the number's range: cut it there
             ci = [max(ci[0], lo), min(ci[1], hi)]
-        out[fam] = SeedSummary(models=[spec for spec, _ in members], holds=sum(r.result == HOLDS for _, r in members),
-                               results=[r.result for _, r in members], number=claim.headline.number, values=values,
-                               mean=mean, ci95=ci)
+        results = [r.result for _, r in members]
+        fam_result, reason = family_result(claim, results, ci, t) if t is not None else (None, None)
+        out[fam] = SeedSummary(models=[spec for spec, _ in members], holds=results.count(HOLDS), results=results,
+                               number=claim.headline.number, values=values, mean=mean, ci95=ci,
+                               family_result=fam_result, family_reason=reason)
     return out
 
 
@@ -115,15 +146,17 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
     for fam, members in _families(found).items():
         s = seeds.get(fam)
         first = members[0][1].numbers
+        fam_result = reason = None
         if s is not None:
-            value, ci = s.mean, s.ci95
+            value, ci, fam_result, reason = s.mean, s.ci95, s.family_result, s.family_reason
         else:
             value, ci = headline_value(claim, first), headline_interval(claim, first)
         out.append(FamilyHeadline(family=fam, models=[spec for spec, _ in members],
                                   results=[r.result for _, r in members],
                                   holds=sum(r.result == HOLDS for _, r in members), number=h.number,
                                   label=h.label, unit=h.unit, value=value, ci95=ci,
-                                  why_undefined=None if value is not None else headline_gap(claim, first)))
+                                  why_undefined=None if value is not None else headline_gap(claim, first),
+                                  family_result=fam_result, family_reason=reason))
     return out
 
 
@@ -149,7 +182,7 @@ def verdict(claim: Claim, models: Mapping[str, ClaimInputs], rules: RuleSet) -> 
     and (a claim with thresholds in the rule set) its sensitivity curves."""
     t = rules.values()
     found = read_models(claim, models, t)
-    seeds = seed_summaries(claim, found)
+    seeds = seed_summaries(claim, found, t)
     results = [r.result for _, r in found]
     out = ClaimVerdict(
         id=claim.id, claim=claim.text, scheme=claim.scheme, verdict=aggregate(results),
@@ -177,5 +210,5 @@ def summarise(models: Mapping[str, ModelResults | ClaimInputs]) -> Summary:
                    rules_version=rules.version, rules_hash=rules.digest(), rule_set=rules)
 
 
-__all__ = ["AGGREGATION", "RULES_PREAMBLE", "claim_sentence", "family_headlines", "headline_gap", "headline_value",
-           "read_models", "rules_text", "seed_summaries", "summarise", "verdict"]
+__all__ = ["AGGREGATION", "FAMILY_RULE", "RULES_PREAMBLE", "claim_sentence", "family_headlines", "family_result",
+           "headline_gap", "headline_value", "read_models", "rules_text", "seed_summaries", "summarise", "verdict"]

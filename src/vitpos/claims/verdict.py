@@ -36,6 +36,8 @@ class SeedSummary(BaseModel):
     values: list[float | None]
     mean: float | None
     ci95: list[float] | None  # Student-t over the seeds with a value
+    family_result: str | None = None  # holds / fails / inconclusive for the family (`FAMILY_RULE`)
+    family_reason: str | None = None  # why, in words
 
 
 class FamilyHeadline(BaseModel):
@@ -53,6 +55,8 @@ class FamilyHeadline(BaseModel):
     value: float | None  # one model: its number; several seeds: their mean (None: not measured)
     ci95: list[float] | None  # one model: its own 95 % interval; several seeds: Student-t over them
     why_undefined: str | None = None  # why `value` is None, in words (the claim's `headline_gap`)
+    family_result: str | None = None  # several seeds: the family's result by `FAMILY_RULE`
+    family_reason: str | None = None
 
     def value_text(self) -> str:
         """The number with its interval, e.g. '23.1 [20.0, 26.2] pts' or '0.81 [0.70, 0.93]'."""
@@ -66,7 +70,8 @@ class FamilyHeadline(BaseModel):
         """'holds on 2/3 seeds'; a family of one model: its result ('holds', 'fails', 'inconclusive')."""
         if len(self.models) == 1:
             return self.results[0]
-        return f"holds on {self.holds}/{len(self.models)} seeds"
+        family = "" if self.family_result is None else f"; family {self.family_result} ({self.family_reason})"
+        return f"holds on {self.holds}/{len(self.models)} seeds{family}"
 
     def text(self) -> str:
         return f"{self.family}: {self.value_text()}, {self.seeds_text()}"
