@@ -47,7 +47,7 @@ def section(r: ApePermuteResult) -> str:
         if k is None and c is None:
             continue
         pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), drop_or_why(k),
-                      budget_text(position_budget(r, kept)), str(ctrl), _nf(c), drop_or_why(c), _note(c)])
+                      _budget_cell(r, kept), str(ctrl), _nf(c), drop_or_why(c), _note(c)])
     out = head
     if pairs:
         out += "<h4>each permuted set beside its matched random control</h4>"
@@ -111,6 +111,11 @@ def budget_section(r: ApePermuteResult) -> str:
             + ("" if undefined is None else f"; <b>undefined here</b>: {e(undefined)}") + f".{rank} "
             f"{_sentence(e(prefix_scope(r)))}.</p>"
             + table(["edit", "drop [95% CI]", "position budget [95% CI]", "note"], rows))
+
+
+def _budget_cell(r: ApePermuteResult, variant: str) -> str:
+    """The edit's position budget, or "not measured" in a result written before it."""
+    return "not measured" if r.position_budget is None else budget_text(position_budget(r, variant))
 
 
 def _sentence(text: str) -> str:

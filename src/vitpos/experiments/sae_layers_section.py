@@ -31,7 +31,9 @@ def _permuted(p: LayerPoint, variant: str) -> str:
 
 
 def _budget(p: LayerPoint, variant: str) -> str:
-    return "n/a" if p.permute is None else budget_text(position_budget(p.permute, variant))
+    if p.permute is None or p.permute.position_budget is None:
+        return "not measured"  # a sweep written before the position budget
+    return budget_text(position_budget(p.permute, variant))
 
 
 def _prefix(r: SAELayersResult) -> str:
