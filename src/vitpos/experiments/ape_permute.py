@@ -35,6 +35,15 @@ Nulls by construction (`NULLS`, issue 28), each with its own generators (no olde
 Every SAE variant also records `edit_norm`: the mean over patch tokens of ||x' - x|| (and
 `edit_rel`, that over the mean ||x||), measured on the first MASS_IMAGES images with fresh draws.
 
+Issue 47, each with the all-positional set's permutations (no older number moves):
+  subspace_positional  each patch's component in the span of the all-positional set's decoder directions
+                       (rank `subspace_rank`) permuted across patches: the whole token where it spans D.
+  subspace_error       only the SAE error term's component in that span permuted.
+The position budget (`position_budget`): each edit of BUDGET_VARIANTS as a share of the APE-table shuffle's
+effect on the same images, drop(edit) / drop(shuffle), with the paired-bootstrap interval of the ratio; None
+with the reason where the shuffle costs ~nothing (`shuffle_undefined`). Prefix tokens (CLS, registers) are
+never edited (`prefix_tokens`, `prefix_edited`; what that means at the site: `prefix_scope`).
+
 Uncertainty (analysis/stats.py): `drop_ci95` of every variant is a paired bootstrap over images
 of (clean correct - intervened correct, averaged over seeds per image), in points;
 `baseline_top1_ci95` is the Wilson interval of the clean top-1. Per-image correctness stays in
