@@ -11,7 +11,7 @@ from conftest import tiny_own
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.experiments.ape_permute import run_ape_permute
 from vitpos.experiments.ape_permute_variants import code_stats, crossed_edit, image_rotation, swap_features
-from vitpos.results.ape_permute import CONTROLS, NULLS, VARIANTS, variant_names
+from vitpos.results.ape_permute import BUDGET_VARIANTS, CONTROLS, NULLS, SUBSPACE_VARIANTS, VARIANTS, variant_names
 from vitpos.sae import SAE, SAEConfig
 from vitpos.sae.controls import matched_control, matched_random_features
 
@@ -83,8 +83,10 @@ def test_each_permuted_set_has_its_control_and_every_variant_an_interval(model_a
     doc = {"layer": 0, "site": "resid_post", "row_features": [1, 2], "col_features": [3], "mixed_features": [4, 5]}
     res = run_ape_permute(s, sae, doc, data=toy_images(64), n_images=64, seeds=(0, 1)).to_json()
     assert res["variants"] == list(VARIANTS) and res["controls"] == CONTROLS
-    assert sorted(variant_names(res)[-6:-3]) == ["random_all_positional", "random_col", "random_row"]
-    assert variant_names(res)[-3:] == list(NULLS) and res["nulls"] == NULLS
+    assert sorted(variant_names(res)[-8:-5]) == ["random_all_positional", "random_col", "random_row"]
+    assert variant_names(res)[-5:-2] == list(NULLS) and res["nulls"] == NULLS
+    assert variant_names(res)[-2:] == list(SUBSPACE_VARIANTS)  # issue 47: the positional subspace, the error in it
+    assert set(res["position_budget"]) == set(BUDGET_VARIANTS)  # every edit's share of the APE shuffle's effect
     for kept, ctrl in CONTROLS.items():
         assert res[ctrl]["n_features"] == res[kept]["n_features"], ctrl
         assert res[ctrl]["activation_mass"] is not None

@@ -542,10 +542,11 @@ def test_sweep_the_claims_hold_when_they_hold_at_every_plausible_layer():
         c = sweep_claim(m, cid)
         nums = c.numbers["m"]
         assert c.verdict == "supported" and nums["result"] == HOLDS
-        assert nums["plausible_layers"] == [0, 1] and nums["per_layer_result"] == {"0": HOLDS, "1": HOLDS, "2": FAILS}
+        assert nums["plausible_sites"] == ["L0", "L1"]
+        assert nums["per_site_result"] == {"L0": HOLDS, "L1": HOLDS, "L2": FAILS}
         assert nums["single_layer_result"] == FAILS  # the single-layer reading, beside it
         text = c.details["m"]
-        assert "plausible layers" in text and "L0 (selected in 60%): holds" in text and "L1 (selected in 38%)" in text
+        assert "plausible sites" in text and "L0 (selected in 60%): holds" in text and "L1 (selected in 38%)" in text
         assert "Single layer" in text
     c1 = sweep_claim(m, "C1")
     assert {x.threshold for x in c1.sensitivity or []} >= {"C1.plausible_layer"}  # its curve, with the sweep

@@ -404,11 +404,13 @@ def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
         missing += 0 if causal is None else sum(x is None for k in ("row", "col")
                                                 for x in (causal.effect(k), causal.control(k)))
         skipped = sum(isinstance(p.permute.outcome(v), Skipped) for v in p.permute.variant_names())
-        skipped_blocks += skipped * 20 * (L - (p.layer + 1))
+        resume = p.layer + (1 if p.site == "resid_post" else 0)  # the embedding's runs go through every block
+        skipped_blocks += skipped * 20 * (L - resume)
+    assert [p.key for p in result.points] == ["embed", "L0", "L1"]
     assert counts["forwards"] == plan.forwards - missing * 30
     assert counts["blocks"] == plan.blocks - missing * 30 * L - skipped_blocks
     assert counts["fits"] == plan.fits
-    assert plan.sae_tokens == 2 * 300 * ape.num_patches  # one SAE per layer, one epoch
+    assert plan.sae_tokens == 3 * 300 * ape.num_patches  # one SAE per site (the embedding, 2 layers), one epoch
 
 
 def test_a_starved_timing_goes_on_until_a_repeat_gets_the_cpu(monkeypatch):

@@ -36,16 +36,19 @@ def swept(tmp_path_factory):
     return exp, exp.run_stage(s, stage), out
 
 
-def test_the_stage_measures_one_point_per_swept_layer(swept):
+def test_the_stage_measures_the_embedding_then_one_point_per_swept_layer(swept):
     exp, res, out = swept
-    assert isinstance(res, SAELayersResult) and res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]
-    assert res.layer_rule == "every layer 0..1" and res.sae_images == 300 and res.seeds == [0]
-    for p in res.points:  # each layer's SAE and permutation, typed, as the claims re-read them
-        assert p.sae is not None and p.sae.layer == p.layer and p.permute is not None and p.permute.layer == p.layer
+    assert isinstance(res, SAELayersResult) and res.layers == [0, 1] and res.sites == ["embed", "L0", "L1"]
+    assert res.layer_rule == "the embedding, then every block output 0..1" and res.sae_images == 300
+    assert res.seeds == [0]
+    for p in res.points:  # each site's SAE and permutation, typed, as the claims re-read them
+        assert p.sae is not None and (p.sae.layer, p.sae.site) == (p.layer, p.site)
+        assert p.permute is not None and (p.permute.layer, p.permute.site) == (p.layer, p.site)
         assert p.c1 is None and p.c2 is None  # the sweep decides nothing: the claims read its points
     assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
     assert res.c1 is None and res.c2 is None
-    assert (out / "stage" / "L0" / "sae.json").is_file() and not (out / "stage" / "L0" / "acts").exists()
+    for d in ("embed", "L0"):
+        assert (out / "stage" / d / "sae.json").is_file() and not (out / "stage" / d / "acts").exists()
     again = exp.load(res.to_json())  # results.json round trip
     assert isinstance(again, SAELayersResult) and again.to_json() == res.to_json()
 
@@ -61,14 +64,16 @@ def test_the_curve_has_its_figure_section_and_claims(swept, tmp_path):
         fig.plot(res, tmp_path / f"{fig.name}.png")
         assert (tmp_path / f"{fig.name}.png").read_bytes()[:4] == b"\x89PNG"
     html = BY_NAME["sae_layers"].section(res, CLAIM_RULES)
-    assert "Plausible layers" in html and html.count("<tr>") == 1 + len(res.points)
+    assert "Plausible sites" in html and html.count("<tr>") == 1 + len(res.points)
+    rows = html.split("<tr>")[2:]  # the embedding's row first, with its position budget column
+    assert rows[0].startswith("<td>embed") and "position budget: all positional" in html
     s = summarise({"m": ClaimInputs(sae_layers=res)})
     for c in s.claims:
         if c.id in ("C1", "C2"):
             nums = c.numbers["m"]
-            assert nums["plausible_layers"] == res.plausible_layers and nums["single_layer"] is None
+            assert nums["plausible_sites"] == res.plausible_sites and nums["single_layer"] is None
             assert nums["result"] in ("holds", "fails", "inconclusive")
-            assert set(nums["per_layer_result"]) == {str(p.layer) for p in res.points}
+            assert set(nums["per_site_result"]) == {"embed", "L0", "L1"}
             (cond,) = c.conditions["m"]  # over the curve: one condition, the rule at every plausible layer
             assert cond.name == "plausible_layers" and cond.outcome == nums["result"]
 
@@ -116,6 +121,6 @@ def test_each_layer_takes_the_sae_stages_high_norm_rule(tmp_path):
                        progress=False, quick=False, root=tmp_path)
     res = exp.run_stage(s, stage)
     assert res.sae_high_norm == 2.5
-    for layer in res.layers:
-        training = read_json(tmp_path / "stage" / f"L{layer}" / "sae.json")["training"]
+    for key in res.sites:  # the embedding's SAE too
+        training = read_json(tmp_path / "stage" / key / "sae.json")["training"]
         assert training["high_norm_factor"] == 2.5 and training["high_norm_threshold"] is not None

@@ -35,10 +35,12 @@ def test_the_claim_over_the_curve_needs_every_plausible_layer():
     assert over_plausible([]) == "fails"  # no plausible layer: nothing holds
 
 
-def test_run_sae_sweep_measures_every_layer(tmp_path):
+def test_run_sae_sweep_starts_at_the_embedding_and_measures_every_layer(tmp_path):
     from conftest import TINY
+    from vitpos.data.resolve import dataset_for
     from vitpos.models.own import OwnViTConfig, build_own_vit
     from vitpos.models.spec import OwnSurface
+    from vitpos.store.reader import ActivationStore
 
     torch.manual_seed(0)
     cfg = OwnViTConfig(pe="ape", **{**TINY, "depth": 3})
@@ -48,14 +50,37 @@ def test_run_sae_sweep_measures_every_layer(tmp_path):
         for p in s.model.parameters():
             p.normal_(0, 0.3)
     kw = dict(k=4, expansion=2, n_train_images=64, n_eval_images=48, epochs=1, batch_tokens=256, buffer_tokens=512)
-    res = run_sae_sweep(s, toy_set(96), LAYER_MEASURES, sae_kw=kw, permute_images=48, out=tmp_path)
-    assert res.layers == [0, 1] and [p.layer for p in res.points] == [0, 1]  # depth 3: the last has no downstream
+    data = toy_set(96)
+    res = run_sae_sweep(s, data, LAYER_MEASURES, sae_kw=kw, permute_images=48, out=tmp_path)
+    # the embedding (resid_pre of block 0) first, then block outputs 0, 1 (depth 3: the last has no downstream)
+    assert res.layers == [0, 1] and res.sites == ["embed", "L0", "L1"]
+    assert [(p.layer, p.site) for p in res.points] == [(0, "resid_pre"), (0, "resid_post"), (1, "resid_post")]
+    assert res.layer_rule == "the embedding, then every block output 0..1"
+    embed = res.points[0]
+    assert embed.sae is not None and (embed.sae.layer, embed.sae.site) == (0, "resid_pre")
+    assert embed.permute is not None and (embed.permute.layer, embed.permute.site) == (0, "resid_pre")
+    # its SAE trained on the APE-added tokens before block 0: the store it read holds embed_tokens' patch tokens
+    store = ActivationStore(tmp_path / "embed" / "acts")
+    assert store.sites == ["blocks.0.resid_pre"]
+    x = next(iter(dataset_for(s, data, "train", limit=8).batches(8)))[0]
+    with torch.no_grad():
+        tokens = s.embed_tokens(x)
+        after = s.run_blocks(tokens, 0, 1)
+    npt = s.num_prefix_tokens
+    stored = store.load_site("blocks.0.resid_pre", max_images=8)
+    assert torch.allclose(stored, tokens[:, npt:], atol=1e-5) and not torch.allclose(stored, after[:, npt:], atol=1e-2)
+    # the embedding is one more site to the selection; each point carries its position budget
     assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
-    assert res.plausible_layers and res.c1 is None and res.c2 is None  # the sweep decides nothing
+    assert res.plausible_sites and set(res.plausible_sites) <= set(res.sites)
+    assert res.selected_site in (None, *res.sites) and res.c1 is None and res.c2 is None  # the sweep decides nothing
     from vitpos.claims.c1 import CLAIM as C1
     from vitpos.claims.c2 import CLAIM as C2
+    from vitpos.results.ape_permute import position_budget
 
-    for p in res.points:  # each layer read with the claims' own rules, from the typed results kept there
+    for p in res.points:  # each site read with the claims' own rules, from the typed results kept there
         assert C1.at_layer("m", p).result in ("holds", "fails", "inconclusive")
         assert C2.at_layer("m", p).numbers["all_positional_drop"] == p.all_positional_drop
-    assert (tmp_path / "L0" / "sae.json").is_file() and (tmp_path / "L1" / "sae.json").is_file()
+        assert p.permute is not None and p.all_positional_budget == position_budget(p.permute, "all_positional")
+        assert p.permute.prefix_tokens == npt and p.permute.prefix_edited is False
+    for d in ("embed", "L0", "L1"):
+        assert (tmp_path / d / "sae.json").is_file()

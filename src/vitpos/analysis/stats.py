@@ -15,6 +15,9 @@
   (n,) or (S, n): an (S, n) input (S seeds of the same images) is first averaged over seeds per
   image, so the statistic is the mean over seeds and the bootstrap is over images.
 
+* ``paired_ratio_interval(num, den)``: the interval of mean(num) / mean(den) on the same images (e.g.
+  an edit's drop over the APE-table shuffle's drop: the position budget), both means on one resample.
+
 * ``seed_interval(values)``: the mean over independently trained models (seeds) of one number and
   its Student-t interval (n - 1 degrees of freedom): with 3 seeds it is wide, as it should be.
 
@@ -124,6 +127,20 @@ def paired_bootstrap_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int = N_BOOT
     return bootstrap_mean_interval(a - b, n_boot, seed, level)
 
 
+def paired_ratio_interval(num: torch.Tensor, den: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED,
+                          level: float = LEVEL) -> list[float] | None:
+    """Interval of mean(num) / mean(den), num and den per-image values on the SAME images ((n,) or (S, n)):
+    images are resampled and both means recomputed on that resample. A resample whose mean(den) is <= 0
+    has no ratio and is left out (None when that is more than half of them): call it where den's own
+    interval lies above 0, so that at most (1 - level) / 2 of the resamples are left out."""
+    num, den = _as_images(num), _as_images(den)
+    if num.shape != den.shape:
+        raise VitposError(f"a paired ratio needs the same images on both sides, got {num.numel()} and {den.numel()}")
+    means = bootstrap_means(torch.stack([num, den], dim=1), n_boot, seed)  # (n_boot, 2), one resample per row
+    ratio = torch.where(means[:, 1] > 0, means[:, 0] / means[:, 1].clamp_min(1e-300), torch.nan)
+    return percentile_interval(ratio, level)
+
+
 def seed_interval(values: list[float], level: float = LEVEL) -> tuple[float, list[float] | None]:
     """(mean, Student-t interval of the mean) over seeds; the interval is None for one seed."""
     from scipy.stats import t as student_t  # the t quantile: scipy's, not a re-typed series
@@ -144,4 +161,5 @@ def scaled(iv: list[float] | None, factor: float) -> list[float] | None:
 
 
 __all__ = ["LEVEL", "N_BOOT", "accuracy_interval", "bootstrap_mean_interval", "bootstrap_means",
-           "paired_bootstrap_diff", "percentile_interval", "scaled", "seed_interval", "wilson_interval"]
+           "paired_bootstrap_diff", "paired_ratio_interval", "percentile_interval", "scaled", "seed_interval",
+           "wilson_interval"]

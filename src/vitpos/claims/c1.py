@@ -164,7 +164,8 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
                 f"{tx.f(nums[f'{k}_top1_drop'], 1)}{tx.iv(top1[k], 1)} pts (control "
                 f"{tx.f(nums[f'{k}_control_top1_drop'], 1)})")
 
-    return nums, (f"{spec}: L{sae.layer} SAE (FVU {sae.fvu:.3f}) has {sae.n_row_features} row / "
+    where = f"L{sae.layer}" + ("" if sae.site == "resid_post" else f" {sae.site}")  # the embedding: L0 resid_pre
+    return nums, (f"{spec}: {where} SAE (FVU {sae.fvu:.3f}) has {sae.n_row_features} row / "
                   f"{sae.n_col_features} col features; {axis('row')}; {axis('col')} (needs selectivity >= "
                   f"{t['C1.selective']:g}, probe drop >= {t['C1.min_probe_drop']:g} pts and > "
                   f"{t['C1.control_factor']:g}x its control, top-1 drop >= {t['C1.min_top1_drop']:g} pts)")

@@ -1,7 +1,9 @@
-"""A claim read over the SAE layer sweep (sae_layers): the per-model rule at every swept layer, and
-the model's result over the plausible layers (chosen as the largest all-positional drop in at least
+"""A claim read over the SAE layer sweep (sae_layers): the per-model rule at every swept site, and
+the model's result over the plausible sites (chosen as the largest all-positional drop in at least
 the threshold's share of the bootstrap resamples): holds when it holds at every one, fails when it
-fails at all of them, else inconclusive (the verdict would rest on an unstable choice of layer)."""
+fails at all of them, else inconclusive (the verdict would rest on an unstable choice of site).
+Sites are named by their key (`LayerPoint.key`): "embed" (resid_pre of block 0, swept since issue 47)
+and "L<layer>" (a block output); the rule is the same at every site."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ def layer_reader(at_layer: Callable[[str, LayerPoint, Thresholds], ModelClaim], 
     return at
 
 
-def plausible_layers(sweep: SAELayersResult, threshold: float) -> list[int]:
-    """The swept layers chosen as the largest all-positional drop in >= threshold of the resamples."""
-    return [p.layer for p in sweep.points if p.selection_frequency >= threshold]
+def plausible_sites(sweep: SAELayersResult, threshold: float) -> list[str]:
+    """The swept sites' keys chosen as the largest all-positional drop in >= threshold of the resamples."""
+    return [p.key for p in sweep.points if p.selection_frequency >= threshold]
 
 
 def over_plausible(at: Sequence[str]) -> Outcome:
@@ -43,28 +45,29 @@ def over_curve(spec: str, single: ModelClaim | None, sweep: SAELayersResult, at_
     """The claim read over the sweep's plausible layers (`at_layer`: its per-model rule at each;
     `threshold`: the rule set's plausible-layer share). The single-layer reading (`single`: the `stage`
     stage's) keeps its numbers and text beside it. The model's one condition is `plausible_layers`,
-    which records every plausible layer's condition outcomes (`L<layer>.<condition>`)."""
-    readings = {p.layer: at_layer(p) for p in sweep.points}
-    per = {layer: r[0] for layer, r in readings.items()}
-    plaus = plausible_layers(sweep, t[threshold])
-    result = over_plausible([per[layer] for layer in plaus])
-    freq = {p.layer: p.selection_frequency for p in sweep.points}
+    which records every plausible site's condition outcomes (`<key>.<condition>`: `embed.<condition>`,
+    `L<layer>.<condition>`)."""
+    readings = {p.key: at_layer(p) for p in sweep.points}
+    per = {key: r[0] for key, r in readings.items()}
+    plaus = plausible_sites(sweep, t[threshold])
+    result = over_plausible([per[key] for key in plaus])
+    freq = {p.key: p.selection_frequency for p in sweep.points}
     nums: dict[str, Any] = {**(single.numbers if single is not None else {}),
-                            "read_over": "the plausible layers of the sae_layers sweep",
-                            "sweep_layers": list(sweep.layers), "plausible_layers": plaus,
-                            "selection_frequency": {str(k): v for k, v in freq.items()},
-                            "per_layer_result": {str(k): v for k, v in per.items()},
-                            "selected_layer": sweep.selected_layer,
+                            "read_over": "the plausible sites of the sae_layers sweep",
+                            "sweep_layers": list(sweep.layers), "sweep_sites": sweep.sites, "plausible_sites": plaus,
+                            "selection_frequency": dict(freq),
+                            "per_site_result": dict(per),
+                            "selected_site": sweep.selected_site,
                             "single_layer": None if single is None else single.numbers.get("layer"),
                             "single_layer_result": None if single is None else single.result}
-    where = ", ".join(f"L{layer} (selected in {freq[layer]:.0%}): {per[layer]}" for layer in plaus) or "none"
-    others = ", ".join(f"L{k}: {v}" for k, v in per.items() if k not in plaus)
-    text = (f"{spec}: {result} over the layer sweep ({sweep.layer_rule}), read at its plausible layers (chosen as "
+    where = ", ".join(f"{key} (selected in {freq[key]:.0%}): {per[key]}" for key in plaus) or "none"
+    others = ", ".join(f"{k}: {v}" for k, v in per.items() if k not in plaus)
+    text = (f"{spec}: {result} over the layer sweep ({sweep.layer_rule}), read at its plausible sites (chosen as "
             f"the largest all-positional drop in >= {t[threshold]:.0%} of the bootstrap resamples): "
             f"{where}" + (f"; other layers {others}" if others else "")
             + ("" if single is None else f". Single layer (the {stage} stage's, "
                f"{single.result}): {single.text.removeprefix(f'{spec}: ')}"))
-    read: dict[str, Number] = {threshold: t[threshold], "plausible_layers": plaus}
-    for layer in plaus:
-        read.update({f"L{layer}.{c.name}": c.outcome for c in readings[layer][1]})
+    read: dict[str, Number] = {threshold: t[threshold], "plausible_sites": plaus}
+    for key in plaus:
+        read.update({f"{key}.{c.name}": c.outcome for c in readings[key][1]})
     return ModelClaim(result, nums, text, (ConditionReading(name="plausible_layers", outcome=result, numbers=read),))

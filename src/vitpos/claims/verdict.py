@@ -12,7 +12,7 @@ from vitpos.claims.intervals import Outcome
 from vitpos.claims.rules import RuleSet, Sensitivity
 from vitpos.results.validation import ValidationTable
 
-Number = float | int | bool | str | list[float] | list[int] | None
+Number = float | int | bool | str | list[float] | list[int] | list[str] | None
 
 
 class ConditionReading(BaseModel):

@@ -35,6 +35,15 @@ Nulls by construction (`NULLS`, issue 28), each with its own generators (no olde
 Every SAE variant also records `edit_norm`: the mean over patch tokens of ||x' - x|| (and
 `edit_rel`, that over the mean ||x||), measured on the first MASS_IMAGES images with fresh draws.
 
+Issue 47, each with the all-positional set's permutations (no older number moves):
+  subspace_positional  each patch's component in the span of the all-positional set's decoder directions
+                       (rank `subspace_rank`) permuted across patches: the whole token where it spans D.
+  subspace_error       only the SAE error term's component in that span permuted.
+The position budget (`position_budget`): each edit of BUDGET_VARIANTS as a share of the APE-table shuffle's
+effect on the same images, drop(edit) / drop(shuffle), with the paired-bootstrap interval of the ratio; None
+with the reason where the shuffle costs ~nothing (`shuffle_undefined`). Prefix tokens (CLS, registers) are
+never edited (`prefix_tokens`, `prefix_edited`; what that means at the site: `prefix_scope`).
+
 Uncertainty (analysis/stats.py): `drop_ci95` of every variant is a paired bootstrap over images
 of (clean correct - intervened correct, averaged over seeds per image), in points;
 `baseline_top1_ci95` is the Wilson interval of the clean top-1. Per-image correctness stays in
@@ -52,7 +61,7 @@ import torch
 from pydantic import Field, SerializeAsAny
 
 from vitpos.analysis.forward import accuracy_report
-from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, scaled
+from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, paired_ratio_interval, scaled
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments import ape_permute_section
@@ -68,6 +77,7 @@ from vitpos.experiments.ape_permute_variants import (
     shuffle_pe,
     site_edits,
     site_tokens,
+    subspace_basis,
 )
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SAESite, require_ape, sae_edit, sweep_batch
@@ -75,7 +85,16 @@ from vitpos.hooks import edit
 from vitpos.io import artifact_path
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.progress import progress_bar
-from vitpos.results.ape_permute import ALL_VARIANTS, CONTROLS, NULLS, VARIANTS, ApePermuteResult
+from vitpos.results.ape_permute import (
+    ALL_VARIANTS,
+    BUDGET_VARIANTS,
+    CONTROLS,
+    NULLS,
+    VARIANTS,
+    ApePermuteResult,
+    PositionBudget,
+    shuffle_undefined,
+)
 from vitpos.results.claim_rules import ClaimRules
 from vitpos.runtime.device import trimmed
 from vitpos.sae import SAE
@@ -214,7 +233,11 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
         "n_images": len(dataset), "seeds": list(seeds), "baseline_top1": base["top1"],
         "baseline_per_group": base["per_group"], "baseline_top1_ci95": accuracy_interval(base_correct),
         "variants": list(VARIANTS), "controls": dict(CONTROLS), "nulls": dict(NULLS),
-        "feature_counts": {"row": len(row), "col": len(col), "mixed": len(feats.mixed)}}
+        "feature_counts": {"row": len(row), "col": len(col), "mixed": len(feats.mixed)},
+        # the edits move patch tokens only (`forward_runs`): what that means for the prefix, `prefix_scope`
+        "prefix_tokens": surface.num_prefix_tokens, "prefix_edited": False,
+        "subspace_rank": subspace_basis(feats.sae, feats.positional).shape[1] if feats.positional else None}
+    per_image: dict[str, torch.Tensor] = {}  # variant -> (seeds, images) correctness, for the position budget
     n_feats = {"all": len(row + col), "row_only": len(row), "col_only": len(col),
                "all_positional": len(feats.positional), "random_features": len(row + col),
                "mean_ablate": len(row + col), "pos_embed_shuffle": None}
@@ -232,6 +255,7 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
             groups[gname] = {"top1": float(gt.mean()),
                              "drop_points": 100 * (base["per_group"][gname] - float(gt.mean()))}
         correct = torch.stack([c for _, c in runs]).float()  # (seeds, images)
+        per_image[v] = correct
         if keep_correct is not None:
             keep_correct[v] = correct.bool()
         masses = [feats.mass(edits.moved[k][0]) for k in keys if k in edits.moved]
@@ -244,7 +268,27 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
                   "activation_mass": sum(masses) / len(masses) if masses else None,
                   "note": edits.notes.get(v),
                   **({"edit_norm": sizes[v][0], "edit_rel": sizes[v][1]} if v in sizes else {})}
+    shuffle = doc["pos_embed_shuffle"]
+    doc["position_budget"] = {
+        v: budget_of(base_correct, per_image[v], per_image.get("pos_embed_shuffle"), doc[v]["drop_points"],
+                     shuffle.get("drop_points"), shuffle.get("drop_ci95"))
+        for v in BUDGET_VARIANTS if v in per_image}
     return ApePermuteResult.model_validate(doc)
+
+
+def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_correct: torch.Tensor | None,
+              edit_drop: float, shuffle_drop: float | None, shuffle_ci95: list[float] | None) -> PositionBudget:
+    """An edit's share of the APE-table shuffle's effect on the same images: drop(edit) / drop(shuffle) (their
+    drops in points, as the result reports them), with the paired-bootstrap interval of the ratio of the mean
+    per-image drops (seeds averaged per image; the same resamples for every edit). None with the reason where
+    the shuffle costs ~nothing (`shuffle_undefined`): never a ratio over ~0."""
+    why = shuffle_undefined(shuffle_drop, shuffle_ci95)
+    if why is not None or shuffle_correct is None or shuffle_drop is None:
+        return PositionBudget(share=None, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
+                              undefined=why or "the APE-table shuffle was not measured")
+    base = base_correct.float()
+    return PositionBudget(share=edit_drop / shuffle_drop, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
+                          share_ci95=paired_ratio_interval(base - edit_correct.float(), base - shuffle_correct.float()))
 
 
 def plan_ape_permute(settings: ApePermuteStageSettings, surface: ModelSurface, sizes: SplitSizes,
@@ -294,7 +338,9 @@ def _sae_site(sae: Settings) -> SAESite:
 
 class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]):
     name = "ape_permute"
-    version = 2  # 2 (issue 28): the nulls by construction and each variant's edit size
+    # 2 (issue 28): the nulls by construction and each variant's edit size; 3 (issue 47): the positional
+    # subspace variants, the position budget, the prefix tokens (no older number moves)
+    version = 3
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

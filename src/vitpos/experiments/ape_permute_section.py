@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from vitpos.report.format import ci, drop_or_why, drop_text, e, fmt_value, fnum, num, pct, pts, table
+from vitpos.report.format import budget_text, ci, drop_or_why, drop_text, e, fmt_value, fnum, num, pct, pts, table
+from vitpos.results.ape_permute import (
+    BUDGET_VARIANTS,
+    ApePermuteResult,
+    Outcome,
+    VariantResult,
+    position_budget,
+    prefix_scope,
+)
 from vitpos.results.ape_permute import CONTROLS as APE_CONTROLS
-from vitpos.results.ape_permute import ApePermuteResult, Outcome, VariantResult
 from vitpos.results.base import Skipped
 
 APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",
                   "col_only": "col only"}
+BUDGET_LABELS = {**APE_SET_LABELS, "subspace_positional": "positional subspace (span of their decoder directions)",
+                 "subspace_error": "SAE error term in that subspace"}
 
 
 def summary(r: ApePermuteResult) -> str:
@@ -37,13 +46,14 @@ def section(r: ApePermuteResult) -> str:
         k, c = r.outcome(kept), r.outcome(ctrl)
         if k is None and c is None:
             continue
-        pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), drop_or_why(k), str(ctrl), _nf(c),
-                      drop_or_why(c), _note(c)])
+        pairs.append([APE_SET_LABELS.get(kept, str(kept)), _nf(k), drop_or_why(k),
+                      _budget_cell(r, kept), str(ctrl), _nf(c), drop_or_why(c), _note(c)])
     out = head
     if pairs:
         out += "<h4>each permuted set beside its matched random control</h4>"
-        out += table(["permuted set", "features", "drop [95% CI]", "control", "features", "control drop [95% CI]",
-                      "note"], pairs)
+        out += table(["permuted set", "features", "drop [95% CI]", "position budget [95% CI]", "control", "features",
+                      "control drop [95% CI]", "note"], pairs)
+    out += budget_section(r)
     if r.nulls:
         nrows = []
         for v, of in r.nulls.items():
@@ -81,3 +91,32 @@ def _note(x: Outcome | None) -> str:
 
 def _edit_norm(x: Outcome | None) -> float | None:
     return x.edit_norm if isinstance(x, VariantResult) else None
+
+
+def budget_section(r: ApePermuteResult) -> str:
+    """The position budget: each edit's share of the APE-table shuffle's effect, and what the edits do
+    to the prefix tokens."""
+    if r.position_budget is None:
+        return "<p>Position budget: not measured (a result written before it).</p>"
+    shuffle = r.variant("pos_embed_shuffle")
+    budgets = {v: position_budget(r, v) for v in BUDGET_VARIANTS}
+    undefined = next((b.undefined for b in budgets.values() if b.share is None and b.undefined
+                      and "shuffle" in b.undefined), None)
+    rows = [[BUDGET_LABELS.get(v, v), drop_or_why(r.outcome(v)), budget_text(b), _note(r.outcome(v))]
+            for v, b in budgets.items() if r.outcome(v) is not None]
+    rank = "" if r.subspace_rank is None else f" The positional subspace has rank {e(r.subspace_rank)}."
+    return ("<h4>position budget: the share of the APE-table shuffle's effect each edit reproduces</h4>"
+            f"<p>drop(edit) / drop(APE-table shuffle) on the same images (shuffle: {e(drop_text(shuffle))}), "
+            "with the 95% paired-bootstrap interval of the ratio over images (seeds pooled per image)"
+            + ("" if undefined is None else f"; <b>undefined here</b>: {e(undefined)}") + f".{rank} "
+            f"{_sentence(e(prefix_scope(r)))}.</p>"
+            + table(["edit", "drop [95% CI]", "position budget [95% CI]", "note"], rows))
+
+
+def _budget_cell(r: ApePermuteResult, variant: str) -> str:
+    """The edit's position budget, or "not measured" in a result written before it."""
+    return "not measured" if r.position_budget is None else budget_text(position_budget(r, variant))
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]

@@ -12,7 +12,14 @@ import torch
 
 from vitpos.analysis.forward import capture_layers
 from vitpos.models.surface import ModelSurface, Site
-from vitpos.results.ape_permute import ALL_VARIANTS, CONTROL_VARIANTS, CONTROLS, NULL_VARIANTS, NULLS
+from vitpos.results.ape_permute import (
+    ALL_VARIANTS,
+    CONTROL_VARIANTS,
+    CONTROLS,
+    NULL_VARIANTS,
+    NULLS,
+    SUBSPACE_VARIANTS,
+)
 from vitpos.sae import SAE
 from vitpos.sae.controls import matched_control, matched_random_features
 
@@ -36,6 +43,26 @@ def swap_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], ot
     """The same-position cross-image swap: image b takes image other[b]'s codes of `ids` at each patch."""
     c = sae.feature_contribution(z, ids)
     return x + (c[other] - c)
+
+
+def subspace_basis(sae: SAE, ids: list[int], rtol: float = 1e-5) -> torch.Tensor:
+    """(D, r) orthonormal basis of the span of latents `ids`' decoder directions (r: its rank; r = D when
+    the set spans the whole stream, e.g. more positional latents than dimensions)."""
+    w = sae.W_dec.detach().index_select(0, torch.as_tensor(ids, dtype=torch.long, device=sae.W_dec.device)).double()
+    _, sv, vh = torch.linalg.svd(w, full_matrices=False)
+    rank = int((sv > rtol * sv[0]).sum()) if sv.numel() and float(sv[0]) > 0 else 0
+    return vh[:rank].T.contiguous()
+
+
+def permute_subspace(x: torch.Tensor, z: torch.Tensor, sae: SAE, basis: torch.Tensor, perm: torch.Tensor,
+                     error_only: bool) -> torch.Tensor:
+    """Each patch's component in span(`basis`) (D, r) replaced by patch perm[b, n]'s: of the whole token, or
+    (`error_only`) of the SAE's error term x - decode(z) only; the rest of every token stays."""
+    q = basis.to(device=x.device, dtype=x.dtype)
+    src = x - sae.decode(z).to(x.dtype) if error_only else x
+    c = (src @ q) @ q.T
+    moved = torch.gather(c, 1, perm.to(x.device).unsqueeze(-1).expand_as(c))
+    return x + (moved - c)
 
 
 def image_rotation(B: int, g: torch.Generator) -> torch.Tensor:
@@ -213,6 +240,12 @@ class FeatureSets:
             return ids, "all", note
         if v == "swap_all_positional":
             return pos, "all", None
+        if v in SUBSPACE_VARIANTS:  # the all-positional set's span, moved with that set's permutations
+            if not pos:
+                return [], "all", None
+            rank, d = subspace_basis(self.sae, pos).shape[1], self.sae.cfg.d_in
+            whole = " (the whole stream: the token itself is moved)" if rank == d and v == "subspace_positional" else ""
+            return pos, "all", f"span of {len(pos)} decoder directions: rank {rank} of {d} dims{whole}"
         if v in ("crossed", "mean_ablate"):
             return self.row + self.col, "all", None
         raise ValueError(f"{v} is not a variant edited at the SAE's site")
@@ -226,6 +259,9 @@ class FeatureSets:
             return lambda x, z: swap_features(x, z, sae, ids, image_rotation(x.shape[0], g))
         if v == "crossed":
             return lambda x, z: crossed_edit(x, z, sae, self.row, self.col, grid, g)
+        if v in SUBSPACE_VARIANTS:
+            basis, error_only = subspace_basis(sae, ids), v == "subspace_error"
+            return lambda x, z: permute_subspace(x, z, sae, basis, random_perms(kind, x.shape[0], grid, g), error_only)
         if v == "mean_ablate":
             mean_c = sae.feature_contribution(self.mean_code, ids)  # mean contribution over patches, (D,)
             return lambda x, z: x - sae.feature_contribution(z, ids) + mean_c
@@ -240,6 +276,8 @@ def _why_none(v: str, note: str | None) -> str:
         return f"no features in {NULLS[v]}"
     if v == "mean_ablate":
         return "no positional features"
+    if v in SUBSPACE_VARIANTS:
+        return "no positional features: no subspace to move"
     if v in ("all", "row_only", "col_only", "all_positional"):
         return "no features of this kind"
     return "not enough live non-positional latents"  # random_features and the matched controls

@@ -105,10 +105,12 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
 # module that imports every experiment) so that no experiment imports another.
 
 
-def _plan_permute_at(layer: int, images: int, seeds: int, surface: ModelSurface, sizes: SplitSizes) -> StagePlan:
-    """The ape_permute stage's plan for the SAE at `layer` (the sweep names the layer, this builds the settings)."""
-    return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=SAESite(layer=layer)), surface,
-                            sizes)
+def _plan_permute_at(layer: int, site: str, images: int, seeds: int, surface: ModelSurface,
+                     sizes: SplitSizes) -> StagePlan:
+    """The ape_permute stage's plan for the SAE at `site` of `layer` (the sweep names them, this builds the
+    settings)."""
+    at = SAESite.model_validate({"layer": layer, "site": site})
+    return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=at), surface, sizes)
 
 
 LAYER_MEASURES = LayerMeasures(run_sae=run_sae, run_ape_permute=run_ape_permute, plan_sae=SAEExperiment().plan,

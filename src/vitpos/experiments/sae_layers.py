@@ -1,5 +1,9 @@
 """The SAE layer as a sweep, a stage of `vitpos run` (issue 28): an SAE, C1 and C2 at every layer.
 
+Since issue 47 the sweep starts where position enters: the embedding (`resid_pre` of block 0, the
+APE-added tokens; `sae_layers.embed`, on by default), then every swept block output; each point says
+its site, and the embedding is one more site to the selection of the plausible sites.
+
 The sae and ape_permute stages measure C1 and C2 at one layer, the one `choose_sae_layer` picks
 (max of min(row, col) probe accuracy: 1.00 at every layer of an APE model, so a float tie-break).
 This stage runs `run_sae_sweep` (`experiments/sae_sweep.py`): at every layer but the last (on
@@ -42,6 +46,8 @@ class SAELayersSettings(Settings):
 
     QUICK = {"enabled": False}
     enabled: bool = Field(default=True, description="run the sweep (--quick turns it off: not applicable)")
+    embed: bool = Field(default=True, description="start at the embedding (resid_pre of block 0, where the APE "
+                        "enters) before the block outputs")
     max_layers: int = Field(default=8, ge=2, description="layers swept at most: every layer but the last when that "
                             "is no more, else this many evenly spaced ones from 0 to depth - 2")
     images: int = Field(default=1000, ge=1, description="SAE training images per layer (train split)")
@@ -73,8 +79,8 @@ class SAELayersStageSettings(SAELayersSettings):
 
 class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     name = "sae_layers"
-    version = 1
-    title = "The SAE layer as a sweep (C1, C2 per layer)"
+    version = 2  # 2 (issue 47): the embedding site first, the position budget; older sweeps are recomputed
+    title = "The SAE layer as a sweep (C1, C2 per site, from the embedding)"
     claims = ("C1", "C2")
     result_type = SAELayersResult
     settings_type = SAELayersSettings
@@ -123,7 +129,7 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         sae = SAESettings(images=settings.images, eval_images=settings.eval_images, epochs=settings.epochs,
                           expansion=settings.expansion)
         return plan_sae_sweep(surface, sizes, list(settings.layers), sae, settings.permute_images, settings.seeds,
-                              self.measures)
+                              self.measures, embed=settings.embed)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput[SAELayersStageSettings]) -> SAELayersResult:
         s = stage.settings
@@ -133,7 +139,7 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         seeds = tuple(range(s.seeds))
         sweep = run_sae_sweep(surface, stage.data, self.measures, list(s.layers), sae_kw=kw,
                               permute_images=s.permute_images, seeds=seeds, out=stage.out, sae_data=s.sae_data,
-                              progress=stage.progress)
+                              progress=stage.progress, embed=s.embed)
         return SAELayersResult(
             **dict(sweep), sae_images=s.images, sae_eval_images=s.eval_images,
             sae_epochs=s.epochs, sae_expansion=s.expansion, sae_k=s.k, permute_images=s.permute_images,
@@ -142,8 +148,9 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     def figures(self, result: SAELayersResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
 
-        return [Figure("sae_layers", "C1 and C2 per SAE layer, with their controls, and how often each layer is the "
-                       "largest all-positional drop", lambda r, p: plots.plot_sae_layers(r, p))]
+        return [Figure("sae_layers", "C1 and C2 per SAE site (the embedding first), with their controls, the "
+                       "position budget, and how often each site is the largest all-positional drop",
+                       lambda r, p: plots.plot_sae_layers(r, p))]
 
     def section(self, result: SAELayersResult, claims: ClaimRules) -> str:
         return sae_layers_section.section(result, claims)

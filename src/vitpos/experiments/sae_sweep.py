@@ -1,4 +1,10 @@
-"""The SAE layer as a sweep, not a pick (issue 28): SAE + C1 + C2 at every layer, and a rule over the curve.
+"""The SAE layer as a sweep, not a pick (issue 28): SAE + C1 + C2 at every site, and a rule over the curve.
+
+Sites (issue 47): position enters an APE model at the embedding, and by the output of block 0 the prefix
+token may already have read it, beyond the reach of an edit of the patch tokens; so the sweep starts at
+the embedding (`resid_pre` of block 0, the APE-added tokens; key "embed", out/embed/) and then takes every
+swept block output (`resid_post`, key "L<layer>", out/L<layer>/). The embedding is one more site to the
+selection below: its drop enters the bootstrap like any layer's.
 
 `choose_sae_layer` takes the layer maximising min(row, col) probe accuracy, which is 1.00 at every
 layer of an APE model, so the layer is decided by float noise. Here each layer of `sweep_layers`
@@ -32,15 +38,15 @@ from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.base import SplitSizes, StagePlan
 from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
 from vitpos.models.surface import ModelSurface
-from vitpos.results.ape_permute import ApePermuteResult
-from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint, SAESweepResult
+from vitpos.results.ape_permute import ApePermuteResult, position_budget
+from vitpos.results.sae_layers import EMBED, PLAUSIBLE, LayerPoint, SAESweepResult, site_key
 from vitpos.results.sae_run import GivenSAEResult, SAEResult
 from vitpos.sae import SAE
 
 # (the sae stage's settings at one layer, model, split sizes) -> the sae stage's plan there
 PlanSAE = Callable[[SAEStageSettings, ModelSurface, SplitSizes], StagePlan]
-# (layer, images, seeds, model, split sizes) -> the ape_permute stage's plan for that layer's SAE
-PlanPermute = Callable[[int, int, int, ModelSurface, SplitSizes], StagePlan]
+# (layer, site, images, seeds, model, split sizes) -> the ape_permute stage's plan for that site's SAE
+PlanPermute = Callable[[int, str, int, int, ModelSurface, SplitSizes], StagePlan]
 
 
 @dataclass(frozen=True)
@@ -80,74 +86,84 @@ def selection_frequency(drops: torch.Tensor, n_boot: int = N_BOOT, seed: int = 0
     return (top / top.sum(0)).sum(1) / n_boot
 
 
-def layer_rule(depth: int, layers: list[int]) -> str:
-    """How the swept layers were chosen, in words."""
-    return (f"every layer 0..{depth - 2}" if layers == list(range(depth - 1))
-            else f"{len(layers)} evenly spaced layers of 0..{depth - 2}")
+def layer_rule(depth: int, layers: list[int], embed: bool = False) -> str:
+    """How the swept sites were chosen, in words."""
+    outputs = (f"every block output 0..{depth - 2}" if layers == list(range(depth - 1))
+               else f"{len(layers)} evenly spaced block outputs of 0..{depth - 2}")
+    return f"the embedding, then {outputs}" if embed else outputs
+
+
+def sweep_sites(layers: list[int], embed: bool) -> list[tuple[int, str]]:
+    """(layer, site) of every swept point in order: resid_pre of block 0 (the embedding) first when
+    `embed`, then each block output."""
+    return ([(0, "resid_pre")] if embed else []) + [(layer, "resid_post") for layer in layers]
 
 
 def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, layers: list[int] | None = None, *,
                   sae_kw: Mapping | None = None, permute_images: int = 500, seeds: tuple[int, ...] = (0,),
                   out: str | Path | None = None, max_layers: int = 8, sae_data: Any = None,
-                  progress: bool = False) -> SAESweepResult:
-    """Train an SAE at each layer and measure C1 (its causal check) and C2 (the permutation) there.
+                  progress: bool = False, embed: bool = True) -> SAESweepResult:
+    """Train an SAE at each site and measure C1 (its causal check) and C2 (the permutation) there.
 
-    `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each layer's SAE
-    lives under out/L<layer>/ (reused when the same run is found there). `sae_data`: the images the
-    SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and the
-    permutation (C2) read `data`."""
+    Sites: the embedding (resid_pre of block 0) when `embed`, then the output of each of `layers`.
+    `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each site's SAE lives
+    under out/embed/ or out/L<layer>/ (reused when the same run is found there). `sae_data`: the images
+    the SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and
+    the permutation (C2) read `data`."""
     from vitpos.data.resolve import data_name
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
-    rule = layer_rule(surface.depth, layers)
-    docs, per_image = {}, []
-    for layer in layers:
-        lo = Path(out) / f"L{layer}" if out is not None else None
-        res, sae = measures.run_sae(surface, layer, data=data if sae_data is None else sae_data, out=lo,
+    rule = layer_rule(surface.depth, layers, embed)
+    sites = sweep_sites(layers, embed)
+    docs, per_image = [], []
+    for layer, site in sites:
+        lo = Path(out) / site_key(layer, site) if out is not None else None
+        res, sae = measures.run_sae(surface, layer, site=site, data=data if sae_data is None else sae_data, out=lo,
                                     progress=progress, causal_data=data, **dict(sae_kw or {}))
         correct: dict[str, torch.Tensor] = {}
         ap = measures.run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                                       keep_correct=correct, progress=progress)
-        docs[layer] = (res, ap)
+        docs.append((res, ap))
         if "all_positional" in correct:
             per_image.append(correct["baseline"].float() - correct["all_positional"].float().mean(0))
         else:
             per_image.append(torch.zeros_like(correct["baseline"], dtype=torch.float32))
     freq = selection_frequency(torch.stack(per_image)) if per_image else torch.zeros(0)
-    drops = [None if (v := docs[layer][1].variant("all_positional")) is None else v.drop_points for layer in layers]
-    known = [(d, i) for i, d in enumerate(drops) if isinstance(d, (int, float))]
-    selected = layers[max(known)[1]] if known else None
-    plausible = [layer for i, layer in enumerate(layers) if float(freq[i]) >= PLAUSIBLE]
     points = []
-    for i, layer in enumerate(layers):
-        res, ap = docs[layer]
+    for i, ((layer, site), (res, ap)) in enumerate(zip(sites, docs, strict=True)):
         allpos, swap = ap.variant("all_positional"), ap.variant("swap_all_positional")
         points.append(LayerPoint(
-            layer=layer, fvu=res.fvu, n_row=res.n_row_features, n_col=res.n_col_features,
+            layer=layer, site=site, fvu=res.fvu, n_row=res.n_row_features, n_col=res.n_col_features,
             n_mixed=res.n_mixed_features,
             all_positional_drop=None if allpos is None else allpos.drop_points,
             all_positional_drop_ci95=None if allpos is None else allpos.drop_ci95,
             swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i]),
+            all_positional_budget=position_budget(ap, "all_positional"),
             sae=GivenSAEResult.model_validate(res.to_json()), permute=ap))
+    known = [(p.all_positional_drop, i) for i, p in enumerate(points) if p.all_positional_drop is not None]
+    selected = points[max(known)[1]].key if known else None
+    plausible = [p.key for p in points if p.selection_frequency >= PLAUSIBLE]
     return SAESweepResult(model=surface.spec, data=data_name(data), layers=layers, layer_rule=rule, points=points,
-                          selected_layer=selected, plausible_layers=plausible)
+                          selected_site=selected, plausible_sites=plausible)
 
 
 def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: SAESettings,
-                   permute_images: int, seeds: int, measures: LayerMeasures) -> StagePlan:
-    """What run_sae_sweep computes over `layers`: at each, run_sae (as the sae stage counts it, without
-    the latent browser and the seed-stability SAE, which the sweep does not run) and run_ape_permute
-    (its upper bound: every variant has features). sae_settings: each layer's SAE's sizes (images,
-    eval_images, epochs, expansion)."""
+                   permute_images: int, seeds: int, measures: LayerMeasures, embed: bool = True) -> StagePlan:
+    """What run_sae_sweep computes over its sites (the embedding when `embed`, then the outputs of
+    `layers`): at each, run_sae (as the sae stage counts it, without the latent browser and the
+    seed-stability SAE, which the sweep does not run) and run_ape_permute (its upper bound: every
+    variant has features). sae_settings: each site's SAE's sizes (images, eval_images, epochs, expansion)."""
     plan = StagePlan()
-    every_layer = sae_settings.updated(site="resid_post", browse=False, stability=False)
-    for layer in layers:
-        plan = plan + measures.plan_sae(every_layer.stage(layer), surface, sizes)
-        plan = plan + measures.plan_ape_permute(layer, permute_images, seeds, surface, sizes)
+    sites = sweep_sites(layers, embed)
+    for layer, site in sites:
+        at = sae_settings.updated(site=site, browse=False, stability=False)
+        plan = plan + measures.plan_sae(at.stage(layer), surface, sizes)
+        plan = plan + measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes)
+    where = f"{len(sites)} sites" + (f" (the embedding and {len(layers)} block outputs)" if embed else "")
     return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
-                     f"{len(layers)} layers x (an SAE, its causal check, the permutation); upper bound: every "
-                     "feature set found at every layer")
+                     f"{where} x (an SAE, its causal check, the permutation); upper bound: every "
+                     "feature set found at every site")
 
 
-__all__ = ["PLAUSIBLE", "LayerMeasures", "layer_rule", "plan_sae_sweep", "run_sae_sweep", "selection_frequency",
-           "sweep_layers"]
+__all__ = ["EMBED", "PLAUSIBLE", "LayerMeasures", "layer_rule", "plan_sae_sweep", "run_sae_sweep",
+           "selection_frequency", "sweep_layers", "sweep_sites"]

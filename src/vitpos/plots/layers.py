@@ -1,4 +1,5 @@
-"""The sae_layers figure: C1 and C2 per SAE layer beside their controls, and the layer's selection frequency."""
+"""The sae_layers figure: C1 and C2 per SAE site (the embedding first) beside their controls, the position
+budget, and each site's selection frequency."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitpos.plots.sweeps import CYCLE, OKABE_ITO, mathtext_safe, new_figure, save_figure
+from vitpos.results.ape_permute import position_budget
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -58,13 +60,15 @@ def _c1(p: LayerPoint, axis: str) -> tuple[tuple[Any, Any], tuple[Any, Any], tup
 
 
 def plot_sae_layers(r: SAELayersResult, path: str | Path) -> Path:
-    """Four panels over the swept layers: C1's own-axis probe drops (row set on the row probe, col set
-    on the col probe) beside their matched random removals; C1's selectivity; C2's all-positional
-    top-1 drop beside its same-position swap null and its matched random control; the selection
-    frequency of each layer (plausible layers in colour). Error bars: the 95 % intervals."""
-    xs = [p.layer for p in r.points]
-    fig = new_figure(11.0, 7.4)
-    (a1, a2), (a3, a4) = fig.subplots(2, 2, sharex=True)
+    """Five panels over the swept sites (the embedding first, then each block output): C1's own-axis
+    probe drops (row set on the row probe, col set on the col probe) beside their matched random
+    removals; C1's selectivity; C2's all-positional top-1 drop beside its same-position swap null and
+    its matched random control; the selection frequency of each site (plausible sites in colour); the
+    position budget (each edit's share of the APE-table shuffle's effect). Error bars: the 95 % intervals."""
+    xs = list(range(len(r.points)))
+    keys = [p.key for p in r.points]
+    fig = new_figure(11.0, 10.6)
+    (a1, a2), (a3, a4), (a5, a6) = fig.subplots(3, 2, sharex=True)
     colors = {"row": OKABE_ITO["blue"], "col": OKABE_ITO["orange"]}
     for axis in ("row", "col"):
         c1 = [_c1(p, axis) for p in r.points]
@@ -86,23 +90,37 @@ def plot_sae_layers(r: SAELayersResult, path: str | Path) -> Path:
         _line(a3, xs, pts, label, color, style)
     a3.set_ylabel("top-1 drop (points)")
     a3.set_title("C2: permuting the positional features", fontsize=10)
-    plaus = set(r.plausible_layers)
-    a4.bar(xs, [p.selection_frequency for p in r.points], color=[CYCLE[2] if x in plaus else "0.75" for x in xs],
+    plaus = set(r.plausible_sites)
+    a4.bar(xs, [p.selection_frequency for p in r.points], color=[CYCLE[2] if k in plaus else "0.75" for k in keys],
            edgecolor="black", linewidth=0.6)
     a4.set_ylim(0, 1)
     a4.set_ylabel("selection frequency")
-    a4.set_title("how often a layer has the largest all-positional drop\n(bootstrap over images; colour: plausible)",
+    a4.set_title("how often a site has the largest all-positional drop\n(bootstrap over images; colour: plausible)",
                  fontsize=10)
-    for ax in (a1, a2, a3, a4):
+    budgets = (("all_positional", "all positional", CYCLE[0], "-"), ("row_only", "row set", colors["row"], "--"),
+               ("col_only", "col set", colors["col"], "--"), ("subspace_positional", "positional subspace", "0.3", ":"),
+               ("subspace_error", "SAE error in that subspace", "0.6", ":"))
+    for name, label, color, style in budgets:
+        shares = []
+        for p in r.points:
+            b = None if p.permute is None else position_budget(p.permute, name)
+            shares.append((None, None) if b is None else (b.share, b.share_ci95))
+        _line(a5, xs, shares, label, color, style, scale=100.0)
+    a5.axhline(100, color="0.5", lw=0.8, ls="--")
+    a5.set_ylabel("share of the APE-shuffle drop (%)")
+    a5.set_title("position budget: drop(edit) / drop(APE-table shuffle)", fontsize=10)
+    a6.axis("off")
+    for ax in (a1, a2, a3, a4, a5):
         ax.axhline(0, color="black", lw=0.8)
         ax.grid(axis="y", alpha=0.3)
-        ax.set_xticks(xs)
-    for ax in (a3, a4):
-        ax.set_xlabel("SAE layer (resid_post)")
-    for ax in (a1, a2, a3):
+        ax.set_xticks(xs, keys)
+    for ax in (a4, a5):
+        ax.set_xlabel("SAE site (embed: resid_pre of block 0; L<n>: resid_post of block n)")
+        ax.tick_params(labelbottom=True)
+    for ax in (a1, a2, a3, a5):
         ax.legend(fontsize=7)
     # the claims' results over the curve are in the claims table; older sweeps recorded their own
     said = "" if r.c1 is None or r.c2 is None else f"C1 {r.c1.result}, C2 {r.c2.result} over "
-    fig.suptitle(mathtext_safe(f"{r.model}: {said}the plausible layers {r.plausible_layers} ({r.layer_rule})"),
+    fig.suptitle(mathtext_safe(f"{r.model}: {said}the plausible sites {r.plausible_sites} ({r.layer_rule})"),
                  fontsize=9, color="0.3")
     return save_figure(fig, path)

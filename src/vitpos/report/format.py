@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from vitpos.results.ape_permute import Outcome, VariantResult
+from vitpos.results.ape_permute import Outcome, PositionBudget, VariantResult
 from vitpos.results.base import Skipped
 from vitpos.results.common import ProbedCondition
 
@@ -138,3 +138,13 @@ def drop_or_why(x: Outcome | None) -> str:
     if isinstance(x, VariantResult):
         return drop_text(x)
     return f"skipped: {x.skipped}" if isinstance(x, Skipped) else "not run"
+
+
+def budget_text(b: PositionBudget | None, why: bool = False) -> str:
+    """An edit's share of the APE-table shuffle's effect as "42.0% [35.1%, 49.8%]", or "undefined" (with
+    the reason when `why`) where there is none."""
+    if b is None:
+        return "n/a"
+    if b.share is None:
+        return f"undefined: {b.undefined}" if why and b.undefined else "undefined"
+    return f"{100 * b.share:.1f}% {ci(b.share_ci95, 100, 1, '%')}".rstrip()

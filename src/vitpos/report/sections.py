@@ -16,7 +16,7 @@ from pathlib import Path
 from vitpos.claims.base import ModelClaim
 from vitpos.claims.c1 import CLAIM as C1
 from vitpos.claims.c2 import CLAIM as C2
-from vitpos.claims.layers import over_plausible, plausible_layers
+from vitpos.claims.layers import over_plausible, plausible_sites
 from vitpos.experiments.registry import EXPERIMENTS
 from vitpos.report.format import e, fmt_value, kv_table, na, pct, table
 from vitpos.results.base import Result, Skipped
@@ -58,8 +58,8 @@ class _ClaimRules:
             raise KeyError(f"{claim} is not read over a layer sweep (C1 and C2 are)")
         return rule.at_layer(spec, point)
 
-    def plausible_layers(self, sweep: SAELayersResult) -> list[int]:
-        return plausible_layers(sweep, PLAUSIBLE)
+    def plausible_sites(self, sweep: SAELayersResult) -> list[str]:
+        return plausible_sites(sweep, PLAUSIBLE)
 
     def over_plausible(self, outcomes: Sequence[str]) -> str:
         return over_plausible(outcomes)

@@ -27,18 +27,60 @@ NULLS = {"swap_all_positional": "all_positional", "crossed": "all", "norm_all_po
 NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 reads swap_all_positional)
 
 
-ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS
+# issue 47: the positional subspace (the span of the all-positional set's decoder directions) permuted as a
+# whole, and the SAE error term's component in it, with the all-positional set's permutations
+SUBSPACE_VARIANTS = ("subspace_positional", "subspace_error")
+
+
+ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS + SUBSPACE_VARIANTS
+
+
+# the edits a position budget is reported for, in the report's order
+BUDGET_VARIANTS = ("row_only", "col_only", "all", "all_positional", *SUBSPACE_VARIANTS)
+
+
+# the APE-table shuffle's drop (points) below which it is no denominator: the model reads (nearly) no
+# position from its APE table, so there is no effect to take a share of
+MIN_SHUFFLE_DROP = 2.0
 
 
 def variant_names(doc: Mapping) -> list[str]:
     """Every variant of a result's JSON: its `variants` then the matched controls it lists."""
     names: list[str] = [str(v) for v in doc.get("variants") or VARIANTS]
     names += [c for c in (doc.get("controls") or {}).values() if c not in names]
-    return names + [c for c in (doc.get("nulls") or {}) if c not in names]
+    names += [c for c in (doc.get("nulls") or {}) if c not in names]
+    return names + [v for v in SUBSPACE_VARIANTS if doc.get(v) is not None and v not in names]
 
 
-# measured since issue 28: left out of a result's JSON where a result written before them has none
-NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS})
+# measured since issue 28 (edit sizes, nulls) and 47 (subspaces, the position budget, the prefix tokens):
+# left out of a result's JSON where a result written before them has none
+NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS, *SUBSPACE_VARIANTS, "position_budget",
+                        "prefix_tokens", "prefix_edited", "subspace_rank"})
+
+
+class PositionBudget(BaseModel):
+    """One edit's share of the APE-table shuffle's effect on the same images: drop(edit) / drop(APE shuffle)
+    (points over points), its 95 % paired-bootstrap interval over images (seeds pooled per image), or
+    None with the reason (`undefined`) where the shuffle costs ~nothing or the edit was not run."""
+
+    share: float | None
+    share_ci95: list[float] | None = None
+    edit_drop: float | None = None  # points
+    shuffle_drop: float | None = None  # points
+    undefined: str | None = None  # why there is no share
+
+
+def shuffle_undefined(drop: float | None, ci95: list[float] | None) -> str | None:
+    """Why the APE-table shuffle's drop (points, its interval) cannot divide, or None when it can: it must
+    be at least MIN_SHUFFLE_DROP and its interval must lie above 0 (never a ratio over ~0)."""
+    if drop is None:
+        return "the APE-table shuffle was not measured"
+    if drop < MIN_SHUFFLE_DROP:
+        return (f"the APE-table shuffle costs {drop:.1f} pts (< {MIN_SHUFFLE_DROP:g}): the model reads ~no position "
+                "from its APE table, so no share of its effect is defined")
+    if ci95 is None or ci95[0] <= 0:
+        return f"the APE-table shuffle's drop ({drop:.1f} pts) has an interval reaching 0: no share is defined"
+    return None
 
 
 class GroupDrop(BaseModel):
@@ -97,6 +139,13 @@ class ApePermuteResult(Result):
     crossed: Outcome | None = None
     norm_all_positional: Outcome | None = None
     nulls: dict[str, str] | None = None  # null variant -> the permuted set it is the null of
+    subspace_positional: Outcome | None = None
+    subspace_error: Outcome | None = None
+    subspace_rank: int | None = None  # dimension of the span of the all-positional set's decoder directions
+    # edit -> its share of the APE-table shuffle's effect (BUDGET_VARIANTS; read it with `position_budget`)
+    position_budget: dict[str, PositionBudget] | None = None
+    prefix_tokens: int | None = None  # CLS / registers: never edited at the site (see `prefix_scope`)
+    prefix_edited: bool | None = None
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -115,4 +164,36 @@ class ApePermuteResult(Result):
         """Every variant: `variants`, then the matched controls and the nulls it lists."""
         names = list(self.variants or VARIANTS)
         names += [c for c in (self.controls or {}).values() if c not in names]
-        return names + [c for c in (self.nulls or {}) if c not in names]
+        names += [c for c in (self.nulls or {}) if c not in names]
+        return names + [v for v in SUBSPACE_VARIANTS if self.outcome(v) is not None and v not in names]
+
+
+def position_budget(r: ApePermuteResult, variant: str) -> PositionBudget:
+    """`variant`'s share of the APE-table shuffle's effect as `r` measured it (the reader a C2 rule can use):
+    the stored share and interval, or share None with the reason (the shuffle costs ~nothing, the edit was
+    skipped or not run, or `r` was written before the position budget)."""
+    stored = (r.position_budget or {}).get(variant)
+    if stored is not None:
+        return stored
+    x = r.outcome(variant)
+    why = ("not measured: a result written before the position budget" if r.position_budget is None else
+           f"{variant} was skipped: {x.skipped}" if isinstance(x, Skipped) else f"{variant} was not run")
+    return PositionBudget(share=None, undefined=why)
+
+
+def prefix_scope(r: ApePermuteResult) -> str:
+    """What the site's edits do to the prefix tokens (CLS, registers), in words: they are never edited;
+    at the embedding they hold no patch position, after block 0 they may have read it."""
+    n = r.prefix_tokens
+    if n is None:
+        return "prefix tokens: not recorded (a result written before issue 47); they were not edited"
+    if n == 0:
+        return "no prefix tokens: every token is a patch token the edit reaches"
+    edited = "edited" if r.prefix_edited else "not edited"
+    if r.site == "resid_pre" and r.layer == 0:
+        return (f"the {n} prefix token(s) (CLS / registers) are {edited}; at the embedding they carry no patch "
+                "position (their APE row, where they have one, is the same for every image, and the APE-table "
+                "shuffle leaves it too), so the edit and the APE shuffle reach the same tokens")
+    return (f"the {n} prefix token(s) (CLS / registers) are {edited}: by this site they may have read the patches' "
+            "positions (attention from block 0 on), which an edit of the patch tokens cannot reach and the "
+            "APE-table shuffle does")

@@ -31,8 +31,8 @@ class ClaimRules(Protocol):
         """`claim`'s rule at one layer of a layer sweep (C1, C2: the claims read over the sweep)."""
         ...
 
-    def plausible_layers(self, sweep: SAELayersResult) -> list[int]:
-        """The sweep's layers the claims read (selected in at least the rule set's share of resamples)."""
+    def plausible_sites(self, sweep: SAELayersResult) -> list[str]:
+        """The sweep's sites (point keys) the claims read (selected in at least the rule set's share of resamples)."""
         ...
 
     def over_plausible(self, outcomes: Sequence[str]) -> str:
