@@ -696,3 +696,20 @@ def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_v
     assert C3.read_view("m", x, {**at, "C3.min_removed": 0.9}).result == INCONCLUSIVE
     assert C3.read_view("m", x, {**at, "C3.min_removed": 0.96}).result == FAILS
     assert C3.read_view("m", x, {**at, "C3.min_kept": 1.2}).result == FAILS
+
+
+def test_c2_describes_the_position_budget_without_reading_it():
+    """C2's numbers and text carry the all-positional set's share of the APE-table shuffle (issue 47's
+    position budget) where the result has one, and the reason where it does not; the verdict is the
+    same either way (the rule does not read it)."""
+    base = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
+    with_budget = {**base, "position_budget": {"all_positional": {"share": 0.29, "share_ci95": [0.21, 0.36],
+                                                                   "edit_drop": 20.0, "shuffle_drop": 70.0}}}
+    s = summarise({"a": inputs({"ape_permute": with_budget}), "b": inputs({"ape_permute": base})})
+    c2 = next(c for c in s.claims if c.id == "C2")
+    a, b = c2.numbers["a"], c2.numbers["b"]
+    assert (a["all_positional_budget"], a["all_positional_budget_ci95"]) == (0.29, [0.21, 0.36])
+    assert "reproduces 29% [21%, 36%] of the APE-table shuffle's drop" in c2.details["a"]
+    assert b["all_positional_budget"] is None and "before the position budget" in b["all_positional_budget_undefined"]
+    assert "position budget undefined" in c2.details["b"]
+    assert a["result"] == b["result"] == HOLDS

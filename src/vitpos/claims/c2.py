@@ -13,7 +13,7 @@ from vitpos.claims.inputs import ClaimInputs, none_top1
 from vitpos.claims.intervals import Interval, as_list, at_least, bounds, exceeds, outcome
 from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, Threshold, Thresholds
-from vitpos.results.ape_permute import ApePermuteResult, VariantResult
+from vitpos.results.ape_permute import ApePermuteResult, VariantResult, position_budget
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
 
 THRESHOLDS = (
@@ -127,8 +127,15 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
             "all_positional_drop_per_group": {} if allpos_v is None else {
                 g: x.drop_points for g, x in allpos_v.per_group.items()},
             "position_gain_points": gain, "drop_fraction_of_position_gain": frac}
+    budget = position_budget(ap, "all_positional")  # described, not read by the rule (issue 47)
+    nums.update({"all_positional_budget": budget.share, "all_positional_budget_ci95": budget.share_ci95,
+                 "all_positional_budget_undefined": budget.undefined})
+    b_ci = budget.share_ci95
+    budget_text = (f"; it reproduces {tx.pc(budget.share)}" + ("" if b_ci is None else f" [{tx.pc(b_ci[0])}, "
+                   f"{tx.pc(b_ci[1])}]") + " of the APE-table shuffle's drop (position budget)"
+                   if budget.share is not None else f"; position budget undefined ({budget.undefined})")
     text = (f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
-            + f"; shuffled APE table {tx.f(pe, 1)}"
+            + f"; shuffled APE table {tx.f(pe, 1)}" + budget_text
             + (f" (control: {note})" if note else "")
             + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
                f"({gain:.1f} pts over the none model)")
