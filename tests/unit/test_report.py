@@ -450,3 +450,21 @@ def test_the_permutation_figure_draws_each_sets_nulls_beside_its_control(tmp_pat
     plots.plot_ape_permute(ape, tmp_path / "a.png")
     ticks = [t.get_text() for t in figs[0].axes[0].get_xticklabels()]
     assert ticks == names
+
+
+def test_the_per_group_panel_draws_the_set_c2_reads_first(tmp_path, monkeypatch):
+    """The permutation figure's second panel splits each set's drop by class group; it starts with the
+    all-positional set (what C2 reads), not only all / row / col, which are all 0 on models whose row
+    and col sets the label does not read (an empty panel)."""
+    from vitpos.plots import sweeps
+
+    seen = []
+    real = sweeps.save_figure
+    monkeypatch.setattr(sweeps, "save_figure", lambda fig, path: (seen.append(fig), real(fig, path))[1])
+    doc = ape_permute_doc()
+    for name in ("all_positional", "all"):
+        doc[name]["per_group"] = {"vertical": {"top1": 0.5, "drop_points": 40.0},
+                                  "horizontal": {"top1": 0.5, "drop_points": 42.0}}
+    sweeps.plot_ape_permute(ApePermuteResult.model_validate(doc), tmp_path / "a.png")
+    labels = [t.get_text() for t in seen[0].axes[1].get_xticklabels()]
+    assert labels[0] == "all_positional" and "all" in labels

@@ -130,8 +130,8 @@ def plot_ape_permute(r: ApePermuteResult, path: str | Path) -> Path:
             highs.append(hi)
             notes.append(None)
     groups: list[str] = []
-    # the per-group panel: every set that ran (a skipped one draws no bars)
-    parts = {v: r.variant(v) for v in ("all", "row_only", "col_only") if r.outcome(v) is not None}
+    # the per-group panel: the all-positional set C2 reads, then every other set that ran (a skipped one draws no bars)
+    parts = {v: r.variant(v) for v in ("all_positional", "all", "row_only", "col_only") if r.outcome(v) is not None}
     for x in parts.values():
         for g in x.per_group if x is not None else ():
             if g not in groups:
