@@ -135,8 +135,8 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
                    f"{tx.pc(b_ci[1])}]") + " of the APE-table shuffle's drop (position budget)"
                    if budget.share is not None else f"; position budget undefined ({budget.undefined})")
     text = (f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
-            + f"; shuffled APE table {tx.f(pe, 1)}" + budget_text
-            + (f" (control: {note})" if note else "")
+            + f"; shuffled APE table {tx.f(pe, 1)}"
+            + (f" (control: {note})" if note else "") + budget_text
             + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
                f"({gain:.1f} pts over the none model)")
             + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "

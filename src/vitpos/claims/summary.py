@@ -15,7 +15,7 @@ from typing import Any
 from vitpos.analysis.stats import seed_interval
 from vitpos.claims.base import Claim, ModelClaim
 from vitpos.claims.inputs import ClaimInputs, ModelResults, model_family
-from vitpos.claims.intervals import FAILS, HOLDS, INCONCLUSIVE, aggregate, bounds
+from vitpos.claims.intervals import FAILS, HOLDS, INCONCLUSIVE, aggregate, all_of, bounds, measured_at_least
 from vitpos.claims.registry import CLAIMS, rule_set
 from vitpos.claims.rules import RuleSet, Thresholds, sensitivity
 from vitpos.claims.verdict import ClaimVerdict, FamilyHeadline, SeedSummary, Summary
@@ -89,24 +89,18 @@ def _families(found: Sequence[tuple[str, ModelClaim]]) -> dict[str, list[tuple[s
 def family_result(claim: Claim, results: Sequence[str], ci: Sequence[float] | None,
                   t: Thresholds) -> tuple[str, str]:
     """A model family's result by `FAMILY_RULE` from its seeds' results and the seeds' interval of the
-    headline number, with the reason in words."""
+    headline number, with the reason in words: the seeds' conjunction and, where the headline has a
+    threshold, the interval read against it as any condition reads one (`measured_at_least`)."""
     n, holds, fails = len(results), results.count(HOLDS), results.count(FAILS)
+    seeds = HOLDS if holds == n else FAILS if fails == n else INCONCLUSIVE
     name = claim.headline.threshold
     if name is None:
-        return (HOLDS if holds == n else FAILS if fails == n else INCONCLUSIVE,
-                f"{holds}/{n} seeds hold; {claim.id}'s headline has no single threshold")
-    thr = t[name]
-    if ci is None:
-        where = "no seed interval"
-    elif ci[1] < thr:
-        return FAILS, f"seed interval [{ci[0]:.3g}, {ci[1]:.3g}] below {name} {thr:g}"
-    else:
-        where = f"seed interval [{ci[0]:.3g}, {ci[1]:.3g}] {'clears' if ci[0] >= thr else 'straddles'} {name} {thr:g}"
-    if fails == n:
-        return FAILS, f"fails on every seed; {where}"
-    if holds == n and ci is not None and ci[0] >= thr:
-        return HOLDS, f"holds on every seed; {where}"
-    return INCONCLUSIVE, f"{holds}/{n} seeds hold; {where}"
+        return seeds, f"{holds}/{n} seeds hold; {claim.id}'s headline has no single threshold"
+    thr, iv = t[name], None if ci is None else (float(ci[0]), float(ci[1]))
+    on_interval = measured_at_least(iv, thr)
+    verb = {HOLDS: "clears", FAILS: "below"}.get(on_interval, "straddles")
+    where = "no seed interval" if iv is None else f"seed interval [{iv[0]:.3g}, {iv[1]:.3g}] {verb} {name} {thr:g}"
+    return all_of(seeds, on_interval), f"{holds}/{n} seeds hold; {where}"
 
 
 def seed_summaries(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
