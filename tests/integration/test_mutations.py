@@ -19,7 +19,9 @@ N_IMAGES, SEEDS = 150, (0,)
 
 @pytest.fixture(scope="module")
 def results():
-    return run_mutations(registered_cases(), N_IMAGES, SEEDS)
+    # a mutation's cases are measured until one flips: the assertion below needs one flip, and
+    # scripts/validation_mutations.py measures every case for the full table of flips
+    return run_mutations(registered_cases(), N_IMAGES, SEEDS, until_first_flip=True)
 
 
 def test_the_table_passes_unmutated(results):
@@ -93,3 +95,46 @@ def test_a_precondition_never_fails_alone(results):
     assert failing  # the table has rows where it fails (ape:no_position) ...
     for r in failing:  # ... and each fails on another condition too
         assert [k for k, v in r.conditions.items() if v == "fails" and (r.claim, k) not in pre], r.case
+
+
+def test_until_first_flip_stops_measuring_at_the_first_case_that_flips(monkeypatch):
+    """Measuring stops at the first flipping case (c), so d is never measured under the mutation; a
+    mutation that flips nothing measures every case; without the option every case is measured."""
+    from dataclasses import dataclass
+
+    from vitpos.results.validation import ValidationRow
+    from vitpos.validation import mutations as mut
+
+    state = {"on": False}
+    measured: list[str] = []
+
+    @dataclass
+    class Case:
+        name: str
+        truth: dict
+
+        def measure(self, n_images, seeds):
+            measured.append(self.name + ("*" if state["on"] else ""))
+            return self.name
+
+    def rows(case, inputs):
+        v = "supported" if state["on"] and case.name in ("c", "d") else "not supported"
+        return [ValidationRow(claim="C2", case=case.name, description="", planted=False, verdict=v,
+                              expected="not supported", passes=v == "not supported", evidence="")]
+
+    def flag(stack):
+        state["on"] = True
+        stack.callback(state.update, on=False)
+
+    monkeypatch.setattr(mut, "case_rows", rows)
+    cases = [Case(n, {"C2": False}) for n in "abcd"]
+    m = mut.Mutation("flips c and d", "test", ("C2",), flag)
+    _, (r,) = mut.run_mutations(cases, 1, (0,), which=[m], until_first_flip=True)  # type: ignore[arg-type]
+    assert [f.case for f in r.flips] == ["c"] and measured[4:] == ["a*", "b*", "c*"]
+    measured.clear()
+    _, (r,) = mut.run_mutations(cases, 1, (0,), which=[m])  # type: ignore[arg-type]
+    assert [f.case for f in r.flips] == ["c", "d"] and measured[4:] == ["a*", "b*", "c*", "d*"]
+    measured.clear()
+    blind = mut.Mutation("flips nothing", "test", ("C2",), lambda stack: None)
+    _, (r,) = mut.run_mutations(cases, 1, (0,), which=[blind], until_first_flip=True)  # type: ignore[arg-type]
+    assert r.flips == [] and r.rows == 4 and measured[4:] == ["a", "b", "c", "d"]

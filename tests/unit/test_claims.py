@@ -675,14 +675,16 @@ def test_a_family_without_one_headline_threshold_reads_its_seeds_verdicts():
         assert c.headline.threshold is None or c.headline.threshold in t and c.headline.threshold.startswith(c.id)
 
 
-def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_verdict():
+def test_rules_hash_every_claims_thresholds_and_each_one_moves_its_verdict():
     """C3-C5's thresholds are in the hashed rule set (version 4), and each is read by its rule: moving
     one across the measured interval moves the verdict (a threshold nothing reads would leave it)."""
     rules = rule_set()
-    assert rules.version == 4
+    from vitpos.claims.rules import CHANGES, VERSION
+
+    assert rules.version == VERSION == max(CHANGES) and sorted(CHANGES) == list(range(1, VERSION + 1))
     names = {t.name for t in rules.thresholds}
-    assert {"C3.min_removed", "C3.min_kept", "C4.min_head_share", "C5.min_margin"} <= names
-    for name in ("C3.min_removed", "C3.min_kept"):
+    assert {"C3.min_removed", "C3.min_kept", "C3.max_kept", "C4.min_head_share", "C5.min_margin"} <= names
+    for name in ("C3.min_removed", "C3.min_kept", "C3.max_kept"):
         moved = rules.model_copy(update={"thresholds": tuple(
             t.model_copy(update={"value": 0.8}) if t.name == name else t for t in rules.thresholds)})
         assert moved.digest() != rules.digest()
@@ -696,6 +698,8 @@ def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_v
     assert C3.read_view("m", x, {**at, "C3.min_removed": 0.9}).result == INCONCLUSIVE
     assert C3.read_view("m", x, {**at, "C3.min_removed": 0.96}).result == FAILS
     assert C3.read_view("m", x, {**at, "C3.min_kept": 1.2}).result == FAILS
+    assert C3.read_view("m", x, {**at, "C3.max_kept": 1.0}).result == INCONCLUSIVE  # kept [0.9, 1.1] reaches above
+    assert C3.read_view("m", x, {**at, "C3.max_kept": 0.85}).result == FAILS  # wholly above: an interaction
 
 
 def test_c2_describes_the_position_budget_without_reading_it():
@@ -713,3 +717,27 @@ def test_c2_describes_the_position_budget_without_reading_it():
     assert b["all_positional_budget"] is None and "before the position budget" in b["all_positional_budget_undefined"]
     assert "position budget undefined" in c2.details["b"]
     assert a["result"] == b["result"] == HOLDS
+
+
+def test_c3_says_no_rotary_position_where_no_layer_decodes_an_axis_above_its_floor():
+    """An axis whose baseline is at chance everywhere (the rotations add nothing decodable) gives no
+    fraction to read: C3 fails on its precondition `rotary_position`, naming the axis, and on every
+    condition that reads the missing fraction (never on a made-up number)."""
+    from vitpos.claims.c3 import CLAIM as C3
+
+    doc = axis_doc(removal=(SURE, SURE))
+    for cond in doc["conditions"].values():
+        cond["col_acc"] = [0.25, 0.25, 0.25]
+        cond["col_acc_orig_probe"] = [0.25, 0.25, 0.25]
+    m = inputs({"rope_axis": doc})
+    x = C3.view("m", m, {"m": m})
+    assert x is not None
+    got = C3.read_view("m", x, rule_set().values())
+    readings = {r.name: r for r in got.conditions}
+    assert got.result == FAILS and readings["rotary_position"].outcome == FAILS
+    assert readings["rotary_position"].numbers["no_rotary_position"] == "col"
+    both = inputs({"rope_axis": axis_doc(removal=(SURE, SURE))})
+    y = C3.view("m", both, {"m": both})
+    assert y is not None
+    ok = C3.read_view("m", y, rule_set().values())
+    assert ok.result == HOLDS and {r.name: r.outcome for r in ok.conditions}["rotary_position"] == HOLDS

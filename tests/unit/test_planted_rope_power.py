@@ -11,7 +11,7 @@ import torch
 from vitpos.data.base import to_float
 from vitpos.hooks import remove_rope
 from vitpos.models.planted_rope import _eva, flat_images
-from vitpos.models.planted_rope_power import c3_entangled, c4_hidden
+from vitpos.models.planted_rope_power import c3_entangled, c3_interacting, c4_hidden
 from vitpos.validation.mutations import PIPELINE_MUTATIONS, applied
 from vitpos.validation.rope_cases import rope_cases
 from vitpos.validation.table import rope_case, validation_table
@@ -20,6 +20,7 @@ from vitpos.validation.table import rope_case, validation_table
 TARGETS: dict[str, str | None] = {
     "row in rings": "mlp_removed",
     "entangled axes": "kept",
+    "interacting axes": "not_interacting",
     "complete rebuild": "partial",
     "redundant rebuilders": "head_share",
     "weakly biased rebuilders": "specialised",
@@ -33,9 +34,12 @@ MUTATED: dict[str, str] = {
 CASES = [c for c in rope_cases() if c.name in TARGETS]
 
 
-def test_every_power_case_is_listed_and_held_out():
+DESIGN = {"interacting axes"}  # built with the rule condition it decides (rules version 5)
+
+
+def test_every_power_case_is_listed_and_its_split_says_whether_a_rule_saw_it():
     assert {c.name for c in CASES} == set(TARGETS)
-    assert all(c.split == "held_out" for c in CASES)
+    assert all(c.split == ("design" if c.name in DESIGN else "held_out") for c in CASES)
     assert all(c.truth == (TARGETS[c.name] is None) for c in CASES)
 
 
@@ -68,6 +72,24 @@ def test_the_gate_reads_the_columns_only_where_the_row_rotation_is_not_the_ident
 
     assert spread(clean[0]) < 1e-3 and min(spread(clean[r]) for r in range(1, H)) > 1.0
     assert max(spread(off[r]) for r in range(H)) < 1e-3
+
+
+def test_the_inverted_gate_reads_the_columns_on_the_top_rows_and_everywhere_once_the_rows_are_removed():
+    """interacting axes: on identical patches, block 0's output varies with the column on the top half of
+    the rows only; with the row rotations removed, on every row (the columns gain when the rows go)."""
+    s = c3_interacting()
+    x = flat_images(1, content=0.0).float() / 255
+    H, W = s.grid
+    with torch.no_grad():
+        clean = s.run_blocks(s.embed_tokens(x), 0, 1)[0, -H * W:].reshape(H, W, -1)
+        with remove_rope(s, {"row": None}):
+            off = s.run_blocks(s.embed_tokens(x), 0, 1)[0, -H * W:].reshape(H, W, -1)
+
+    def spread(t: torch.Tensor) -> float:
+        return float((t - t[:1]).abs().max())
+
+    assert min(spread(clean[r]) for r in range(H // 2)) > 1.0 and max(spread(clean[r]) for r in range(H // 2, H)) < 1e-3
+    assert min(spread(off[r]) for r in range(H)) > 1.0
 
 
 @pytest.mark.parametrize("name", sorted(MUTATED))

@@ -9,7 +9,7 @@ from typing import Any
 from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, RuleClaim
 from vitpos.claims.inputs import ClaimInputs, matched_none
-from vitpos.claims.intervals import Interval, Outcome, all_of, as_list, at_least, bounds
+from vitpos.claims.intervals import Interval, Outcome, all_of, as_list, at_least, at_most, bounds, known
 from vitpos.claims.rules import Threshold, Thresholds
 from vitpos.claims.verdict import Number
 from vitpos.results.common import ProbedCondition
@@ -24,8 +24,11 @@ THRESHOLDS = (
               "content floor (linear probe, and the MLP probe where measured), for both axes", sweep=FRACTIONS),
     Threshold(name="C3.min_kept", claim="C3", value=0.7, unit="fraction",
               meaning="... while the other axis keeps at least this share of its own", sweep=FRACTIONS),
+    Threshold(name="C3.max_kept", claim="C3", value=1.3, unit="fraction",
+              meaning="... and at most this share: an axis that gains when the other goes interacts with it "
+              "(not independent)", sweep=(1.1, 1.2, 1.3, 1.5, 2.0)),
 )
-MIN_REMOVED, MIN_KEPT = (t.value for t in THRESHOLDS)  # the rule's values, for text and older readers
+MIN_REMOVED, MIN_KEPT, MAX_KEPT = (t.value for t in THRESHOLDS)  # the rule's values, for text and older readers
 
 RULE = """  C3 (RoPE) removing an axis removes >= C3.min_removed of its decodability above each layer's
             content floor while the other axis keeps >= C3.min_kept of its own, for both axes: the
@@ -35,7 +38,11 @@ RULE = """  C3 (RoPE) removing an axis removes >= C3.min_removed of its decodabi
             chance; each fraction's interval (paired bootstrap over the probes' test images,
             rope_axis `removal_floored`) lies at or above its threshold, fails if one lies below;
             and a small MLP probe (rope_axis `readouts`) finds the axis removed too (its removed
-            fraction's interval >= C3.min_removed). Kept above 100 % is reported as an interaction.
+            fraction's interval >= C3.min_removed). Kept is two-sided: an interval wholly above
+            C3.max_kept is an interaction (the other axis gains when this one goes) and fails
+            independence; one that reaches above it is undecided. No layer above its floor on an
+            axis (the rotations add no decodable position to what content and any APE give, e.g.
+            an APE carries it) is its own outcome, "no rotary position", and fails.
             Reported beside it: the fractions above chance, the floor from the matched `none`
             model's probes, and the relative-offset (Δrow, Δcol) read-outs. Results written before
             the floors read the fractions above chance."""
@@ -119,6 +126,19 @@ def _per_axis(v: View, key: Callable[[str, str], str], threshold: float,
     return all_of(*(at_least(v.ivs.get(k), threshold) for k in keys)), nums
 
 
+def _rotary_position(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
+    """Both axes' removed fractions are defined: some layer's baseline decodes the axis above its floor
+    (else the rotations carry no position of their own on that axis: every fraction reads nothing)."""
+    missing = [a for a, _ in PAIRS if v.nums.get(v.removed_key(a)) is None]
+    return known(not missing), {"no_rotary_position": ", ".join(missing) if missing else None}
+
+
+def _not_interacting(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
+    keys = [v.kept_key(a, b) for a, b in PAIRS]
+    nums: dict[str, Number] = {"C3.max_kept": t["C3.max_kept"], **{k: as_list(v.ivs.get(k)) for k in keys}}
+    return all_of(*(at_most(v.ivs.get(k), t["C3.max_kept"]) for k in keys)), nums
+
+
 def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
     if not v.mlp_readout:
         return None
@@ -126,17 +146,21 @@ def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | 
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
+    Condition("rotary_position", "some layer decodes each axis above its content floor (else: no rotary position)",
+              _rotary_position, precondition=True),
     Condition("removed", "removing an axis removes >= C3.min_removed of its decodability above the content floor",
               lambda v, t: _per_axis(v, lambda a, b: v.removed_key(a), t["C3.min_removed"], "C3.min_removed")),
     Condition("kept", "... while the other axis keeps >= C3.min_kept of its own",
               lambda v, t: _per_axis(v, v.kept_key, t["C3.min_kept"], "C3.min_kept")),
+    Condition("not_interacting", "... and at most C3.max_kept of its own (more: the axes interact)",
+              _not_interacting),
     Condition("mlp_removed", "an MLP probe finds >= C3.min_removed of the axis removed too (where measured)",
               _mlp_removed),
 )
 
 
 def _text(spec: str, v: View, t: Thresholds) -> str:
-    min_removed, min_kept = t["C3.min_removed"], t["C3.min_kept"]
+    min_removed, min_kept, max_kept = t["C3.min_removed"], t["C3.min_kept"], t["C3.max_kept"]
     nums, ivs, top1 = v.nums, v.ivs, v.axis.conditions["baseline"].top1
 
     def frac(key: str) -> str:
@@ -147,7 +171,7 @@ def _text(spec: str, v: View, t: Thresholds) -> str:
             f"col keeps {frac('no_row_col_kept')}; no_col removes {frac('no_col_col_removed')} of col, "
             f"row keeps {frac('no_col_row_kept')}")
     if not v.floors:
-        text += f" (needs >= {tx.pc(min_removed)} removed and >= {tx.pc(min_kept)} kept"
+        text += f" (needs >= {tx.pc(min_removed)} removed and {tx.pc(min_kept)}-{tx.pc(max_kept)} kept"
     else:
         text += ("; above each layer's content floor (the model's no_both accuracy): no_row removes "
                  f"{frac('no_row_row_removed_floored')} of row, col keeps {frac('no_row_col_kept_floored')}"
@@ -163,7 +187,8 @@ def _text(spec: str, v: View, t: Thresholds) -> str:
                      f"{tx.pc(nums.get('no_row_row_removed_none_floor'))}, col "
                      f"{tx.pc(nums.get('no_col_col_removed_none_floor'))} removed")
         by_mlp = " and by the MLP probe" if v.mlp_readout else ""
-        text += f" (needs >= {tx.pc(min_removed)} removed above the floor{by_mlp}, >= {tx.pc(min_kept)} kept"
+        text += (f" (needs >= {tx.pc(min_removed)} removed above the floor{by_mlp}, {tx.pc(min_kept)}-"
+                 f"{tx.pc(max_kept)} kept")
     return text + (f"; top-1 {tx.f(top1)} -> no_row {tx.f(nums['no_row_top1'])}, no_col "
                    f"{tx.f(nums['no_col_top1'])})")
 
@@ -187,7 +212,7 @@ class C3(RuleClaim[View]):
 
     def gist(self, t: Thresholds) -> str:
         return (f"removing an axis' rotations removes >= {tx.pc(t['C3.min_removed'])} of its decodability above the "
-                f"content floor while the other axis keeps >= {tx.pc(t['C3.min_kept'])}")
+                f"content floor while the other axis keeps {tx.pc(t['C3.min_kept'])}-{tx.pc(t['C3.max_kept'])}")
 
 
 CLAIM = C3()

@@ -39,6 +39,13 @@ def at_least(iv: Interval | None, threshold: float) -> Outcome:
     return HOLDS if iv[0] >= threshold else (FAILS if iv[1] < threshold else INCONCLUSIVE)
 
 
+def at_most(iv: Interval | None, threshold: float) -> Outcome:
+    """x <= threshold: true if the whole interval is, false if none of it is; a missing measurement is false."""
+    if iv is None:
+        return FAILS
+    return HOLDS if iv[1] <= threshold else (FAILS if iv[0] > threshold else INCONCLUSIVE)
+
+
 def measured_at_least(iv: Interval | None, threshold: float) -> Outcome:
     """As at_least, but a measurement that was not made is undecided, not false."""
     return INCONCLUSIVE if iv is None else at_least(iv, threshold)

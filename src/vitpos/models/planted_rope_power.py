@@ -21,6 +21,13 @@ The cases (claim, planted truth, the one condition that decides it):
             row 0 to the row channels: the gate shuts everywhere, so the columns go with the rows
             (no_row keeps ~0 of col above the floor), while removing the column rotations leaves
             the row-only head, so the rows stay (no_col keeps ~100 % of row)
+  C3 false  interacting axes (`not_interacting`, rules version 5): the entangled case's gate
+            inverted: G = 0 on rows 0-1 and GATE_SCORE on rows 2-3 (and 0 on every patch once the row
+            rotations are removed: each then looks like row 0). The clean gate reads the columns on
+            the top half only; removing the row rotations opens it everywhere, so the columns become
+            decodable on every row: no_row keeps several times col's own decodability above the floor
+            (an interaction, kept above C3.max_kept), while the removals stay near 100 % and no_col
+            keeps ~100 % of row
   C3 false  row in rings (`mlp_removed`): C3-true's model on images whose patches carry their row
             in content a linear probe cannot read: a pattern of radius RING_AMP * (row + 1) at a
             random angle in a fixed 2D pixel plane (concentric rings, every ring centred on the
@@ -199,12 +206,14 @@ def _scores(surface: OwnSurface, rope: torch.Tensor, key: torch.Tensor) -> torch
 
 
 @torch.no_grad()
-def make_gate(surface: OwnSurface, layer: int, head: int) -> None:
+def make_gate(surface: OwnSurface, layer: int, head: int, shut_on: str = "identity") -> None:
     """Head `head` of block `layer` (block 0: it reads the embedding) attends only to the class
     token, with score G(row) + H(col): G = GATE_SCORE where the row rotation is the identity (row 0,
     and every patch once the row rotations are removed), 0 on the other rows; H(col) steps by
     GATE_SPREAD around ln(patches), so that the gate's attention to the class token varies with the
-    column except where G shuts it."""
+    column except where G shuts it. shut_on="rotated": the gate inverted, G = 0 (open) on the top half of
+    the rows, row 0 among them, and GATE_SCORE (shut) on the bottom half; once the row rotations are
+    removed every patch looks like row 0 to the row channels, so the gate opens everywhere."""
     m = _eva(surface)
     d, D = surface.head_dim, surface.width
     rope = m.rope.get_embed()  # (N, 2d): every head's rotary tensor (axial RoPE: one for all)
@@ -218,7 +227,12 @@ def make_gate(surface: OwnSurface, layer: int, head: int) -> None:
     col = torch.arange(H * W) % W
     shut = (rope - off).abs().amax(1) < 1e-6  # the patches whose row rotation is the identity
     a = torch.cat([clean[:, rows], removed[:1, rows]]).double()
-    g = torch.cat([torch.where(shut, GATE_SCORE, 0.0), torch.tensor([GATE_SCORE])]).double()
+    if shut_on not in ("identity", "rotated"):
+        raise ValueError(f"shut_on must be 'identity' or 'rotated', not {shut_on!r}")
+    # inverted: open on the top half of the rows (row 0, whose rotation is the identity, among them), shut below
+    closed = shut if shut_on == "identity" else torch.arange(H * W) // W >= H // 2
+    removed_g = GATE_SCORE if shut_on == "identity" else 0.0  # with the rows removed every patch is row 0
+    g = torch.cat([torch.where(closed, GATE_SCORE, 0.0), torch.tensor([removed_g])]).double()
     h = (math.log(H * W) + GATE_SPREAD * (col - (W - 1) / 2)).double()
     q = torch.zeros(d)
     q[rows] = torch.linalg.lstsq(a, g.unsqueeze(1)).solution.squeeze(1).float()
@@ -238,6 +252,15 @@ def make_gate(surface: OwnSurface, layer: int, head: int) -> None:
     qkv.bias[qs] = q
     qkv.weight[ks] = torch.outer(key, w)
     qkv.bias[ks] = 0
+
+
+def c3_interacting() -> OwnSurface:
+    """Block 0: a row-only head and the inverted gate (open only where the row rotation is the identity)."""
+    s = planted_surface("rope-axial", depth=2)
+    make_one_axis(s, 0, 0, "row")
+    make_gate(s, 0, 1, shut_on="rotated")
+    make_silent(s, 1)
+    return s
 
 
 def c3_entangled() -> OwnSurface:

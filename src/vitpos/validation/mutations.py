@@ -256,19 +256,27 @@ class MutationResult:
 
 
 def run_mutations(cases: Sequence[Planted], n_images: int, seeds: tuple[int, ...],
-                  which: Sequence[Mutation] | None = None, on_done: Callable[[MutationResult], None] | None = None
-                  ) -> tuple[ValidationTable, list[MutationResult]]:
+                  which: Sequence[Mutation] | None = None, on_done: Callable[[MutationResult], None] | None = None,
+                  until_first_flip: bool = False) -> tuple[ValidationTable, list[MutationResult]]:
     """The table of `cases` as they are, then each mutation's flips: the cases of the claims it can
-    touch measured again under it (read again only, for a rule mutation)."""
+    touch measured again under it (read again only, for a rule mutation). until_first_flip: stop
+    measuring a mutation's cases at the first that flips (enough to show it flips a row; the test's
+    question), else every touched case is measured (the full table of flips)."""
     measured = {c.name: c.measure(n_images, seeds) for c in cases}
     base = table_of([r for c in cases for r in case_rows(c, measured[c.name])], n_images, seeds)
     out = []
     for m in mutations() if which is None else which:
         touched = [c for c in cases if set(c.truth) & set(m.claims)]
+        rows: list[ValidationRow] = []
+        found: list[Flip] = []
         with applied(m):
-            rows = [r for c in touched
-                    for r in case_rows(c, measured[c.name] if m.rule_only else c.measure(n_images, seeds))]
-        result = MutationResult(m, flips(base.rows, [r for r in rows if r.claim in m.claims]), len(rows))
+            for c in touched:
+                got = case_rows(c, measured[c.name] if m.rule_only else c.measure(n_images, seeds))
+                rows += got
+                found += flips(base.rows, [r for r in got if r.claim in m.claims])
+                if until_first_flip and found:
+                    break
+        result = MutationResult(m, found, len(rows))
         out.append(result)
         if on_done is not None:
             on_done(result)

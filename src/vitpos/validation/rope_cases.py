@@ -16,6 +16,7 @@ from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified, flat_data, own_data
 from vitpos.models.planted_rope_power import (
     c3_entangled,
+    c3_interacting,
     c4_complete,
     c4_hidden,
     c4_redundant,
@@ -42,8 +43,8 @@ class PlantedCase:
 
 def rope_cases() -> list[PlantedCase]:
     return [
-        PlantedCase("C3", "rope-axial", True, "position only through the rotations", lambda: c3_model("rope-axial"),
-                    flat_data),
+        PlantedCase("C3", "one-axis heads", True, "position only through the rotations, each head turning with one "
+                    "axis", lambda: c3_model("rope-axial", axis_heads=True), flat_data),
         PlantedCase("C3", "rope-ape", False, "an APE carries both axes whatever the rotations",
                     lambda: c3_model("rope-ape"), flat_data),
         PlantedCase("C4", "one-axis rebuilders", True, "from R on one row-only and one col-only head",
@@ -58,9 +59,13 @@ def rope_cases() -> list[PlantedCase]:
                     lambda: classified(c5_model("false"), (0, 1), (1, 0)), own_data),
         # issue 46 (planted_rope_power): each planted-false case fails one condition alone
         PlantedCase("C3", "row in rings", False, "content carries the row as a ring's radius: only an MLP reads it",
-                    lambda: c3_model("rope-axial"), ring_data, split="held_out"),
+                    lambda: c3_model("rope-axial", axis_heads=True), ring_data, split="held_out"),
         PlantedCase("C3", "entangled axes", False, "a head reads the columns only where the row rotation is not "
                     "the identity: removing the rows removes the columns", c3_entangled, flat_data, split="held_out"),
+        # rules version 5 (C3's kept two-sided): built with the condition it decides, so a design case
+        PlantedCase("C3", "interacting axes", False, "a head reads the columns on the top rows only; removing the "
+                    "row rotations makes every row look like row 0 and opens it everywhere: the columns gain",
+                    c3_interacting, flat_data),
         PlantedCase("C4", "complete rebuild", False, "one-axis rebuilders that put back all of the position",
                     c4_complete, flat_data, split="held_out"),
         PlantedCase("C4", "redundant rebuilders", False, "two heads per axis share the rebuild: none carries much",
