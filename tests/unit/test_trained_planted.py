@@ -23,8 +23,7 @@ from vitpos.results.sae_run import SAEResult
 from vitpos.validation import trained_cases as tc
 from vitpos.validation.table import case_rows
 
-SHIPPED = {"planted-trained-ape-where": ("shapes", "ape"), "planted-trained-ape-content": ("fashion", "ape"),
-           "planted-trained-none-content": ("fashion", "none")}
+SHIPPED = {"planted-trained-ape-where": ("shapes", "ape"), "planted-trained-ape-content": ("fashion", "ape")}
 TINY = tc.TrainedSizes(test_images=24, sae_images=64, sae_epochs=1, expansion=2, k=8)  # 64 x 64 = one SAE batch
 WHERE = tc.TRAINED_MODELS[0]
 
@@ -66,9 +65,8 @@ def test_the_where_model_scores_what_its_metrics_say():
 
 
 @needs_fashion
-@pytest.mark.parametrize("name", ["planted-trained-ape-content", "planted-trained-none-content"])
-def test_the_content_models_score_what_their_metrics_say(name):
-    got, stored = _recomputed_top1(name)
+def test_the_content_model_scores_what_its_metrics_say():
+    got, stored = _recomputed_top1("planted-trained-ape-content")
     assert stored > 0.5 and _within(got, stored), (got, stored)
 
 
