@@ -70,6 +70,7 @@ class TrainedSizes:
     expansion: int = 4
     k: int = 32
     seeds: int = 1  # permutation seeds per site
+    max_layers: int = 8  # block outputs the sweep takes at most (`sae_layers.max_layers`; 8 covers a 4-block model)
 
     def config(self, spec: str, data: str) -> RunConfig:
         """The run config `vitpos run --config` would take for these sizes (stage settings come from it)."""
@@ -80,7 +81,8 @@ class TrainedSizes:
             "probe": {"images": self.test_images},
             "sae": {**sae, "stability": False, "browse": False},
             "ape_permute": {"images": self.test_images, "seeds": self.seeds},
-            "sae_layers": {**sae, "permute_images": self.test_images, "seeds": self.seeds}})
+            "sae_layers": {**sae, "permute_images": self.test_images, "seeds": self.seeds,
+                           "max_layers": self.max_layers}})
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def trained_case(model: TrainedModel, sizes: TrainedSizes | None = None) -> Plan
 
     def measure(n_images: int, seeds: tuple[int, ...]) -> ClaimInputs:
         at = TrainedSizes(test_images=n_images, sae_images=sizes.sae_images, sae_epochs=sizes.sae_epochs,
-                          expansion=sizes.expansion, k=sizes.k, seeds=len(seeds))
+                          expansion=sizes.expansion, k=sizes.k, seeds=len(seeds), max_layers=sizes.max_layers)
         return measure_trained(model, at).inputs
 
     return PlantedCase(model.name, model.description, dict(model.truth), measure, split="held_out")
