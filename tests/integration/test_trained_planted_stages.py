@@ -42,9 +42,10 @@ def test_a_trained_case_is_measured_by_every_stage_the_run_reads(monkeypatch, tm
     assert x.sae is returned["sae"] and isinstance(x.sae, SAEResult)  # an SAE the pipeline trained
     assert x.eval is returned["eval"] and x.probe is returned["probe"] and x.scheme == "ape"
     # the sweep starts at the embedding, then the block outputs (2 of 0..2: the first and the last but one)
-    assert [p.key for p in x.sae_layers.points] == ["embed", "L0", "L2"]
-    assert all(p.sae is not None and p.permute is not None for p in x.sae_layers.points)
-    assert sum(p.selection_frequency for p in x.sae_layers.points) == pytest.approx(1.0)
+    sweep = x.sae_layers
+    assert sweep is not None and [p.key for p in sweep.points] == ["embed", "L0", "L2"]
+    assert all(p.sae is not None and p.permute is not None for p in sweep.points)
+    assert sum(p.selection_frequency for p in sweep.points) == pytest.approx(1.0)
     rows = case_rows(tc.trained_case(WHERE, TINY), x)
     assert [(r.claim, r.split, r.planted) for r in rows] == [("C1", "held_out", True), ("C2", "held_out", True)]
     # C1 and C2 are read over the sweep's plausible sites (`over_curve`), not at the single sae layer
