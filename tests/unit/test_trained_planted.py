@@ -1,6 +1,6 @@
 """The trained planted APE cases (issue 46 item 2, issue 47 item 6): the shipped models load, are small and
 score what their metrics say; a stage that would not run, or returns nothing, stops a trained case's
-measurement (tests/integration/test_trained_planted_stages.py runs the real stages on one)."""
+measurement (test_trained_planted_stages.py runs the real stages on one)."""
 
 from __future__ import annotations
 
