@@ -9,8 +9,11 @@ from vitpos.analysis.stats import (
     accuracy_interval,
     bootstrap_mean_interval,
     bootstrap_means,
+    hierarchical_interval,
+    hierarchical_means,
     paired_bootstrap_diff,
     percentile_interval,
+    pooled_mean,
     wilson_interval,
 )
 from vitpos.errors import VitposError
@@ -141,3 +144,55 @@ def test_seed_interval_is_the_t_interval_and_covers():
         assert ci is not None
         hits += ci[0] <= 5.0 <= ci[1]
     assert hits >= 90
+
+
+def _seeded_sample(g: torch.Generator, seeds: int, images: int, offset_sd: float) -> list[torch.Tensor]:
+    """Per SAE seed, per-image values (images, 2): a drop with a per-seed offset (which latents the seed
+    finds) and image noise, and a null column sharing the seed's offset (paired: the same SAE's null)."""
+    out = []
+    for _ in range(seeds):
+        off = offset_sd * float(torch.randn(1, generator=g))
+        noise = torch.randn(images, generator=g)
+        out.append(torch.stack([1.0 + off + noise, off + 0.5 * noise], 1))
+    return out
+
+
+def test_hierarchical_interval_covers_where_seed_offsets_make_the_image_interval_under_cover():
+    """Per-seed offsets (sd 0.5) dwarf the image noise of a seed's mean (1 / sqrt(50)): the image-only
+    interval over the pooled images misses the true mean most of the time, the seeds x images one covers
+    at about 95 % (20 seeds: enough for the seed level's bootstrap). Dropping the seed level fails this."""
+    g = torch.Generator().manual_seed(48)
+    trials, hier, flat = 100, 0, 0
+    for t in range(trials):
+        groups = _seeded_sample(g, seeds=20, images=50, offset_sd=0.5)
+        hier += _covers(hierarchical_interval(groups, 0, n_boot=500, seed=t), 1.0)
+        flat += _covers(bootstrap_mean_interval(torch.cat([x[:, 0] for x in groups]), n_boot=500, seed=t), 1.0)
+    assert hier >= 88, hier
+    assert flat <= 50, flat
+
+
+def test_hierarchical_interval_has_a_seed_level():
+    """Seeds that differ but whose images do not: an image-only bootstrap would give a point; the seed
+    level gives the seeds' spread (between the smallest and the largest seed value)."""
+    groups = [torch.full((30,), v) for v in (1.0, 2.0, 4.0)]
+    iv = hierarchical_interval(groups, n_boot=1000)
+    assert iv is not None and iv[0] < 2.0 < iv[1] and 1.0 <= iv[0] and iv[1] <= 4.0
+    assert float(pooled_mean(groups)[0]) == pytest.approx(7.0 / 3)
+
+
+def test_hierarchical_columns_stay_paired_and_one_seed_is_the_image_bootstrap():
+    g = torch.Generator().manual_seed(3)
+    groups = _seeded_sample(g, seeds=3, images=40, offset_sd=2.0)
+    diff = [torch.stack([x[:, 0] - x[:, 1], x[:, 1]], 1) for x in groups]  # effect - null: the offset cancels
+    m = hierarchical_means(diff, n_boot=400)
+    assert m.shape == (400, 2)
+    # the difference column's spread is the image noise's (sd 0.5 / sqrt(40) per seed), not the offsets'
+    assert float(m[:, 0].std()) < 0.2 < float(m[:, 1].std())
+    one = hierarchical_interval(groups[:1], 0, n_boot=2000)
+    img = bootstrap_mean_interval(groups[0][:, 0], n_boot=2000)
+    assert one is not None and abs(one[0] - img[0]) < 0.1 and abs(one[1] - img[1]) < 0.1
+    assert hierarchical_interval([x[:, 1] - x[:, 1] for x in groups]) == [0.0, 0.0]  # an edit equal to its null
+    with pytest.raises(VitposError):
+        hierarchical_means([torch.zeros(3, 2), torch.zeros(3, 1)])
+    with pytest.raises(VitposError):
+        hierarchical_means([])
