@@ -11,6 +11,7 @@ from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.intervals import FAILS, HOLDS, INCONCLUSIVE, aggregate, all_of, at_least, bounds, exceeds, largest
 from vitpos.claims.registry import rule_set
 from vitpos.claims.summary import summarise
+from vitpos.claims.verdict import FamilyHeadline
 from vitpos.results.ape_permute import ApePermuteResult
 from vitpos.results.evaluation import EvalResult
 from vitpos.results.rope_axis import RopeAxisResult
@@ -25,9 +26,10 @@ SELECTIVE, MIN_DROP, CONTROL_FACTOR = (rule_set().values()[k] for k in ("C1.sele
 # the experiment's result class; the rule tiers a test does not construct are switched off (None).
 _APE, _ROPE = GOLDEN["models"]["builtin:ape"], GOLDEN["models"]["builtin:rope-axial"]
 BASES = {
-    "sae": (SAEResult, _APE["sae"], {"eta2_null": None}),
+    "sae": (SAEResult, _APE["sae"], {"eta2_null": None, "seed_pool": None}),
     "ape_permute": (ApePermuteResult, _APE["ape_permute"],
-                    {k: None for k in ("random_row", "random_col", "crossed", "norm_all_positional", "nulls")}),
+                    {k: None for k in ("random_row", "random_col", "crossed", "norm_all_positional", "nulls",
+                                       "seed_pool")}),
     "rope_axis": (RopeAxisResult, _ROPE["rope_axis"],
                   {k: None for k in ("removal", "median_recovery", "count_matched", "median_rebuilt_share",
                                      "removal_floored", "content_floor", "readouts")}),
@@ -679,7 +681,7 @@ def test_rules_version_4_hashes_every_claims_thresholds_and_each_one_moves_its_v
     """C3-C5's thresholds are in the hashed rule set (version 4), and each is read by its rule: moving
     one across the measured interval moves the verdict (a threshold nothing reads would leave it)."""
     rules = rule_set()
-    assert rules.version == 4
+    assert rules.version >= 4  # 5 (issue 48) changed what C1 / C2 read, not a threshold
     names = {t.name for t in rules.thresholds}
     assert {"C3.min_removed", "C3.min_kept", "C4.min_head_share", "C5.min_margin"} <= names
     for name in ("C3.min_removed", "C3.min_kept"):
@@ -713,3 +715,64 @@ def test_c2_describes_the_position_budget_without_reading_it():
     assert b["all_positional_budget"] is None and "before the position budget" in b["all_positional_budget_undefined"]
     assert "position budget undefined" in c2.details["b"]
     assert a["result"] == b["result"] == HOLDS
+
+
+# ---------------------------------------------------------------- SAE seeds (issue 48)
+def pooled_effect(kind: str, sel_ci, per_sel=(0.8, 0.5, 0.9), drop=(0.3, (0.25, 0.35)), top1=(20.0, (15.0, 25.0))):
+    other = "col" if kind == "row" else "row"
+    return {f"{kind}_drop": drop[0], f"{kind}_drop_ci95": list(drop[1]), f"{other}_drop": 0.0,
+            f"{other}_drop_ci95": [0.0, 0.0], "selectivity": sum(sel_ci) / 2, "selectivity_ci95": list(sel_ci),
+            "top1_drop": top1[0], "top1_drop_ci95": list(top1[1]), "per_seed_row_drop": [drop[0]] * 3,
+            "per_seed_col_drop": [0.0] * 3, "per_seed_selectivity": list(per_sel), "per_seed_top1_drop": [top1[0]] * 3}
+
+
+def seed_pool(row_sel_ci, col_sel_ci=(0.65, 0.95)) -> dict:
+    run = {"dir": "seeds/seed1", "fvu": 0.2, "row_features": [1], "col_features": [2], "mixed_features": [],
+           "n_row_features": 1, "n_col_features": 1, "n_mixed_features": 0, "causal": None}
+    ctrl = {"drop": (0.01, (0.0, 0.02)), "top1": (1.0, (0.0, 2.0))}
+    return {"seeds": [0, 1, 2], "interval_sources": ["images", "sae_seeds"],
+            "runs": [{**run, "seed": 1}, {**run, "seed": 2}],
+            "ablate_row": pooled_effect("row", row_sel_ci), "ablate_col": pooled_effect("col", col_sel_ci),
+            "control_row": pooled_effect("row", (0.5, 0.5), **ctrl), "control_col": pooled_effect("col", (0.5, 0.5),
+                                                                                                   **ctrl)}
+
+
+def test_c1_reads_the_interval_pooled_over_sae_seeds_and_reports_each_seed():
+    """Seed 0's own removal holds ([0.7, 0.9]); pooled over 3 SAE seeds the row set's selectivity interval
+    straddles C1.selective, so the model is inconclusive: the rule reads the pooled interval. Each seed's
+    value is reported beside it, and the headline says its SAE seeds and what its interval covers."""
+    alone = claim({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}}, "C1")
+    assert alone["numbers"]["m"]["result"] == HOLDS and alone["numbers"]["m"]["n_sae_seeds"] == 1
+    assert alone["headlines"][0]["interval_sources"] == ["images"]
+    doc = {**sae((0.7, 0.9), (0.65, 0.95)), "seed_pool": seed_pool((0.45, 0.85))}
+    c = claim({"m": {"sae": doc}}, "C1")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == INCONCLUSIVE and nums["row_selectivity_ci95"] == [0.45, 0.85]
+    assert nums["row_selectivity_per_sae_seed"] == [0.8, 0.5, 0.9] and nums["n_sae_seeds"] == 3
+    assert nums["interval_sources"] == ["images", "sae_seeds"] and nums["n_row_per_sae_seed"] == [3, 1, 1]
+    head = c["headlines"][0]
+    assert head["sae_seeds"] == 3 and head["interval_sources"] == ["images", "sae_seeds"]
+    assert FamilyHeadline.model_validate(head).value_text().endswith("(3 SAE seeds)")
+    assert "pooled over 3 SAE seeds" in c["text"] and "per SAE seed 0.80 / 0.50 / 0.90" in c["text"]
+    pooled_ok = {**doc, "seed_pool": seed_pool((0.7, 0.85))}
+    assert claim({"m": {"sae": pooled_ok}}, "C1")["numbers"]["m"]["result"] == HOLDS
+
+
+def test_c2_reads_the_drop_and_null_pooled_over_sae_seeds():
+    """Seed 0's all-positional drop clears its null; pooled over the SAE seeds the null rises to half the
+    drop: C2 reads the pooled pair (fails), reporting each seed's drops."""
+    doc = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
+    assert claim({"m": {"ape_permute": doc}}, "C2")["numbers"]["m"]["result"] == HOLDS
+
+    def pooled(drop, ci, per):
+        return {"drop_points": drop, "drop_ci95": list(ci), "per_seed": list(per), "per_seed_n_features": [40, 30, 35]}
+    doc["seed_pool"] = {"sae_seeds": [0, 1, 2], "interval_sources": ["images", "sae_seeds"], "variants": {
+        "all_positional": pooled(15.0, (12.0, 18.0), (20.0, 10.0, 15.0)),
+        "swap_all_positional": pooled(11.0, (10.0, 12.0), (1.0, 16.0, 16.0))}}
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == FAILS and nums["all_positional_drop"] == 15.0 and nums["swap_null_drop"] == 11.0
+    assert nums["all_positional_drop_ci95"] == [12.0, 18.0] and nums["swap_null_drop_ci95"] == [10.0, 12.0]
+    assert nums["all_positional_drop_per_sae_seed"] == [20.0, 10.0, 15.0] and nums["n_sae_seeds"] == 3
+    assert nums["n_all_positional_per_sae_seed"] == [40, 30, 35]
+    assert c["headlines"][0]["sae_seeds"] == 3 and "pooled over 3 SAE seeds" in c["text"]

@@ -196,3 +196,32 @@ def test_hierarchical_columns_stay_paired_and_one_seed_is_the_image_bootstrap():
         hierarchical_means([torch.zeros(3, 2), torch.zeros(3, 1)])
     with pytest.raises(VitposError):
         hierarchical_means([])
+
+
+def test_a_removal_pooled_over_sae_seeds_is_the_mean_of_the_seeds_with_a_seeds_x_images_interval():
+    """C1's pooling (issue 48): per seed the probe drops (images, row / col); the pooled drop is the mean over
+    seeds of each seed's mean, the selectivity that of the pooled drops, and the interval spans the seeds'
+    spread; a seed whose set is empty removes nothing (zeros, as causal_check keeps it)."""
+    from vitpos.experiments.sae_causal import RemovalImages, pool_removal
+    from vitpos.results.sae_run import CausalCheck
+
+    g = torch.Generator().manual_seed(5)
+    keeps = []
+    for row in (0.30, 0.10, 0.0):  # seed 2 found no row feature: its removal is the identity
+        probe = torch.stack([row + (0.01 * torch.randn(60, generator=g) if row else torch.zeros(60)),
+                             torch.zeros(60)], 1)
+        keeps.append({"ablate_row": RemovalImages(probe.double(), torch.full((50,), row).double())})
+    check = {"layers": [1], "clean_row_acc": [0.9], "clean_col_acc": [0.9],
+             "ablate_col": {"skipped": "no col features"}}
+    eff = {"row_acc": [0.6], "col_acc": [0.9], "col_drop": 0.0, "row_drop_ci95": None, "col_drop_ci95": None,
+           "selectivity": 1.0, "selectivity_ci95": None}
+    checks = [CausalCheck.model_validate({**check, "ablate_row": {**eff, "row_drop": r, "top1_drop": 100 * r}})
+              for r in (0.30, 0.10)] + [CausalCheck.model_validate({**check, "ablate_row": {"skipped": "no row"}})]
+    p = pool_removal("ablate_row", "row", checks, keeps)
+    assert p is not None
+    want = float(pooled_mean([k["ablate_row"].probe for k in keeps])[0])
+    assert p.row_drop == pytest.approx(want) and want == pytest.approx(0.4 / 3, abs=0.01)
+    assert p.selectivity == pytest.approx(1.0) and p.top1_drop == pytest.approx(100 * 0.4 / 3)
+    assert p.row_drop_ci95 is not None and p.row_drop_ci95[0] < 0.05 < 0.25 < p.row_drop_ci95[1]  # the seeds' spread
+    assert p.per_seed_row_drop == [0.30, 0.10, 0.0] and p.per_seed_selectivity == [1.0, 1.0, None]
+    assert pool_removal("ablate_col", "col", checks, keeps) is None  # not kept on every seed: not pooled

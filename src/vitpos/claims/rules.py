@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-VERSION = 4
+VERSION = 5
 Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
@@ -82,6 +82,15 @@ CHANGES = {
        "measured case was read to set a value. Not yet in it: MIN_ABOVE_CHANCE and MIN_GAP (measurement settings "
        "the rope_axis experiment applies before any claim reads its result, so they live with it) and C4's |S| "
        "fallback for results written before the restore-condition S.",
+    5: "issue 48 (item 1): C1 and C2 read intervals over SAE training seeds x images. The sae stage trains "
+       "sae.claim_seeds SAEs (default 3: the run seed, +1, +2) at its site; each types its own latents, gets its "
+       "own causal check (C1's removals and controls) and its own permutation (C2's all-positional, row, col, "
+       "swap-null and control drops); each number the rules read is the mean over the SAE seeds, its interval a "
+       "hierarchical bootstrap (seeds with replacement, then images within each seed, the variants of one seed "
+       "on the same resample). The claim must hold on that pooled interval; each seed's value is reported beside "
+       "it, not required. No threshold value changed. Made before seeing results: written before any pooled "
+       "number was computed, on the issue's observation that a rerun's SAE lands outside the image-only "
+       "intervals.",
 }
 
 FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold

@@ -141,8 +141,11 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
         s = seeds.get(fam)
         first = members[0][1].numbers
         fam_result = reason = None
+        n_sae = first.get("n_sae_seeds")
+        sources = first.get("interval_sources")
         if s is not None:
             value, ci, fam_result, reason = s.mean, s.ci95, s.family_result, s.family_reason
+            sources = None if sources is None else ["model_seeds"]  # each seed's number pooled over its SAE seeds
         else:
             value, ci = headline_value(claim, first), headline_interval(claim, first)
         out.append(FamilyHeadline(family=fam, models=[spec for spec, _ in members],
@@ -150,7 +153,9 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
                                   holds=sum(r.result == HOLDS for _, r in members), number=h.number,
                                   label=h.label, unit=h.unit, value=value, ci95=ci,
                                   why_undefined=None if value is not None else headline_gap(claim, first),
-                                  family_result=fam_result, family_reason=reason))
+                                  family_result=fam_result, family_reason=reason,
+                                  sae_seeds=n_sae if isinstance(n_sae, int) else None,
+                                  interval_sources=[str(x) for x in sources] if isinstance(sources, list) else None))
     return out
 
 
