@@ -747,7 +747,8 @@ def test_c1_reads_the_interval_pooled_over_sae_seeds_and_reports_each_seed():
     doc = {**sae((0.7, 0.9), (0.65, 0.95)), "seed_pool": seed_pool((0.45, 0.85))}
     c = claim({"m": {"sae": doc}}, "C1")
     nums = c["numbers"]["m"]
-    assert nums["result"] == INCONCLUSIVE and nums["row_selectivity_ci95"] == [0.45, 0.85]
+    assert nums["result"] == INCONCLUSIVE and nums["row_selectivity_pooled_ci95"] == [0.45, 0.85]
+    assert nums["row_selectivity_ci95"] == [0.7, 0.9]  # the run seed's own, under the keys it always had
     assert nums["row_selectivity_per_sae_seed"] == [0.8, 0.5, 0.9] and nums["n_sae_seeds"] == 3
     assert nums["interval_sources"] == ["images", "sae_seeds"] and nums["n_row_per_sae_seed"] == [3, 1, 1]
     head = c["headlines"][0]
@@ -771,8 +772,9 @@ def test_c2_reads_the_drop_and_null_pooled_over_sae_seeds():
         "swap_all_positional": pooled(11.0, (10.0, 12.0), (1.0, 16.0, 16.0))}}
     c = claim({"m": {"ape_permute": doc}}, "C2")
     nums = c["numbers"]["m"]
-    assert nums["result"] == FAILS and nums["all_positional_drop"] == 15.0 and nums["swap_null_drop"] == 11.0
-    assert nums["all_positional_drop_ci95"] == [12.0, 18.0] and nums["swap_null_drop_ci95"] == [10.0, 12.0]
+    assert nums["result"] == FAILS and nums["all_positional_drop_pooled"] == 15.0
+    assert nums["all_positional_drop_pooled_ci95"] == [12.0, 18.0] and nums["swap_null_drop_pooled_ci95"] == [10.0, 12.0]
+    assert nums["all_positional_drop"] == 20.0 and nums["swap_null_drop"] == 1.0  # the run seed's own
     assert nums["all_positional_drop_per_sae_seed"] == [20.0, 10.0, 15.0] and nums["n_sae_seeds"] == 3
     assert nums["n_all_positional_per_sae_seed"] == [40, 30, 35]
     assert c["headlines"][0]["sae_seeds"] == 3 and "pooled over 3 SAE seeds" in c["text"]

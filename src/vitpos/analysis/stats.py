@@ -23,7 +23,8 @@
   images with replacement (a fresh draw each time a seed is drawn again), and averages the per-seed
   column means over the drawn seeds. `groups[s]` is one seed's (n_s, k) per-image values; its k
   columns (the variants of that seed: an effect and its null) share every image resample, so they stay
-  paired. `hierarchical_interval` is the percentile interval of one column; the point value is `pooled_mean` (the mean over seeds of each seed's image mean). With one
+  paired. `hierarchical_interval` is the percentile interval of one column; the point value is
+  `pooled_mean` (the mean over seeds of each seed's image mean). With one
   seed it is the image bootstrap; with few seeds the seed level is coarse (3 seeds: at most 10
   distinct seed multisets), so where the seeds' spread dominates it covers less than 95 %.
 

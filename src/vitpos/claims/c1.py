@@ -25,7 +25,7 @@ from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, POINTS, Threshold, Thresholds
 from vitpos.claims.verdict import Number
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
-from vitpos.results.sae_run import AblationEffect, PooledEffect
+from vitpos.results.sae_run import AblationEffect, PooledEffect, RemovalControl
 
 AXES = ("row", "col")
 PLAUSIBLE_SWEEP = (0.01, PLAUSIBLE, 0.1, 0.2, 0.3)  # the plausible-layer share's sensitivity range (C1 and C2)
@@ -154,13 +154,35 @@ def _seed_text(pool_eff: PooledEffect | None, what: str, digits: int, scale: flo
     return "" if vals is None else " (per SAE seed " + " / ".join(tx.f(x, digits) for x in vals) + ")"
 
 
+def _removal_numbers(eff: Mapping[str, Effect | None], ctl: Mapping[str, Effect | None],
+                     suffix: str) -> dict[str, Any]:
+    """Each set's removal and its control as the summary records them, the keys ending in `suffix`: "" for
+    the run seed's SAE alone (the keys results.json had before issue 48), "_pooled" for what the rule reads
+    (pooled over the SAE seeds; the run seed's where there is one)."""
+    nums: dict[str, Any] = {}
+    for k in AXES:
+        e, c = eff[k], ctl[k]
+        own_k, ctl_k = tx.pts_iv(*_own_drop(e, k)), tx.pts_iv(*_own_drop(c, k))
+        nums[f"{k}_selectivity{suffix}"] = None if e is None else e.selectivity
+        nums[f"{k}_selectivity{suffix}_ci95"] = None if e is None else e.selectivity_ci95
+        nums[f"{k}_probe_drop{suffix}"] = tx.pts(_own_drop(e, k)[0])
+        nums[f"{k}_probe_drop{suffix}_ci95"] = None if own_k is None else list(own_k)
+        nums[f"{k}_control_probe_drop{suffix}"] = tx.pts(_own_drop(c, k)[0])
+        nums[f"{k}_control_probe_drop{suffix}_ci95"] = None if ctl_k is None else list(ctl_k)
+        nums[f"{k}_top1_drop{suffix}"] = None if e is None else e.top1_drop
+        nums[f"{k}_top1_drop{suffix}_ci95"] = None if e is None else e.top1_drop_ci95
+        nums[f"{k}_control_top1_drop{suffix}"] = None if c is None else c.top1_drop
+    return nums
+
+
 def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     sae = v.sae
     causal = sae.causal
     eff, ctl = _effects(sae)  # what the rule reads: pooled over the SAE seeds where there are several
-    # seed 0's own removals: what is reported of the run seed's SAE alone (per class group, edit sizes, notes)
-    eff0 = {k: None if causal is None else causal.effect(k) for k in AXES}
-    ctl0 = {k: None if causal is None else causal.control(k) for k in AXES}
+    # the run seed's own removals (its SAE is the one the sae stage always trained): the keys as before issue 48,
+    # and what is reported of it alone (per class group, edit sizes, the control's note)
+    eff0: dict[str, Effect | None] = {k: None if causal is None else causal.effect(k) for k in AXES}
+    ctl0: dict[str, Effect | None] = {k: None if causal is None else causal.control(k) for k in AXES}
     pool = sae.seed_pool
     pe = {k: None if pool is None else pool.effect(k) for k in AXES}
     pc = {k: None if pool is None else pool.control(k) for k in AXES}
@@ -170,23 +192,14 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     own, own_ctl, top1 = v.own, v.control, v.top1
     null = sae.eta2_null
     nums: dict[str, Any] = {"layer": sae.layer, "n_row": sae.n_row_features, "n_col": sae.n_col_features,
-                            "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae.fvu,
-                            "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
+                            "fvu": sae.fvu, **_removal_numbers(eff0, ctl0, ""),
+                            **_removal_numbers(eff, ctl, "_pooled")}
     for k in AXES:
-        e, c = eff[k], ctl[k]
-        nums[f"{k}_probe_drop"] = tx.pts(_own_drop(e, k)[0])
-        own_k, ctl_k = own[k], own_ctl[k]
-        nums[f"{k}_probe_drop_ci95"] = None if own_k is None else list(own_k)
-        nums[f"{k}_control_probe_drop"] = tx.pts(_own_drop(c, k)[0])
-        nums[f"{k}_control_probe_drop_ci95"] = None if ctl_k is None else list(ctl_k)
-        nums[f"{k}_top1_drop"] = None if e is None else e.top1_drop
-        nums[f"{k}_top1_drop_ci95"] = None if e is None else e.top1_drop_ci95
         e0, c0 = eff0[k], ctl0[k]
-        nums[f"{k}_top1_drop_per_group"] = None if e0 is None else e0.per_group_drop
-        nums[f"{k}_control_top1_drop"] = None if c is None else c.top1_drop
-        nums[f"{k}_edit_norm"] = None if e0 is None else e0.edit_norm
-        nums[f"{k}_control_edit_norm"] = None if c0 is None else c0.edit_norm
-        nums[f"{k}_control_note"] = None if c0 is None else c0.note
+        nums[f"{k}_top1_drop_per_group"] = None if not isinstance(e0, AblationEffect) else e0.per_group_drop
+        nums[f"{k}_edit_norm"] = None if not isinstance(e0, AblationEffect) else e0.edit_norm
+        nums[f"{k}_control_edit_norm"] = None if not isinstance(c0, AblationEffect) else c0.edit_norm
+        nums[f"{k}_control_note"] = None if not isinstance(c0, RemovalControl) else c0.note
         if pool is not None:  # each SAE seed's own value beside the pooled one (reported, not required)
             nums[f"{k}_selectivity_per_sae_seed"] = _per_seed(pe[k], "selectivity")
             nums[f"{k}_probe_drop_per_sae_seed"] = _per_seed(pe[k], f"{k}_drop", 100.0)
@@ -203,11 +216,11 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
 
     def axis(k: str) -> str:
         return (f"{k} set: selectivity {tx.f(sel[k])}{tx.iv(iv[k])}{_seed_text(pe[k], 'selectivity', 2)}, {k}-probe "
-                f"drop {tx.f(nums[f'{k}_probe_drop'], 1)}{tx.iv(own[k], 1)}{_seed_text(pe[k], f'{k}_drop', 1, 100.0)} "
-                "pts vs control "
-                f"{tx.f(nums[f'{k}_control_probe_drop'], 1)}{tx.iv(own_ctl[k], 1)}, top-1 drop "
-                f"{tx.f(nums[f'{k}_top1_drop'], 1)}{tx.iv(top1[k], 1)} pts (control "
-                f"{tx.f(nums[f'{k}_control_top1_drop'], 1)})")
+                f"drop {tx.f(nums[f'{k}_probe_drop_pooled'], 1)}{tx.iv(own[k], 1)}"
+                f"{_seed_text(pe[k], f'{k}_drop', 1, 100.0)} pts vs control "
+                f"{tx.f(nums[f'{k}_control_probe_drop_pooled'], 1)}{tx.iv(own_ctl[k], 1)}, top-1 drop "
+                f"{tx.f(nums[f'{k}_top1_drop_pooled'], 1)}{tx.iv(top1[k], 1)} pts (control "
+                f"{tx.f(nums[f'{k}_control_top1_drop_pooled'], 1)})")
 
     where = f"L{sae.layer}" + ("" if sae.site == "resid_post" else f" {sae.site}")  # the embedding: L0 resid_pre
     seeds = ""
@@ -229,9 +242,10 @@ class C1(RuleClaim[View]):
     rule = RULE
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
+    # the parts are the pooled selectivities the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="min_selectivity", label="smaller of the row and col sets' causal selectivity",
-                        unit="fraction", parts=("row_selectivity", "col_selectivity"), how="min", range=(-1.0, 1.0),
-                        threshold="C1.selective")
+                        unit="fraction", parts=("row_selectivity_pooled", "col_selectivity_pooled"), how="min",
+                        range=(-1.0, 1.0), threshold="C1.selective")
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.sae is None else View.of(model.sae)

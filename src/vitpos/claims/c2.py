@@ -119,8 +119,10 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
         p = ap.pooled(name)
         return "" if p is None else " (per SAE seed " + " / ".join(f"{x:.1f}" for x in p.per_seed) + ")"
 
-    allpos = point("all_positional")
+    allpos, allpos0 = point("all_positional"), _points(allpos_v)  # pooled (what the rule reads), the run seed's
     in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]
+    in_range0 = allpos0 is not None and t["C2.study_low"] <= allpos0 <= t["C2.study_high"]
+    control0, null0 = _drop(control_v), _drop(nulls["swap_all_positional"])
     pe = _points(ap.variant("pos_embed_shuffle"))
     note = None if control_v is None else control_v.note
     clean = ap.baseline_top1
@@ -133,15 +135,20 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
                      f"vs its control ({_n(c)}) {tx.f(point(ctrl_name), 1)}{tx.iv(_pooled(ap, ctrl_name), 1)}")
     null_text = "; ".join(f"{n} {tx.f(point(n), 1)}{tx.iv(_pooled(ap, n), 1)}{seeds_of(n)}" for n in nulls)
     crossed, norm = nulls["crossed"], nulls["norm_all_positional"]
+    # the keys results.json had before issue 48 are the run seed's SAE's; "_pooled": what the rule reads, pooled
+    # over the SAE seeds (the run seed's where there is one)
     nums = {"drop_points": _points(ap.variant("all")), "random_control_drop": _points(ap.variant("random_features")),
-            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos, "in_study_range": in_range,
-            "all_positional_drop_ci95": None if treated is None else list(treated),
-            "all_positional_control_drop": point("random_all_positional"),
-            "all_positional_control_drop_ci95": None if control is None else list(control),
+            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos0, "in_study_range": in_range0,
+            "all_positional_drop_ci95": as_list(_drop(allpos_v)),
+            "all_positional_control_drop": _points(control_v), "all_positional_control_drop_ci95": as_list(control0),
             "n_all_positional": None if allpos_v is None else allpos_v.n_features,
             "n_control": None if control_v is None else control_v.n_features, "control_note": note,
-            "swap_null_drop": point("swap_all_positional"),
-            "swap_null_drop_ci95": None if null is None else list(null),
+            "swap_null_drop": _points(nulls["swap_all_positional"]), "swap_null_drop_ci95": as_list(null0),
+            "all_positional_drop_pooled": allpos, "all_positional_drop_pooled_ci95": as_list(treated),
+            "in_study_range_pooled": in_range,
+            "all_positional_control_drop_pooled": point("random_all_positional"),
+            "all_positional_control_drop_pooled_ci95": as_list(control),
+            "swap_null_drop_pooled": point("swap_all_positional"), "swap_null_drop_pooled_ci95": as_list(null),
             "crossed_drop": _points(crossed), "crossed_drop_ci95": None if crossed is None else crossed.drop_ci95,
             "norm_control_drop": _points(norm), "norm_control_drop_ci95": None if norm is None else norm.drop_ci95,
             "all_positional_edit_norm": None if allpos_v is None else allpos_v.edit_norm,
@@ -185,8 +192,9 @@ class C2(RuleClaim[View]):
     rule = RULE
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
+    # the part is the pooled drop the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="all_positional_drop", label="top-1 drop permuting all positional features",
-                        unit="points", parts=("all_positional_drop",), how="one", range=(-100.0, 100.0),
+                        unit="points", parts=("all_positional_drop_pooled",), how="one", range=(-100.0, 100.0),
                         threshold="C2.min_drop")
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:

@@ -333,7 +333,8 @@ def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, mai
     draws, point = hierarchical_means(groups), pooled_mean(groups)
     out = {}
     for i, v in enumerate(SEED_VARIANTS):
-        out[v] = PooledDrop(drop_points=100 * float(point[i]), drop_ci95=scaled(percentile_interval(draws[:, i]), 100.0),
+        out[v] = PooledDrop(drop_points=100 * float(point[i]),
+                            drop_ci95=scaled(percentile_interval(draws[:, i]), 100.0),
                             per_seed=[100 * float(g[:, i].mean()) for g in groups],
                             per_seed_n_features=[0 if (x := res.variant(v)) is None or x.n_features is None
                                                  else x.n_features for res in results])

@@ -201,7 +201,8 @@ def pool_removal(name: str, kind: str, checks: list[CausalCheck | None],
         per_seed_top1_drop=[(0.0 if top1 is not None else None) if e is None else e.top1_drop for e in per])
 
 
-def pool_causal(checks: list[CausalCheck | None], keeps: list[dict[str, RemovalImages]]) -> dict[str, PooledEffect | None]:
+def pool_causal(checks: list[CausalCheck | None],
+                keeps: list[dict[str, RemovalImages]]) -> dict[str, PooledEffect | None]:
     """Every removal of REMOVALS pooled over the SAE seeds (`pool_removal`), by its key."""
     return {f"{what}_{kind}": pool_removal(f"{what}_{kind}", kind, checks, keeps) for what, kind in REMOVALS}
 

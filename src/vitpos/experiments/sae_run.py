@@ -315,7 +315,9 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     if runs:
         pooled = pool_causal([result.causal, *(r.causal for r in runs)], keeps)
         result = result.model_copy(update={"seed_pool": SAESeedPool(
-            seeds=[seed, *trained.extra], interval_sources=list(INTERVAL_SOURCES), runs=runs, **pooled)})
+            seeds=[seed, *trained.extra], interval_sources=list(INTERVAL_SOURCES), runs=runs,
+            ablate_row=pooled["ablate_row"], ablate_col=pooled["ablate_col"], control_row=pooled["control_row"],
+            control_col=pooled["control_col"])})
     if out is not None:
         trained.sae.save(out, model_weights=surface.weights_digest())
         for sd, other in trained.extra.items():
