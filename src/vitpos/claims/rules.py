@@ -84,13 +84,13 @@ CHANGES = {
        "fallback for results written before the restore-condition S.",
     5: "issue 48 (item 1): C1 and C2 read intervals over SAE training seeds x images. The sae stage trains "
        "sae.claim_seeds SAEs (default 3: the run seed, +1, +2) at its site; each types its own latents, gets its "
-       "own causal check (C1's removals and controls) and its own permutation (C2's all-positional, row, col, "
-       "swap-null and control drops); each number the rules read is the mean over the SAE seeds, its interval a "
+       "own causal check (C1's removals and controls) and its own permutation (C2's all-positional, row, col "
+       "and swap-null drops); each number the rules read is the mean over the SAE seeds, its interval a "
        "hierarchical bootstrap (seeds with replacement, then images within each seed, the variants of one seed "
        "on the same resample). The claim must hold on that pooled interval; each seed's value is reported beside "
        "it, not required. No threshold value changed. Made before seeing results: written before any pooled "
        "number was computed, on the issue's observation that a rerun's SAE lands outside the image-only "
-       "intervals.",
+       "intervals. Where the sae_layers sweep ran, its plausible sites get the same SAE seeds.",
 }
 
 FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold
