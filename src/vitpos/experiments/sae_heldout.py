@@ -52,7 +52,7 @@ class HeldOut:
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
                  batch_size: int | None = None, outlier_threshold: float | None = None,
-                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None, splice: bool = True,
+                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None, with_splice: bool = True,
                  keep: dict[str, RemovalImages] | None = None) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
@@ -61,7 +61,7 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
     further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
     `causal_set`: the causal check reads these (labelled) images instead of `eval_set`, captured apart.
-    `splice=False`: the reconstruction is not spliced in (logit_kl, top1_spliced None; an extra SAE seed's
+    `with_splice=False`: the reconstruction is not spliced in (logit_kl, top1_spliced None; an extra SAE seed's
     check, issue 48). `keep` (a dict, filled): the causal check's per-image effects (`causal_check`).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
@@ -81,7 +81,7 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
         rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
         kl = top1 = top1_spliced = change = None
         clean_correct = None
-        if logits and not splice:
+        if logits and not with_splice:
             clean_correct = clean_logits.argmax(-1) == labels
             top1 = float(clean_correct.float().mean())
         elif logits:

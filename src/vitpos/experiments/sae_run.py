@@ -305,7 +305,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     for sd, other in trained.extra.items():  # each extra seed: its own latents and causal check, same images
         keeps.append({})
         h = evaluate_sae(surface, other, job.site, eval_set, seed=seed, logits=no_logits is None,
-                         outlier_threshold=trained.cut, causal_set=causal_set, splice=False, keep=keeps[-1])
+                         outlier_threshold=trained.cut, causal_set=causal_set, with_splice=False, keep=keeps[-1])
         sc = h.scores
         runs.append(SAESeedRun(seed=sd, dir=f"{SEEDS_DIR}/seed{sd}", fvu=h.metrics["fvu"],
                                row_features=sc.row_features, col_features=sc.col_features,
