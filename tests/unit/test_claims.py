@@ -773,7 +773,8 @@ def test_c2_reads_the_drop_and_null_pooled_over_sae_seeds():
     c = claim({"m": {"ape_permute": doc}}, "C2")
     nums = c["numbers"]["m"]
     assert nums["result"] == FAILS and nums["all_positional_drop_pooled"] == 15.0
-    assert nums["all_positional_drop_pooled_ci95"] == [12.0, 18.0] and nums["swap_null_drop_pooled_ci95"] == [10.0, 12.0]
+    assert nums["all_positional_drop_pooled_ci95"] == [12.0, 18.0]
+    assert nums["swap_null_drop_pooled_ci95"] == [10.0, 12.0]
     assert nums["all_positional_drop"] == 20.0 and nums["swap_null_drop"] == 1.0  # the run seed's own
     assert nums["all_positional_drop_per_sae_seed"] == [20.0, 10.0, 15.0] and nums["n_sae_seeds"] == 3
     assert nums["n_all_positional_per_sae_seed"] == [40, 30, 35]

@@ -158,17 +158,18 @@ def _seeded_sample(g: torch.Generator, seeds: int, images: int, offset_sd: float
 
 
 def test_hierarchical_interval_covers_where_seed_offsets_make_the_image_interval_under_cover():
-    """Per-seed offsets (sd 0.5) dwarf the image noise of a seed's mean (1 / sqrt(50)): the image-only
-    interval over the pooled images misses the true mean most of the time, the seeds x images one covers
-    at about 95 % (20 seeds: enough for the seed level's bootstrap). Dropping the seed level fails this."""
+    """Per-seed offsets (sd 1) dwarf the image noise of a seed's mean (1 / sqrt(50)): the image-only
+    interval over the pooled images misses the true mean most of the time (27 of 100 here), the seeds x
+    images one covers at about 95 % (90 of 100 at 20 seeds; a percentile bootstrap over 20 clusters is a
+    little short of nominal). Dropping the seed level (images resampled per seed, seeds fixed) gives ~40."""
     g = torch.Generator().manual_seed(48)
     trials, hier, flat = 100, 0, 0
     for t in range(trials):
-        groups = _seeded_sample(g, seeds=20, images=50, offset_sd=0.5)
+        groups = _seeded_sample(g, seeds=20, images=50, offset_sd=1.0)
         hier += _covers(hierarchical_interval(groups, 0, n_boot=500, seed=t), 1.0)
         flat += _covers(bootstrap_mean_interval(torch.cat([x[:, 0] for x in groups]), n_boot=500, seed=t), 1.0)
-    assert hier >= 88, hier
-    assert flat <= 50, flat
+    assert hier >= 86, hier
+    assert flat <= 40, flat
 
 
 def test_hierarchical_interval_has_a_seed_level():
