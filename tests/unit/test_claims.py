@@ -308,7 +308,10 @@ def test_the_summary_carries_typed_pieces_per_model_family():
     assert (two.family, two.models, two.holds, two.seeds_text()) == (
         "builtin:ape", ["builtin:ape", "builtin:ape-seed1"], 2, f"holds on 2/2 seeds; {family}")
     assert two.value == pytest.approx(mean) and two.ci95 == pytest.approx(ci) and two.number == "all_positional_drop"
-    assert two.text() == f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts, holds on 2/2 seeds; {family}"
+    # each model's number from one SAE seed (issue 48); the family's interval is over the model seeds
+    assert two.sae_seeds == 1 and two.interval_sources == ["model_seeds"]
+    assert two.text() == (f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts (1 SAE seed), holds on 2/2 seeds; "
+                          f"{family}")
     # one model: the family's headline is the model's own number and interval
     assert one.family == "timm:vit<b>" and one.seeds_text() == "inconclusive"
     assert one.value == c2.numbers["timm:vit<b>"]["all_positional_drop"] == 12.0
@@ -628,7 +631,7 @@ def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     from vitpos.claims.summary import seed_summaries
 
     def c1(sel: float) -> ModelClaim:
-        return ModelClaim(result=HOLDS, numbers={"row_selectivity": sel, "col_selectivity": 1.0})
+        return ModelClaim(result=HOLDS, numbers={"row_selectivity_pooled": sel, "col_selectivity_pooled": 1.0})
 
     s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.33)), ("builtin:pairs-ape-seed1", c1(0.92))])
     ci = s["builtin:pairs-ape"].ci95
@@ -651,7 +654,7 @@ def test_a_family_holds_only_when_every_seed_holds_and_the_seed_interval_clears_
 
     def family(*pts: tuple[str, float]) -> str | None:
         found = [(f"builtin:ape{'' if i == 0 else f'-seed{i}'}",
-                  ModelClaim(result=r, numbers={"all_positional_drop": d})) for i, (r, d) in enumerate(pts)]
+                  ModelClaim(result=r, numbers={"all_positional_drop_pooled": d})) for i, (r, d) in enumerate(pts)]
         return seed_summaries(BY_ID["C2"], found, t)["builtin:ape"].family_result
 
     assert family((HOLDS, 30.0), (HOLDS, 31.0), (HOLDS, 29.5)) == HOLDS  # interval ~[28.6, 31.4]
@@ -659,7 +662,7 @@ def test_a_family_holds_only_when_every_seed_holds_and_the_seed_interval_clears_
     assert family((HOLDS, 30.0), (FAILS, 2.0), (HOLDS, 29.0)) == INCONCLUSIVE
     assert family((HOLDS, 5.0), (HOLDS, 6.0), (HOLDS, 5.5)) == FAILS  # interval below 10 (seeds' own intervals aside)
     assert family((FAILS, 30.0), (FAILS, 31.0)) == FAILS
-    two = [(spec, ModelClaim(result=HOLDS, numbers={"all_positional_drop": d}))
+    two = [(spec, ModelClaim(result=HOLDS, numbers={"all_positional_drop_pooled": d}))
            for spec, d in (("builtin:ape", 30.0), ("builtin:ape-seed1", 31.0))]
     assert seed_summaries(BY_ID["C2"], two)["builtin:ape"].family_result is None  # no thresholds: no family result
 
