@@ -245,7 +245,8 @@ class C1(RuleClaim[View]):
     # the parts are the pooled selectivities the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="min_selectivity", label="smaller of the row and col sets' causal selectivity",
                         unit="fraction", parts=("row_selectivity_pooled", "col_selectivity_pooled"), how="min",
-                        range=(-1.0, 1.0), threshold="C1.selective")
+                        range=(-1.0, 1.0), threshold="C1.selective",
+                        legacy_parts=("row_selectivity", "col_selectivity"))
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.sae is None else View.of(model.sae)

@@ -195,7 +195,7 @@ class C2(RuleClaim[View]):
     # the part is the pooled drop the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="all_positional_drop", label="top-1 drop permuting all positional features",
                         unit="points", parts=("all_positional_drop_pooled",), how="one", range=(-100.0, 100.0),
-                        threshold="C2.min_drop")
+                        threshold="C2.min_drop", legacy_parts=("all_positional_drop",))
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.ape_permute is None else View.of(model.ape_permute, none_top1(models, model.data, spec))
