@@ -183,7 +183,7 @@ def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], 
     plan = StagePlan()
     sites = sweep_sites(layers, embed)
     for layer, site in sites:
-        at = sae_settings.updated(site=site, browse=False, stability=False)
+        at = sae_settings.updated(site=site, browse=False, stability=False, claim_seeds=1)  # one SAE seed a site
         plan = plan + measures.plan_sae(at.stage(layer), surface, sizes)
         plan = plan + measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes, 1)
     where = f"{len(sites)} sites" + (f" (the embedding and {len(layers)} block outputs)" if embed else "")
