@@ -4,7 +4,7 @@ and paired-bootstrap intervals of the drops and the selectivity (`selectivity_in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,8 +167,8 @@ def _sel(own: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.where(denom > 1e-9, own / denom.clamp_min(1e-300), torch.full_like(own, float("nan")))
 
 
-def pool_removal(name: str, kind: str, checks: list[CausalCheck | None],
-                 keeps: list[dict[str, RemovalImages]]) -> PooledEffect | None:
+def pool_removal(name: str, kind: str, checks: Sequence[CausalCheck | None],
+                 keeps: Sequence[Mapping[str, RemovalImages]]) -> PooledEffect | None:
     """Removal `name` (e.g. `ablate_row`, of the `kind` set) pooled over the SAE seeds whose causal checks
     are `checks` and per-image effects `keeps` (same order): the mean over seeds of each seed's mean drop
     and the hierarchical-bootstrap intervals (seeds, then images; a resample's selectivity from its pooled
@@ -201,8 +201,8 @@ def pool_removal(name: str, kind: str, checks: list[CausalCheck | None],
         per_seed_top1_drop=[(0.0 if top1 is not None else None) if e is None else e.top1_drop for e in per])
 
 
-def pool_causal(checks: list[CausalCheck | None],
-                keeps: list[dict[str, RemovalImages]]) -> dict[str, PooledEffect | None]:
+def pool_causal(checks: Sequence[CausalCheck | None],
+                keeps: Sequence[Mapping[str, RemovalImages]]) -> dict[str, PooledEffect | None]:
     """Every removal of REMOVALS pooled over the SAE seeds (`pool_removal`), by its key."""
     return {f"{what}_{kind}": pool_removal(f"{what}_{kind}", kind, checks, keeps) for what, kind in REMOVALS}
 
