@@ -11,6 +11,7 @@ from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.intervals import FAILS, HOLDS, INCONCLUSIVE, aggregate, all_of, at_least, bounds, exceeds, largest
 from vitpos.claims.registry import rule_set
 from vitpos.claims.summary import summarise
+from vitpos.claims.verdict import FamilyHeadline
 from vitpos.results.ape_permute import ApePermuteResult
 from vitpos.results.evaluation import EvalResult
 from vitpos.results.rope_axis import RopeAxisResult
@@ -25,9 +26,10 @@ SELECTIVE, MIN_DROP, CONTROL_FACTOR = (rule_set().values()[k] for k in ("C1.sele
 # the experiment's result class; the rule tiers a test does not construct are switched off (None).
 _APE, _ROPE = GOLDEN["models"]["builtin:ape"], GOLDEN["models"]["builtin:rope-axial"]
 BASES = {
-    "sae": (SAEResult, _APE["sae"], {"eta2_null": None}),
+    "sae": (SAEResult, _APE["sae"], {"eta2_null": None, "seed_pool": None}),
     "ape_permute": (ApePermuteResult, _APE["ape_permute"],
-                    {k: None for k in ("random_row", "random_col", "crossed", "norm_all_positional", "nulls")}),
+                    {k: None for k in ("random_row", "random_col", "crossed", "norm_all_positional", "nulls",
+                                       "seed_pool")}),
     "rope_axis": (RopeAxisResult, _ROPE["rope_axis"],
                   {k: None for k in ("removal", "median_recovery", "count_matched", "median_rebuilt_share",
                                      "removal_floored", "content_floor", "readouts")}),
@@ -306,7 +308,10 @@ def test_the_summary_carries_typed_pieces_per_model_family():
     assert (two.family, two.models, two.holds, two.seeds_text()) == (
         "builtin:ape", ["builtin:ape", "builtin:ape-seed1"], 2, f"holds on 2/2 seeds; {family}")
     assert two.value == pytest.approx(mean) and two.ci95 == pytest.approx(ci) and two.number == "all_positional_drop"
-    assert two.text() == f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts, holds on 2/2 seeds; {family}"
+    # each model's number from one SAE seed (issue 48); the family's interval is over the model seeds
+    assert two.sae_seeds == 1 and two.interval_sources == ["model_seeds"]
+    assert two.text() == (f"builtin:ape: {mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}] pts (1 SAE seed), holds on 2/2 seeds; "
+                          f"{family}")
     # one model: the family's headline is the model's own number and interval
     assert one.family == "timm:vit<b>" and one.seeds_text() == "inconclusive"
     assert one.value == c2.numbers["timm:vit<b>"]["all_positional_drop"] == 12.0
@@ -626,7 +631,7 @@ def test_a_seed_interval_stays_inside_the_range_its_number_can_take():
     from vitpos.claims.summary import seed_summaries
 
     def c1(sel: float) -> ModelClaim:
-        return ModelClaim(result=HOLDS, numbers={"row_selectivity": sel, "col_selectivity": 1.0})
+        return ModelClaim(result=HOLDS, numbers={"row_selectivity_pooled": sel, "col_selectivity_pooled": 1.0})
 
     s = seed_summaries(BY_ID["C1"], [("builtin:pairs-ape", c1(0.33)), ("builtin:pairs-ape-seed1", c1(0.92))])
     ci = s["builtin:pairs-ape"].ci95
@@ -649,7 +654,7 @@ def test_a_family_holds_only_when_every_seed_holds_and_the_seed_interval_clears_
 
     def family(*pts: tuple[str, float]) -> str | None:
         found = [(f"builtin:ape{'' if i == 0 else f'-seed{i}'}",
-                  ModelClaim(result=r, numbers={"all_positional_drop": d})) for i, (r, d) in enumerate(pts)]
+                  ModelClaim(result=r, numbers={"all_positional_drop_pooled": d})) for i, (r, d) in enumerate(pts)]
         return seed_summaries(BY_ID["C2"], found, t)["builtin:ape"].family_result
 
     assert family((HOLDS, 30.0), (HOLDS, 31.0), (HOLDS, 29.5)) == HOLDS  # interval ~[28.6, 31.4]
@@ -657,7 +662,7 @@ def test_a_family_holds_only_when_every_seed_holds_and_the_seed_interval_clears_
     assert family((HOLDS, 30.0), (FAILS, 2.0), (HOLDS, 29.0)) == INCONCLUSIVE
     assert family((HOLDS, 5.0), (HOLDS, 6.0), (HOLDS, 5.5)) == FAILS  # interval below 10 (seeds' own intervals aside)
     assert family((FAILS, 30.0), (FAILS, 31.0)) == FAILS
-    two = [(spec, ModelClaim(result=HOLDS, numbers={"all_positional_drop": d}))
+    two = [(spec, ModelClaim(result=HOLDS, numbers={"all_positional_drop_pooled": d}))
            for spec, d in (("builtin:ape", 30.0), ("builtin:ape-seed1", 31.0))]
     assert seed_summaries(BY_ID["C2"], two)["builtin:ape"].family_result is None  # no thresholds: no family result
 
@@ -741,3 +746,67 @@ def test_c3_says_no_rotary_position_where_no_layer_decodes_an_axis_above_its_flo
     assert y is not None
     ok = C3.read_view("m", y, rule_set().values())
     assert ok.result == HOLDS and {r.name: r.outcome for r in ok.conditions}["rotary_position"] == HOLDS
+
+
+# ---------------------------------------------------------------- SAE seeds (issue 48)
+def pooled_effect(kind: str, sel_ci, per_sel=(0.8, 0.5, 0.9), drop=(0.3, (0.25, 0.35)), top1=(20.0, (15.0, 25.0))):
+    other = "col" if kind == "row" else "row"
+    return {f"{kind}_drop": drop[0], f"{kind}_drop_ci95": list(drop[1]), f"{other}_drop": 0.0,
+            f"{other}_drop_ci95": [0.0, 0.0], "selectivity": sum(sel_ci) / 2, "selectivity_ci95": list(sel_ci),
+            "top1_drop": top1[0], "top1_drop_ci95": list(top1[1]), "per_seed_row_drop": [drop[0]] * 3,
+            "per_seed_col_drop": [0.0] * 3, "per_seed_selectivity": list(per_sel), "per_seed_top1_drop": [top1[0]] * 3}
+
+
+def seed_pool(row_sel_ci, col_sel_ci=(0.65, 0.95)) -> dict:
+    run = {"dir": "seeds/seed1", "fvu": 0.2, "row_features": [1], "col_features": [2], "mixed_features": [],
+           "n_row_features": 1, "n_col_features": 1, "n_mixed_features": 0, "causal": None}
+    ctrl = {"drop": (0.01, (0.0, 0.02)), "top1": (1.0, (0.0, 2.0))}
+    return {"seeds": [0, 1, 2], "interval_sources": ["images", "sae_seeds"],
+            "runs": [{**run, "seed": 1}, {**run, "seed": 2}],
+            "ablate_row": pooled_effect("row", row_sel_ci), "ablate_col": pooled_effect("col", col_sel_ci),
+            "control_row": pooled_effect("row", (0.5, 0.5), **ctrl), "control_col": pooled_effect("col", (0.5, 0.5),
+                                                                                                   **ctrl)}
+
+
+def test_c1_reads_the_interval_pooled_over_sae_seeds_and_reports_each_seed():
+    """Seed 0's own removal holds ([0.7, 0.9]); pooled over 3 SAE seeds the row set's selectivity interval
+    straddles C1.selective, so the model is inconclusive: the rule reads the pooled interval. Each seed's
+    value is reported beside it, and the headline says its SAE seeds and what its interval covers."""
+    alone = claim({"m": {"sae": sae((0.7, 0.9), (0.65, 0.95))}}, "C1")
+    assert alone["numbers"]["m"]["result"] == HOLDS and alone["numbers"]["m"]["n_sae_seeds"] == 1
+    assert alone["headlines"][0]["interval_sources"] == ["images"]
+    doc = {**sae((0.7, 0.9), (0.65, 0.95)), "seed_pool": seed_pool((0.45, 0.85))}
+    c = claim({"m": {"sae": doc}}, "C1")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == INCONCLUSIVE and nums["row_selectivity_pooled_ci95"] == [0.45, 0.85]
+    assert nums["row_selectivity_ci95"] == [0.7, 0.9]  # the run seed's own, under the keys it always had
+    assert nums["row_selectivity_per_sae_seed"] == [0.8, 0.5, 0.9] and nums["n_sae_seeds"] == 3
+    assert nums["interval_sources"] == ["images", "sae_seeds"] and nums["n_row_per_sae_seed"] == [3, 1, 1]
+    head = c["headlines"][0]
+    assert head["sae_seeds"] == 3 and head["interval_sources"] == ["images", "sae_seeds"]
+    assert FamilyHeadline.model_validate(head).value_text().endswith("(3 SAE seeds)")
+    assert "pooled over 3 SAE seeds" in c["text"] and "per SAE seed 0.80 / 0.50 / 0.90" in c["text"]
+    pooled_ok = {**doc, "seed_pool": seed_pool((0.7, 0.85))}
+    assert claim({"m": {"sae": pooled_ok}}, "C1")["numbers"]["m"]["result"] == HOLDS
+
+
+def test_c2_reads_the_drop_and_null_pooled_over_sae_seeds():
+    """Seed 0's all-positional drop clears its null; pooled over the SAE seeds the null rises to half the
+    drop: C2 reads the pooled pair (fails), reporting each seed's drops."""
+    doc = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
+    assert claim({"m": {"ape_permute": doc}}, "C2")["numbers"]["m"]["result"] == HOLDS
+
+    def pooled(drop, ci, per):
+        return {"drop_points": drop, "drop_ci95": list(ci), "per_seed": list(per), "per_seed_n_features": [40, 30, 35]}
+    doc["seed_pool"] = {"sae_seeds": [0, 1, 2], "interval_sources": ["images", "sae_seeds"], "variants": {
+        "all_positional": pooled(15.0, (12.0, 18.0), (20.0, 10.0, 15.0)),
+        "swap_all_positional": pooled(11.0, (10.0, 12.0), (1.0, 16.0, 16.0))}}
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    nums = c["numbers"]["m"]
+    assert nums["result"] == FAILS and nums["all_positional_drop_pooled"] == 15.0
+    assert nums["all_positional_drop_pooled_ci95"] == [12.0, 18.0]
+    assert nums["swap_null_drop_pooled_ci95"] == [10.0, 12.0]
+    assert nums["all_positional_drop"] == 20.0 and nums["swap_null_drop"] == 1.0  # the run seed's own
+    assert nums["all_positional_drop_per_sae_seed"] == [20.0, 10.0, 15.0] and nums["n_sae_seeds"] == 3
+    assert nums["n_all_positional_per_sae_seed"] == [40, 30, 35]
+    assert c["headlines"][0]["sae_seeds"] == 3 and "pooled over 3 SAE seeds" in c["text"]

@@ -22,7 +22,9 @@ from vitpos.experiments.rope_freq import RopeFreqSettings, plan_rope_freq, run_r
 from vitpos.experiments.rope_heads import run_rope_heads
 from vitpos.experiments.rope_heads_plan import RopeHeadsSettings, plan_rope_heads
 from vitpos.experiments.rope_prefix import RopePrefixSettings, plan_rope_prefix, run_rope_prefix
+from vitpos.results.ape_permute import SEED_VARIANTS, ApePermuteResult
 from vitpos.results.base import Skipped
+from vitpos.results.sae_run import SAEResult
 from vitpos.study.config import RunConfig
 from vitpos.study.plan import Throughput, measure_throughput
 
@@ -200,7 +202,7 @@ def test_every_stage_plan_counts_what_runs(monkeypatch, tmp_path):
     RoPE model, through the study's settings."""
     cfg = RunConfig.model_validate({
         "eval_images": 50, "probe": {"images": 40},
-        "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0},
+        "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0, "claim_seeds": 1},
         "ape_permute": {"images": 20, "seeds": 1},
         "rope_axis": {"images": 30, "restore": [1]},
         "rope_heads": {"probe_images": 30, "top1_images": 20, "attn_images": 4},
@@ -374,6 +376,42 @@ def test_a_version_bump_recomputes_exactly_that_experiments_stages(tmp_path, mon
     assert to_run() == ["sae", "ape_permute"]
 
 
+def test_the_extra_sae_seeds_are_counted_in_the_sae_and_ape_permute_plans(monkeypatch, tmp_path):
+    """sae.claim_seeds = 3 (issue 48): the sae stage trains seed 2 beside the stability SAE (seed 1, reused),
+    and each extra seed's held-out capture, removals and probe refits are counted; ape_permute counts each
+    extra seed's permutation of SEED_VARIANTS. Upper bounds less what the run skipped, as above."""
+    cfg = RunConfig.model_validate({
+        "probe": {"images": 40}, "ape_permute": {"images": 20, "seeds": 1},
+        "sae": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2, "k": 4, "layer": 0, "claim_seeds": 3,
+                "browse": False}})
+    data, sizes, ape = toy(300), SplitSizes(train=300, test=300), tiny_own("ape")
+    prior: dict[str, Done] = {}
+    for name in ("probe", "sae", "ape_permute"):
+        exp, settings, stage = _stage(name, ape, data, cfg, prior, tmp_path)
+        plan = exp.plan(settings, ape, sizes)
+        with counting(ape, monkeypatch) as counts:
+            result = exp.run_stage(ape, stage)
+        prior[name] = Done(result, settings)
+        if name == "sae":
+            assert isinstance(result, SAEResult) and result.seed_pool is not None
+            assert result.seed_pool.seeds == [0, 1, 2] and [r.seed for r in result.seed_pool.runs] == [1, 2]
+            checks = [result.causal, *(r.causal for r in result.seed_pool.runs)]
+            missing = sum(x is None for c in checks if c is not None for k in ("row", "col")
+                          for x in (c.effect(k), c.control(k)))
+            assert counts["forwards"] == plan.forwards - missing * 30
+            assert counts["blocks"] == plan.blocks - missing * 30 * ape.depth
+            assert counts["fits"] == plan.fits
+            assert plan.sae_tokens == 300 * ape.num_patches * 3  # the run seed's, the stability (seed 1) and seed 2
+            assert "2 extra SAE seed(s)" in plan.note
+        elif name == "ape_permute":
+            assert isinstance(result, ApePermuteResult) and result.seed_pool is not None
+            skipped = sum("skipped" in v for v in json.loads(result.model_dump_json()).values() if isinstance(v, dict))
+            pooled = result.seed_pool.variants
+            skipped += sum(n == 0 for v in SEED_VARIANTS for n in pooled[v].per_seed_n_features[1:])
+            assert counts["forwards"] == plan.forwards
+            assert counts["blocks"] == plan.blocks - skipped * 20 * (ape.depth - 1)
+
+
 def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
     """The layer sweep's plan: per swept layer the sae stage's count of run_sae (no browser, no stability
     SAE) and ape_permute's, less what the run skipped (a feature set without features skips its causal
@@ -390,7 +428,8 @@ def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
         for p in ape.model.parameters():
             p.normal_(0, 0.3)
     cfg = RunConfig.model_validate({"sae_layers": {"images": 300, "eval_images": 30, "epochs": 1, "expansion": 2,
-                                                   "k": 4, "permute_images": 20, "seeds": 1}})
+                                                   "k": 4, "permute_images": 20, "seeds": 1},
+                                    "sae": {"claim_seeds": 1}})  # one SAE seed per site (see the test below)
     exp, settings, stage = _stage("sae_layers", ape, toy(300), cfg, {}, tmp_path)
     assert settings.layers == [0, 1]
     plan = exp.plan(settings, ape, SplitSizes(train=300, test=300))

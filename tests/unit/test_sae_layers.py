@@ -47,6 +47,16 @@ def test_the_stage_measures_the_embedding_then_one_point_per_swept_layer(swept):
         assert p.c1 is None and p.c2 is None  # the sweep decides nothing: the claims read its points
     assert sum(p.selection_frequency for p in res.points) == pytest.approx(1.0)
     assert res.c1 is None and res.c2 is None
+    # issue 48: the plausible sites carry the sae stage's SAE seeds (sae.claim_seeds, 3 by default), the others one
+    assert res.plausible_sites
+    for p in res.points:
+        assert p.sae is not None and p.permute is not None
+        plausible = p.key in res.plausible_sites
+        assert (p.sae.seed_pool is not None, p.permute.seed_pool is not None) == (plausible, plausible)
+        if plausible:
+            assert p.sae.seed_pool is not None and p.sae.seed_pool.seeds == [0, 1, 2]
+            assert p.sae.n_row_features == p.n_row and p.sae.fvu == p.fvu  # the run seed's SAE, trained again
+            assert (out / "stage" / p.key / "claim_seeds" / "seeds" / "seed2" / "sae.safetensors").is_file()
     for d in ("embed", "L0"):
         assert (out / "stage" / d / "sae.json").is_file() and not (out / "stage" / d / "acts").exists()
     again = exp.load(res.to_json())  # results.json round trip

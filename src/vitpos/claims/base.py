@@ -78,9 +78,19 @@ class Headline:
     range: tuple[float, float] | None = None
     cis: tuple[str, ...] | None = None
     threshold: str | None = None
+    # the parts of numbers written before they existed (results.json before issue 48 had no `*_pooled`)
+    legacy_parts: tuple[str, ...] | None = None
 
-    def ci_keys(self) -> tuple[str, ...]:
-        return self.cis if self.cis is not None else tuple(f"{k}_ci95" for k in self.parts)
+    def parts_of(self, numbers: Mapping[str, Any]) -> tuple[str, ...]:
+        """The parts `numbers` has: `parts`, or `legacy_parts` in numbers written before them."""
+        if self.legacy_parts is not None and not any(k in numbers for k in self.parts):
+            return self.legacy_parts
+        return self.parts
+
+    def ci_keys(self, numbers: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        if self.cis is not None:
+            return self.cis
+        return tuple(f"{k}_ci95" for k in (self.parts if numbers is None else self.parts_of(numbers)))
 
 
 class Planted(Protocol):

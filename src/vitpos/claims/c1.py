@@ -25,7 +25,7 @@ from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, POINTS, Threshold, Thresholds
 from vitpos.claims.verdict import Number
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
-from vitpos.results.sae_run import AblationEffect
+from vitpos.results.sae_run import AblationEffect, PooledEffect, RemovalControl
 
 AXES = ("row", "col")
 PLAUSIBLE_SWEEP = (0.01, PLAUSIBLE, 0.1, 0.2, 0.3)  # the plausible-layer share's sensitivity range (C1 and C2)
@@ -49,7 +49,11 @@ THRESHOLDS = (
 )
 
 RULE = """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and for each set (row, col) removing it at the
-            SAE's site (intervals: paired bootstrap over the held-out images) is
+            SAE's site is (each number the mean over the sae stage's SAE training seeds,
+            sae.claim_seeds: every seed's SAE types its own latents and removes its own sets;
+            intervals: a hierarchical bootstrap, seeds then held-out images within each seed; the
+            claim must hold on this pooled interval, each seed's value is reported beside it, not
+            required; one seed: the paired bootstrap over images)
             (a) axis-selective downstream: selectivity >= C1.selective;
             (b) large: the own-axis probe drop (points, mean over later layers) >= C1.min_probe_drop;
             (c) above its control: that drop > C1.control_factor x the own-axis drop of a matched
@@ -66,7 +70,20 @@ RULE = """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and for each set (row, 
             reading (the sae stage's) is reported beside it."""
 
 
-def _own_drop(eff: AblationEffect | None, k: str) -> tuple[float | None, list[float] | None]:
+Effect = AblationEffect | PooledEffect  # one SAE's removal, or the removal pooled over SAE seeds (issue 48)
+
+
+def _effects(sae: SAEReading) -> tuple[dict[str, Effect | None], dict[str, Effect | None]]:
+    """Each set's removal and its matched control as the rule reads them: pooled over the SAE seeds where
+    there are several (`seed_pool`), else the one SAE's."""
+    pool, causal = sae.seed_pool, sae.causal
+    if pool is not None:
+        return {k: pool.effect(k) for k in AXES}, {k: pool.control(k) for k in AXES}
+    return ({k: None if causal is None else causal.effect(k) for k in AXES},
+            {k: None if causal is None else causal.control(k) for k in AXES})
+
+
+def _own_drop(eff: Effect | None, k: str) -> tuple[float | None, list[float] | None]:
     """A removal's own-axis probe drop (a fraction) and its interval."""
     if eff is None:
         return None, None
@@ -85,9 +102,7 @@ class View:
 
     @classmethod
     def of(cls, sae: SAEReading) -> View:
-        causal = sae.causal
-        eff = {k: None if causal is None else causal.effect(k) for k in AXES}
-        ctl = {k: None if causal is None else causal.control(k) for k in AXES}
+        eff, ctl = _effects(sae)
         sel = {k: None if (e := eff[k]) is None or e.selectivity is None else bounds(e.selectivity, e.selectivity_ci95)
                for k in AXES}
         return cls(sae, sel, {k: tx.pts_iv(*_own_drop(eff[k], k)) for k in AXES},
@@ -127,46 +142,95 @@ CONDITIONS: tuple[Condition[View], ...] = (
 )
 
 
+def _per_seed(pool_eff: PooledEffect | None, what: str, scale: float = 1.0) -> list[float | None] | None:
+    """Each SAE seed's value of a pooled removal (`per_seed_<what>`), times `scale`."""
+    if pool_eff is None:
+        return None
+    return [None if x is None else scale * x for x in getattr(pool_eff, f"per_seed_{what}")]
+
+
+def _seed_text(pool_eff: PooledEffect | None, what: str, digits: int, scale: float = 1.0) -> str:
+    vals = _per_seed(pool_eff, what, scale)
+    return "" if vals is None else " (per SAE seed " + " / ".join(tx.f(x, digits) for x in vals) + ")"
+
+
+def _removal_numbers(eff: Mapping[str, Effect | None], ctl: Mapping[str, Effect | None],
+                     suffix: str) -> dict[str, Any]:
+    """Each set's removal and its control as the summary records them, the keys ending in `suffix`: "" for
+    the run seed's SAE alone (the keys results.json had before issue 48), "_pooled" for what the rule reads
+    (pooled over the SAE seeds; the run seed's where there is one)."""
+    nums: dict[str, Any] = {}
+    for k in AXES:
+        e, c = eff[k], ctl[k]
+        own_k, ctl_k = tx.pts_iv(*_own_drop(e, k)), tx.pts_iv(*_own_drop(c, k))
+        nums[f"{k}_selectivity{suffix}"] = None if e is None else e.selectivity
+        nums[f"{k}_selectivity{suffix}_ci95"] = None if e is None else e.selectivity_ci95
+        nums[f"{k}_probe_drop{suffix}"] = tx.pts(_own_drop(e, k)[0])
+        nums[f"{k}_probe_drop{suffix}_ci95"] = None if own_k is None else list(own_k)
+        nums[f"{k}_control_probe_drop{suffix}"] = tx.pts(_own_drop(c, k)[0])
+        nums[f"{k}_control_probe_drop{suffix}_ci95"] = None if ctl_k is None else list(ctl_k)
+        nums[f"{k}_top1_drop{suffix}"] = None if e is None else e.top1_drop
+        nums[f"{k}_top1_drop{suffix}_ci95"] = None if e is None else e.top1_drop_ci95
+        nums[f"{k}_control_top1_drop{suffix}"] = None if c is None else c.top1_drop
+    return nums
+
+
 def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     sae = v.sae
     causal = sae.causal
-    eff = {k: None if causal is None else causal.effect(k) for k in AXES}
-    ctl = {k: None if causal is None else causal.control(k) for k in AXES}
+    eff, ctl = _effects(sae)  # what the rule reads: pooled over the SAE seeds where there are several
+    # the run seed's own removals (its SAE is the one the sae stage always trained): the keys as before issue 48,
+    # and what is reported of it alone (per class group, edit sizes, the control's note)
+    eff0: dict[str, Effect | None] = {k: None if causal is None else causal.effect(k) for k in AXES}
+    ctl0: dict[str, Effect | None] = {k: None if causal is None else causal.control(k) for k in AXES}
+    pool = sae.seed_pool
+    pe = {k: None if pool is None else pool.effect(k) for k in AXES}
+    pc = {k: None if pool is None else pool.control(k) for k in AXES}
     sel = {k: None if (e := eff[k]) is None else e.selectivity for k in AXES}
     ci = {k: None if (e := eff[k]) is None else e.selectivity_ci95 for k in AXES}
     iv = {k: bounds(sel[k], ci[k]) if sel[k] is not None else None for k in AXES}
     own, own_ctl, top1 = v.own, v.control, v.top1
     null = sae.eta2_null
     nums: dict[str, Any] = {"layer": sae.layer, "n_row": sae.n_row_features, "n_col": sae.n_col_features,
-                            "row_selectivity": sel["row"], "col_selectivity": sel["col"], "fvu": sae.fvu,
-                            "row_selectivity_ci95": ci["row"], "col_selectivity_ci95": ci["col"]}
+                            "fvu": sae.fvu, **_removal_numbers(eff0, ctl0, ""),
+                            **_removal_numbers(eff, ctl, "_pooled")}
     for k in AXES:
-        e, c = eff[k], ctl[k]
-        nums[f"{k}_probe_drop"] = tx.pts(_own_drop(e, k)[0])
-        own_k, ctl_k = own[k], own_ctl[k]
-        nums[f"{k}_probe_drop_ci95"] = None if own_k is None else list(own_k)
-        nums[f"{k}_control_probe_drop"] = tx.pts(_own_drop(c, k)[0])
-        nums[f"{k}_control_probe_drop_ci95"] = None if ctl_k is None else list(ctl_k)
-        nums[f"{k}_top1_drop"] = None if e is None else e.top1_drop
-        nums[f"{k}_top1_drop_ci95"] = None if e is None else e.top1_drop_ci95
-        nums[f"{k}_top1_drop_per_group"] = None if e is None else e.per_group_drop
-        nums[f"{k}_control_top1_drop"] = None if c is None else c.top1_drop
-        nums[f"{k}_edit_norm"] = None if e is None else e.edit_norm
-        nums[f"{k}_control_edit_norm"] = None if c is None else c.edit_norm
-        nums[f"{k}_control_note"] = None if c is None else c.note
+        e0, c0 = eff0[k], ctl0[k]
+        nums[f"{k}_top1_drop_per_group"] = None if not isinstance(e0, AblationEffect) else e0.per_group_drop
+        nums[f"{k}_edit_norm"] = None if not isinstance(e0, AblationEffect) else e0.edit_norm
+        nums[f"{k}_control_edit_norm"] = None if not isinstance(c0, AblationEffect) else c0.edit_norm
+        nums[f"{k}_control_note"] = None if not isinstance(c0, RemovalControl) else c0.note
+        if pool is not None:  # each SAE seed's own value beside the pooled one (reported, not required)
+            nums[f"{k}_selectivity_per_sae_seed"] = _per_seed(pe[k], "selectivity")
+            nums[f"{k}_probe_drop_per_sae_seed"] = _per_seed(pe[k], f"{k}_drop", 100.0)
+            nums[f"{k}_control_probe_drop_per_sae_seed"] = _per_seed(pc[k], f"{k}_drop", 100.0)
+            nums[f"{k}_top1_drop_per_sae_seed"] = _per_seed(pe[k], "top1_drop")
+    nums["n_sae_seeds"] = 1 if pool is None else len(pool.seeds)
+    nums["sae_seeds"] = None if pool is None else list(pool.seeds)
+    nums["interval_sources"] = ["images"] if pool is None else list(pool.interval_sources)
+    if pool is not None:
+        nums["n_row_per_sae_seed"] = [sae.n_row_features, *(r.n_row_features for r in pool.runs)]
+        nums["n_col_per_sae_seed"] = [sae.n_col_features, *(r.n_col_features for r in pool.runs)]
     nums["eta2_null_thresholds"] = None if null is None else null.null_thresholds.model_dump(mode="json")
     nums["eta2_thresholds_above_null"] = None if null is None else null.used_above_null
 
     def axis(k: str) -> str:
-        return (f"{k} set: selectivity {tx.f(sel[k])}{tx.iv(iv[k])}, {k}-probe drop "
-                f"{tx.f(nums[f'{k}_probe_drop'], 1)}{tx.iv(own[k], 1)} pts vs control "
-                f"{tx.f(nums[f'{k}_control_probe_drop'], 1)}{tx.iv(own_ctl[k], 1)}, top-1 drop "
-                f"{tx.f(nums[f'{k}_top1_drop'], 1)}{tx.iv(top1[k], 1)} pts (control "
-                f"{tx.f(nums[f'{k}_control_top1_drop'], 1)})")
+        return (f"{k} set: selectivity {tx.f(sel[k])}{tx.iv(iv[k])}{_seed_text(pe[k], 'selectivity', 2)}, {k}-probe "
+                f"drop {tx.f(nums[f'{k}_probe_drop_pooled'], 1)}{tx.iv(own[k], 1)}"
+                f"{_seed_text(pe[k], f'{k}_drop', 1, 100.0)} pts vs control "
+                f"{tx.f(nums[f'{k}_control_probe_drop_pooled'], 1)}{tx.iv(own_ctl[k], 1)}, top-1 drop "
+                f"{tx.f(nums[f'{k}_top1_drop_pooled'], 1)}{tx.iv(top1[k], 1)} pts (control "
+                f"{tx.f(nums[f'{k}_control_top1_drop_pooled'], 1)})")
 
     where = f"L{sae.layer}" + ("" if sae.site == "resid_post" else f" {sae.site}")  # the embedding: L0 resid_pre
+    seeds = ""
+    if pool is not None:
+        counts = zip(pool.seeds, nums["n_row_per_sae_seed"], nums["n_col_per_sae_seed"], strict=True)
+        seeds = (f"; removals pooled over {len(pool.seeds)} SAE seeds ("
+                 + ", ".join(f"seed {sd}: {r} row / {c} col" for sd, r, c in counts)
+                 + "), intervals over SAE seeds x images")
     return nums, (f"{spec}: {where} SAE (FVU {sae.fvu:.3f}) has {sae.n_row_features} row / "
-                  f"{sae.n_col_features} col features; {axis('row')}; {axis('col')} (needs selectivity >= "
+                  f"{sae.n_col_features} col features{seeds}; {axis('row')}; {axis('col')} (needs selectivity >= "
                   f"{t['C1.selective']:g}, probe drop >= {t['C1.min_probe_drop']:g} pts and > "
                   f"{t['C1.control_factor']:g}x its control, top-1 drop >= {t['C1.min_top1_drop']:g} pts)")
 
@@ -178,9 +242,11 @@ class C1(RuleClaim[View]):
     rule = RULE
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
+    # the parts are the pooled selectivities the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="min_selectivity", label="smaller of the row and col sets' causal selectivity",
-                        unit="fraction", parts=("row_selectivity", "col_selectivity"), how="min", range=(-1.0, 1.0),
-                        threshold="C1.selective")
+                        unit="fraction", parts=("row_selectivity_pooled", "col_selectivity_pooled"), how="min",
+                        range=(-1.0, 1.0), threshold="C1.selective",
+                        legacy_parts=("row_selectivity", "col_selectivity"))
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.sae is None else View.of(model.sae)

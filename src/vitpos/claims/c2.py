@@ -33,11 +33,17 @@ THRESHOLDS = (
 )
 
 RULE = """  C2 (APE)  permuting ALL positional features (row + col + mixed: every live latent with
-            eta2_pos >= min_eta2_pos) drops top-1 (interval: paired bootstrap over images, seeds
-            pooled) by >= C2.min_drop points, and the drop's interval lies above C2.null_factor x
+            eta2_pos >= min_eta2_pos) drops top-1 by >= C2.min_drop points, and the drop's
+            interval lies above C2.null_factor x
             that of the same-position cross-image swap of the same set (another image's codes at
             the same patch: content moves, position stays, so it is null by construction for
-            positional features); without that null the claim is inconclusive. Reported beside
+            positional features); without that null the claim is inconclusive. Both drops are the
+            mean over the sae stage's SAE training seeds (sae.claim_seeds: each seed's SAE types
+            and permutes its own latents; permutation seeds averaged per image), their intervals a
+            hierarchical bootstrap (SAE seeds, then images within each seed, the drop and its null
+            on the same resample); the claim must hold on this pooled interval, each SAE seed's
+            drop is reported beside it, not required (one SAE seed: the paired bootstrap over
+            images). Reported beside
             it, not in the rule: the matched random controls (count and mass, and edit size:
             not nulls on a spatial task), the crossed design (row features moved by whole
             columns, col features by whole rows: ~0 for real row / col features), each edit's
@@ -61,6 +67,12 @@ def _points(v: VariantResult | None) -> float | None:
     return None if v is None else v.drop_points
 
 
+def _pooled(ap: ApePermuteResult, name: str) -> Interval | None:
+    """`name`'s drop as C2 reads it: pooled over the SAE seeds where there are several, else the one SAE's."""
+    p = ap.pooled(name)
+    return _drop(ap.variant(name)) if p is None else bounds(p.drop_points, p.drop_ci95)
+
+
 def _n(v: VariantResult | None) -> str:
     return "n/a" if v is None or v.n_features is None else str(v.n_features)
 
@@ -77,7 +89,7 @@ class View:
 
     @classmethod
     def of(cls, ap: ApePermuteResult, none_top1: float | None = None) -> View:
-        return cls(ap, _drop(ap.variant("all_positional")), _drop(ap.variant("swap_all_positional")), none_top1)
+        return cls(ap, _pooled(ap, "all_positional"), _pooled(ap, "swap_all_positional"), none_top1)
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
@@ -94,11 +106,23 @@ CONDITIONS: tuple[Condition[View], ...] = (
 def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     ap = v.permute
     allpos_v, control_v = ap.variant("all_positional"), ap.variant("random_all_positional")
-    treated, control = v.treated, _drop(control_v)
+    treated, control = v.treated, _pooled(ap, "random_all_positional")
     nulls = {n: ap.variant(n) for n in NULLS}
     null = v.null
-    allpos = _points(allpos_v)
+    pool = ap.seed_pool
+
+    def point(name: str) -> float | None:  # pooled over the SAE seeds where there are several
+        p = ap.pooled(name)
+        return _points(ap.variant(name)) if p is None else p.drop_points
+
+    def seeds_of(name: str) -> str:
+        p = ap.pooled(name)
+        return "" if p is None else " (per SAE seed " + " / ".join(f"{x:.1f}" for x in p.per_seed) + ")"
+
+    allpos, allpos0 = point("all_positional"), _points(allpos_v)  # pooled (what the rule reads), the run seed's
     in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]
+    in_range0 = allpos0 is not None and t["C2.study_low"] <= allpos0 <= t["C2.study_high"]
+    control0, null0 = _drop(control_v), _drop(nulls["swap_all_positional"])
     pe = _points(ap.variant("pos_embed_shuffle"))
     note = None if control_v is None else control_v.note
     clean = ap.baseline_top1
@@ -107,26 +131,39 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     parts = []
     for kept, ctrl_name, label in SETS:
         k, c = ap.variant(kept), ap.variant(ctrl_name)
-        parts.append(f"{label} ({_n(k)}): {tx.f(_points(k), 1)}{tx.iv(_drop(k), 1)} pts vs its control "
-                     f"({_n(c)}) {tx.f(_points(c), 1)}{tx.iv(_drop(c), 1)}")
-    null_text = "; ".join(f"{n} {tx.f(_points(x), 1)}{tx.iv(_drop(x), 1)}" for n, x in nulls.items())
+        parts.append(f"{label} ({_n(k)}): {tx.f(point(kept), 1)}{tx.iv(_pooled(ap, kept), 1)}{seeds_of(kept)} pts "
+                     f"vs its control ({_n(c)}) {tx.f(point(ctrl_name), 1)}{tx.iv(_pooled(ap, ctrl_name), 1)}")
+    null_text = "; ".join(f"{n} {tx.f(point(n), 1)}{tx.iv(_pooled(ap, n), 1)}{seeds_of(n)}" for n in nulls)
     crossed, norm = nulls["crossed"], nulls["norm_all_positional"]
+    # the keys results.json had before issue 48 are the run seed's SAE's; "_pooled": what the rule reads, pooled
+    # over the SAE seeds (the run seed's where there is one)
     nums = {"drop_points": _points(ap.variant("all")), "random_control_drop": _points(ap.variant("random_features")),
-            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos, "in_study_range": in_range,
-            "all_positional_drop_ci95": None if treated is None else list(treated),
-            "all_positional_control_drop": _points(control_v),
-            "all_positional_control_drop_ci95": None if control is None else list(control),
+            "pos_embed_shuffle_drop": pe, "all_positional_drop": allpos0, "in_study_range": in_range0,
+            "all_positional_drop_ci95": as_list(_drop(allpos_v)),
+            "all_positional_control_drop": _points(control_v), "all_positional_control_drop_ci95": as_list(control0),
             "n_all_positional": None if allpos_v is None else allpos_v.n_features,
             "n_control": None if control_v is None else control_v.n_features, "control_note": note,
-            "swap_null_drop": _points(nulls["swap_all_positional"]),
-            "swap_null_drop_ci95": None if null is None else list(null),
+            "swap_null_drop": _points(nulls["swap_all_positional"]), "swap_null_drop_ci95": as_list(null0),
+            "all_positional_drop_pooled": allpos, "all_positional_drop_pooled_ci95": as_list(treated),
+            "in_study_range_pooled": in_range,
+            "all_positional_control_drop_pooled": point("random_all_positional"),
+            "all_positional_control_drop_pooled_ci95": as_list(control),
+            "swap_null_drop_pooled": point("swap_all_positional"), "swap_null_drop_pooled_ci95": as_list(null),
             "crossed_drop": _points(crossed), "crossed_drop_ci95": None if crossed is None else crossed.drop_ci95,
             "norm_control_drop": _points(norm), "norm_control_drop_ci95": None if norm is None else norm.drop_ci95,
             "all_positional_edit_norm": None if allpos_v is None else allpos_v.edit_norm,
             "norm_control_edit_norm": None if norm is None else norm.edit_norm,
             "all_positional_drop_per_group": {} if allpos_v is None else {
                 g: x.drop_points for g, x in allpos_v.per_group.items()},
-            "position_gain_points": gain, "drop_fraction_of_position_gain": frac}
+            "position_gain_points": gain, "drop_fraction_of_position_gain": frac,
+            "n_sae_seeds": 1 if pool is None else len(pool.sae_seeds),
+            "sae_seeds": None if pool is None else list(pool.sae_seeds),
+            "interval_sources": ["images"] if pool is None else list(pool.interval_sources)}
+    if pool is not None:  # each SAE seed's own drop and set size beside the pooled one (reported, not required)
+        for name, p in pool.variants.items():
+            nums[f"{name}_drop_per_sae_seed"] = list(p.per_seed)
+        nums["n_all_positional_per_sae_seed"] = list(pool.variants["all_positional"].per_seed_n_features) \
+            if "all_positional" in pool.variants else None
     budget = position_budget(ap, "all_positional")  # described, not read by the rule (issue 47)
     nums.update({"all_positional_budget": budget.share, "all_positional_budget_ci95": budget.share_ci95,
                  "all_positional_budget_undefined": budget.undefined})
@@ -134,7 +171,9 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     budget_text = (f"; it reproduces {tx.pc(budget.share)}" + ("" if b_ci is None else f" [{tx.pc(b_ci[0])}, "
                    f"{tx.pc(b_ci[1])}]") + " of the APE-table shuffle's drop (position budget)"
                    if budget.share is not None else f"; position budget undefined ({budget.undefined})")
-    text = (f"{spec}: top-1 drop when permuting " + "; ".join(parts) + f"; nulls: {null_text}"
+    where = "" if pool is None else (f" (C2's sets pooled over {len(pool.sae_seeds)} SAE seeds, intervals over SAE "
+                                     "seeds x images; the rest: SAE seed 0's)")
+    text = (f"{spec}: top-1 drop when permuting{where} " + "; ".join(parts) + f"; nulls: {null_text}"
             + f"; shuffled APE table {tx.f(pe, 1)}"
             + (f" (control: {note})" if note else "") + budget_text
             + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
@@ -153,9 +192,10 @@ class C2(RuleClaim[View]):
     rule = RULE
     thresholds = THRESHOLDS
     rule_conditions = CONDITIONS
+    # the part is the pooled drop the rule reads (issue 48; one SAE seed: the run seed's own)
     headline = Headline(number="all_positional_drop", label="top-1 drop permuting all positional features",
-                        unit="points", parts=("all_positional_drop",), how="one", range=(-100.0, 100.0),
-                        threshold="C2.min_drop")
+                        unit="points", parts=("all_positional_drop_pooled",), how="one", range=(-100.0, 100.0),
+                        threshold="C2.min_drop", legacy_parts=("all_positional_drop",))
 
     def view(self, spec: str, model: ClaimInputs, models: Mapping[str, ClaimInputs]) -> View | None:
         return None if model.ape_permute is None else View.of(model.ape_permute, none_top1(models, model.data, spec))

@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-VERSION = 5
+VERSION = 6
 Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
@@ -91,6 +91,15 @@ CHANGES = {
        "issue reported C3-true's planted kept at 209 % and the zoo's `shapes` models at 138 / 141 %, not by "
        "fitting it to a case. Its planted-false case `interacting axes` (validation/rope_cases.py) was built with "
        "the condition, so it is a design case.",
+    6: "issue 48 (item 1): C1 and C2 read intervals over SAE training seeds x images. The sae stage trains "
+       "sae.claim_seeds SAEs (default 3: the run seed, +1, +2) at its site; each types its own latents, gets its "
+       "own causal check (C1's removals and controls) and its own permutation (C2's all-positional, row, col "
+       "and swap-null drops); each number the rules read is the mean over the SAE seeds, its interval a "
+       "hierarchical bootstrap (seeds with replacement, then images within each seed, the variants of one seed "
+       "on the same resample). The claim must hold on that pooled interval; each seed's value is reported beside "
+       "it, not required. No threshold value changed. Made before seeing results: written before any pooled "
+       "number was computed, on the issue's observation that a rerun's SAE lands outside the image-only "
+       "intervals. Where the sae_layers sweep ran, its plausible sites get the same SAE seeds.",
 }
 
 FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold

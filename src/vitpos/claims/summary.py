@@ -57,8 +57,9 @@ def _number(v: Any) -> float | None:
 def headline_value(claim: Claim, nums: Mapping[str, Any]) -> float | None:
     """The claim's headline number on one model from its numbers (None: a part is missing or undefined)."""
     h = claim.headline
-    xs = [x for k in h.parts if (x := _number(nums.get(k))) is not None]
-    if len(xs) < len(h.parts):
+    parts = h.parts_of(nums)
+    xs = [x for k in parts if (x := _number(nums.get(k))) is not None]
+    if len(xs) < len(parts):
         return None  # a number the summary needs is missing or undefined on this seed
     return sum(xs) / 2 if h.how == "mean" else min(xs)
 
@@ -67,10 +68,10 @@ def headline_interval(claim: Claim, nums: Mapping[str, Any]) -> list[float] | No
     """The headline number's 95 % interval on one model, from its parts' intervals (the smaller of
     two: the ends' minima; the mean of two: the ends' means); None where no part has one."""
     h = claim.headline
-    cis = [nums.get(k) for k in h.ci_keys()]
+    cis = [nums.get(k) for k in h.ci_keys(nums)]
     if headline_value(claim, nums) is None or all(bounds(None, ci) is None for ci in cis):
         return None
-    ivs = [bounds(nums.get(k), ci) for k, ci in zip(h.parts, cis, strict=True)]
+    ivs = [bounds(nums.get(k), ci) for k, ci in zip(h.parts_of(nums), cis, strict=True)]
     if any(iv is None or not all(map(math.isfinite, iv)) for iv in ivs):
         return None
     los, his = [iv[0] for iv in ivs if iv], [iv[1] for iv in ivs if iv]
@@ -141,8 +142,11 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
         s = seeds.get(fam)
         first = members[0][1].numbers
         fam_result = reason = None
+        n_sae = first.get("n_sae_seeds")
+        sources = first.get("interval_sources")
         if s is not None:
             value, ci, fam_result, reason = s.mean, s.ci95, s.family_result, s.family_reason
+            sources = None if sources is None else ["model_seeds"]  # each seed's number pooled over its SAE seeds
         else:
             value, ci = headline_value(claim, first), headline_interval(claim, first)
         out.append(FamilyHeadline(family=fam, models=[spec for spec, _ in members],
@@ -150,7 +154,9 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
                                   holds=sum(r.result == HOLDS for _, r in members), number=h.number,
                                   label=h.label, unit=h.unit, value=value, ci95=ci,
                                   why_undefined=None if value is not None else headline_gap(claim, first),
-                                  family_result=fam_result, family_reason=reason))
+                                  family_result=fam_result, family_reason=reason,
+                                  sae_seeds=n_sae if isinstance(n_sae, int) else None,
+                                  interval_sources=[str(x) for x in sources] if isinstance(sources, list) else None))
     return out
 
 

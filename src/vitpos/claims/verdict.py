@@ -57,14 +57,21 @@ class FamilyHeadline(BaseModel):
     why_undefined: str | None = None  # why `value` is None, in words (the claim's `headline_gap`)
     family_result: str | None = None  # several seeds: the family's result by `FAMILY_RULE`
     family_reason: str | None = None
+    # issue 48: how many SAE training seeds each model's number pools (None: not an SAE claim) and what its
+    # interval resamples (one model: "images", "sae_seeds"; several model seeds: "model_seeds", the
+    # Student-t interval of their numbers, each pooled over its SAE seeds)
+    sae_seeds: int | None = None
+    interval_sources: list[str] | None = None
 
     def value_text(self) -> str:
-        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts' or '0.81 [0.70, 0.93]'."""
+        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts (3 SAE seeds)' or '0.81 [0.70, 0.93]'."""
         if self.value is None or self.value != self.value:
             return "n/a" if self.why_undefined is None else f"n/a ({self.why_undefined})"
         fmt = "{:.1f}" if self.unit == "points" else "{:.2f}"
         iv = "" if self.ci95 is None else f" [{fmt.format(self.ci95[0])}, {fmt.format(self.ci95[1])}]"
-        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "")
+        n = self.sae_seeds
+        seeds = "" if n is None else f" ({n} SAE seed{'' if n == 1 else 's'})"
+        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "") + seeds
 
     def seeds_text(self) -> str:
         """'holds on 2/3 seeds'; a family of one model: its result ('holds', 'fails', 'inconclusive')."""

@@ -109,7 +109,8 @@ def sae(c: Common, s: SAEOptions) -> None:
                          n_train_images=s.images, n_eval_images=s.eval_images, epochs=s.epochs, seed=c.seed,
                          out=c.out, progress=c.progress and env.is_main, force=s.force, store=s.store, lr=s.lr,
                          batch_tokens=s.batch_tokens, buffer_tokens=s.buffer_tokens, options=options,
-                         high_norm=s.high_norm, stability_seed=s.stability_seed, include_special=s.include_special)
+                         high_norm=s.high_norm, stability_seed=s.stability_seed, include_special=s.include_special,
+                         claim_seeds=s.claim_seeds)
     if env.is_main:
         print_sae(doc, c.out)
 
@@ -123,8 +124,7 @@ def extrapolate(c: Common, s: ExtrapolateSettings) -> None:
 
 
 def ape_permute(c: Common, s: ApePermuteOptions) -> None:
-    from vitpos.experiments.ape_permute import run_ape_permute
-    from vitpos.sae import SAE
+    from vitpos.experiments.ape_permute import run_ape_permute_seeds
     from vitpos.sae.description import load_sae_doc
 
     surface = c.surface(top1=True)
@@ -132,8 +132,9 @@ def ape_permute(c: Common, s: ApePermuteOptions) -> None:
         raise VitposError(f"{c.model} has no absolute position embedding (scheme {surface.scheme}); ape-permute "
                           "needs an APE model")
     sae_doc = load_sae_doc(s.sae_dir)
-    doc = run_ape_permute(surface, SAE.load(s.sae_dir), sae_doc, data=c.data, n_images=s.images,
-                          seeds=tuple(range(s.seeds)), out=c.out, progress=c.progress).to_json()
+    # the SAE seeds `vitpos sae --claim-seeds` trained beside it are permuted too, and pooled (`seed_pool`)
+    doc = run_ape_permute_seeds(surface, s.sae_dir, sae_doc, data=c.data, n_images=s.images,
+                                seeds=tuple(range(s.seeds)), out=c.out, progress=c.progress).to_json()
     print_ape_permute(doc)
 
 

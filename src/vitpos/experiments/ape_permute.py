@@ -61,7 +61,15 @@ import torch
 from pydantic import Field, SerializeAsAny
 
 from vitpos.analysis.forward import accuracy_report
-from vitpos.analysis.stats import accuracy_interval, paired_bootstrap_diff, paired_ratio_interval, scaled
+from vitpos.analysis.stats import (
+    accuracy_interval,
+    hierarchical_means,
+    paired_bootstrap_diff,
+    paired_ratio_interval,
+    percentile_interval,
+    pooled_mean,
+    scaled,
+)
 from vitpos.data.resolve import data_name, dataset_for
 from vitpos.errors import VitposError
 from vitpos.experiments import ape_permute_section
@@ -81,6 +89,7 @@ from vitpos.experiments.ape_permute_variants import (
 )
 from vitpos.experiments.base import Done, Experiment, Figure, Settings, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.common import SAESite, require_ape, sae_edit, sweep_batch
+from vitpos.experiments.sae_settings import SAESettings
 from vitpos.hooks import edit
 from vitpos.io import artifact_path
 from vitpos.models.surface import ModelSurface, Site
@@ -90,12 +99,16 @@ from vitpos.results.ape_permute import (
     BUDGET_VARIANTS,
     CONTROLS,
     NULLS,
+    SEED_VARIANTS,
     VARIANTS,
     ApePermuteResult,
+    PermuteSeedPool,
+    PooledDrop,
     PositionBudget,
     shuffle_undefined,
 )
 from vitpos.results.claim_rules import ClaimRules
+from vitpos.results.sae_run import INTERVAL_SOURCES, SAESeedPool
 from vitpos.runtime.device import trimmed
 from vitpos.sae import SAE
 
@@ -186,7 +199,8 @@ def forward_runs(surface: ModelSurface, sae: SAE, site: Site, dataset, fns: Mapp
 def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str = "shapes", n_images: int = 2000,
                     seeds: tuple[int, ...] = (0, 1, 2), split: str = "test", out: str | Path | None = None,
                     progress: bool = False, shared_prefix: bool = True,
-                    keep_correct: dict[str, torch.Tensor] | None = None) -> ApePermuteResult:
+                    keep_correct: dict[str, torch.Tensor] | None = None,
+                    variants: Sequence[str] | None = None) -> ApePermuteResult:
     """`sae_doc`: the SAE's sae.json (layer, site and the row / col / mixed feature lists).
 
     shared_prefix (default): per batch the clean stream up to the SAE's site and its SAE codes are
@@ -195,7 +209,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     keeps its own generator across batches, so the permutations drawn are too); mean ablation is
     deterministic, so it runs once and counts for every seed. `keep_correct` (a dict, filled): the
     per-image correctness, "baseline" (images,) and each variant run (seeds, images), e.g. for a
-    paired bootstrap across layers (`sae_sweep`)."""
+    paired bootstrap across layers (`sae_sweep`). `variants`: run only these site variants (None: every
+    one; an extra SAE seed's permutation runs `SEED_VARIANTS`); the others are skipped as "not run"."""
     require_ape(surface)
     check_sae_matches(surface, sae_doc)
     check_sae_weights(surface, sae, sae_doc)
@@ -206,7 +221,7 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     st = code_stats(sae, mass_acts)
     feats = FeatureSets(sae, surface.grid, list(sae_doc["row_features"]), list(sae_doc["col_features"]),
                         list(sae_doc.get("mixed_features", [])), st.mean_code, st.fire >= 0.005, st.spread)
-    runs = permute_runs(seeds)  # the work list plan_ape_permute counts
+    runs = [r for r in permute_runs(seeds) if variants is None or r.variant in variants]  # plan_ape_permute counts it
     edits = site_edits(feats, runs)
     sizes = edit_sizes(feats, edits, mass_acts, seeds[0])
     del mass_acts
@@ -276,6 +291,56 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
     return ApePermuteResult.model_validate(doc)
 
 
+def run_ape_permute_seeds(surface: ModelSurface, folder: Path, sae_doc: Mapping, data: str, n_images: int,
+                          seeds: tuple[int, ...], progress: bool = False,
+                          out: str | Path | None = None) -> ApePermuteResult:
+    """run_ape_permute on the SAE in `folder` (its sae.json `sae_doc`) and, where the sae stage trained
+    extra SAE seeds (`seed_pool`), their permutations pooled (`permute_seed_pool`) as `seed_pool`."""
+    pooled = bool((sae_doc.get("seed_pool") or {}).get("runs"))
+    correct: dict[str, torch.Tensor] | None = {} if pooled else None
+    result = run_ape_permute(surface, SAE.load(folder), sae_doc, data=data, n_images=n_images, seeds=seeds,
+                             progress=progress, keep_correct=correct)
+    if correct is not None:
+        pool = permute_seed_pool(surface, folder, sae_doc, result, correct, data, n_images, seeds, progress)
+        result = result.model_copy(update={"seed_pool": pool})
+    if out is not None:
+        ApePermuteExperiment().write(result, out)
+    return result
+
+
+def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, main: ApePermuteResult,
+                      main_correct: Mapping[str, torch.Tensor], data: str, n_images: int, seeds: tuple[int, ...],
+                      progress: bool = False) -> PermuteSeedPool:
+    """C2 over the SAE seeds (issue 48): every extra seed of the sae stage (`seed_pool` of its sae.json; its
+    weights under `folder`) permutes its own positional latents (`SEED_VARIANTS`, same images, same
+    permutation seeds); each variant's per-image drop (clean correct - permuted correct, mean over the
+    permutation seeds; a seed without the set: 0) is pooled with the run seed's (`main`, `main_correct`:
+    its own run) by the hierarchical bootstrap, every variant of a seed on one image resample (paired)."""
+    pool = SAESeedPool.model_validate(sae_doc["seed_pool"])
+    corrects: list[Mapping[str, torch.Tensor]] = [main_correct]
+    results = [main]
+    for r in pool.runs:
+        doc = {"model": sae_doc.get("model"), "run": sae_doc.get("run"), "layer": sae_doc["layer"],
+               "site": sae_doc.get("site", "resid_post"), "row_features": r.row_features,
+               "col_features": r.col_features, "mixed_features": r.mixed_features}
+        c: dict[str, torch.Tensor] = {}
+        results.append(run_ape_permute(surface, SAE.load(folder / r.dir), doc, data=data, n_images=n_images,
+                                       seeds=seeds, progress=progress, keep_correct=c, variants=SEED_VARIANTS))
+        corrects.append(c)
+    base = main_correct["baseline"].double()
+    groups = [torch.stack([base - c[v].double().mean(0) if v in c else torch.zeros_like(base)
+                           for v in SEED_VARIANTS], 1) for c in corrects]
+    draws, point = hierarchical_means(groups), pooled_mean(groups)
+    out = {}
+    for i, v in enumerate(SEED_VARIANTS):
+        out[v] = PooledDrop(drop_points=100 * float(point[i]),
+                            drop_ci95=scaled(percentile_interval(draws[:, i]), 100.0),
+                            per_seed=[100 * float(g[:, i].mean()) for g in groups],
+                            per_seed_n_features=[0 if (x := res.variant(v)) is None or x.n_features is None
+                                                 else x.n_features for res in results])
+    return PermuteSeedPool(sae_seeds=list(pool.seeds), interval_sources=list(INTERVAL_SOURCES), variants=out)
+
+
 def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_correct: torch.Tensor | None,
               edit_drop: float, shuffle_drop: float | None, shuffle_ci95: list[float] | None) -> PositionBudget:
     """An edit's share of the APE-table shuffle's effect on the same images: drop(edit) / drop(shuffle) (their
@@ -302,17 +367,31 @@ def plan_ape_permute(settings: ApePermuteStageSettings, surface: ModelSurface, s
     layer = 0 if chosen is None else chosen
     resume = _start_after(Site(layer, settings.sae.site)) if shared_prefix else None
     runs = permute_runs(range(seeds))  # the work list run_ape_permute iterates
+    plan = _permute_plan(runs, n, L, resume)
+    note = "upper bound: every variant has features" + ("; the SAE layer, still to be chosen, counted at 0"
+                                                         if chosen is None else "")
+    sae = settings.sae
+    n_extra = sae.claim_seeds - 1 if isinstance(sae, SAESettings) else 0
+    if n_extra:  # issue 48: each extra SAE seed permutes its own latents, SEED_VARIANTS only
+        per = _permute_plan([r for r in runs if r.variant in SEED_VARIANTS], n, L, resume)
+        plan = plan + StagePlan(per.forwards * n_extra, per.blocks * n_extra)
+        note += (f"; plus {n_extra} extra SAE seed(s) x ({len(SEED_VARIANTS)} variants x {seeds} permutation "
+                 f"seed(s) + the baseline on {n} images, and a {min(MASS_IMAGES, n)}-image capture): "
+                 f"+{per.forwards * n_extra:,} forwards, +{per.blocks * n_extra:,} block evaluations")
+    return plan + StagePlan(note=note)
+
+
+def _permute_plan(runs: Sequence[PermuteRun], n: int, L: int, resume: int | None) -> StagePlan:
+    """One run_ape_permute over `runs` on n images: the mass capture, the input runs (the APE-table shuffle:
+    a full forward each), then the baseline and the site runs (after the shared prefix when `resume`)."""
     at_site = sum(1 for r in runs if not r.at_input)
     # one capture of the mass images (codes' statistics, edit sizes), then the input runs (the APE-table
     # shuffle: a full forward, it edits the input)
     plan = StagePlan.full(min(MASS_IMAGES, n), L, 1) + StagePlan.full(n, L, len(runs) - at_site)
     if resume is None:
-        plan = plan + StagePlan.full(n, L, 1 + at_site)
-    else:  # the clean prefix once, then the blocks after the site for the baseline and every site run
-        plan = plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + at_site))
-    note = "upper bound: every variant has features" + ("; the SAE layer, still to be chosen, counted at 0"
-                                                         if chosen is None else "")
-    return plan + StagePlan(note=note)
+        return plan + StagePlan.full(n, L, 1 + at_site)
+    # the clean prefix once, then the blocks after the site for the baseline and every site run
+    return plan + StagePlan(forwards=n, blocks=n * resume) + StagePlan(blocks=n * (L - resume) * (1 + at_site))
 
 
 class ApePermuteSettings(Settings):
@@ -339,8 +418,9 @@ def _sae_site(sae: Settings) -> SAESite:
 class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]):
     name = "ape_permute"
     # 2 (issue 28): the nulls by construction and each variant's edit size; 3 (issue 47): the positional
-    # subspace variants, the position budget, the prefix tokens (no older number moves)
-    version = 3
+    # subspace variants, the position budget, the prefix tokens (no older number moves); 4 (issue 48): every
+    # extra SAE seed's own permutation, pooled (`seed_pool`; the run seed's numbers do not move)
+    version = 4
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult
@@ -367,9 +447,8 @@ class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]
     def run_stage(self, surface: ModelSurface, stage: StageInput[ApePermuteStageSettings]) -> ApePermuteResult:
         sae_doc = stage.prior["sae"].result.to_json()
         s = stage.settings
-        sae = SAE.load(artifact_path(stage.root, sae_doc["sae_dir"]))
-        return run_ape_permute(surface, sae, sae_doc, data=stage.data, n_images=s.images,
-                               seeds=tuple(range(s.seeds)))
+        return run_ape_permute_seeds(surface, artifact_path(stage.root, sae_doc["sae_dir"]), sae_doc, data=stage.data,
+                                     n_images=s.images, seeds=tuple(range(s.seeds)), progress=stage.progress)
 
     def figures(self, result: ApePermuteResult) -> list[Figure]:
         from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment

@@ -13,6 +13,7 @@ from typing import Any
 from vitpos.experiments.ape_permute import (
     ApePermuteExperiment,
     ApePermuteStageSettings,
+    permute_seed_pool,
     plan_ape_permute,
     run_ape_permute,
 )
@@ -27,6 +28,7 @@ from vitpos.experiments.rope_heads import RopeHeadsExperiment
 from vitpos.experiments.rope_prefix import RopePrefixExperiment
 from vitpos.experiments.sae_layers import SAELayersExperiment
 from vitpos.experiments.sae_run import SAEExperiment, run_sae
+from vitpos.experiments.sae_settings import SAESettings
 from vitpos.experiments.sae_sweep import LayerMeasures
 from vitpos.models.surface import ModelSurface
 
@@ -106,15 +108,16 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
 
 
 def _plan_permute_at(layer: int, site: str, images: int, seeds: int, surface: ModelSurface,
-                     sizes: SplitSizes) -> StagePlan:
-    """The ape_permute stage's plan for the SAE at `site` of `layer` (the sweep names them, this builds the
-    settings)."""
-    at = SAESite.model_validate({"layer": layer, "site": site})
+                     sizes: SplitSizes, claim_seeds: int = 1) -> StagePlan:
+    """The ape_permute stage's plan for the SAE at `site` of `layer` with `claim_seeds` SAE seeds (the sweep
+    names them, this builds the settings)."""
+    at = (SAESite.model_validate({"layer": layer, "site": site}) if claim_seeds == 1 else
+          SAESettings.model_validate({"layer": layer, "site": site, "claim_seeds": claim_seeds}))
     return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=at), surface, sizes)
 
 
 LAYER_MEASURES = LayerMeasures(run_sae=run_sae, run_ape_permute=run_ape_permute, plan_sae=SAEExperiment().plan,
-                               plan_ape_permute=_plan_permute_at)
+                               plan_ape_permute=_plan_permute_at, permute_seed_pool=permute_seed_pool)
 
 # sae_layers last: the stages before it run as they did before it existed (whatever global state it leaves)
 for _exp in (EvalExperiment(), ProbeExperiment(), SAEExperiment(), ApePermuteExperiment(), RopeAxisExperiment(),

@@ -4,7 +4,7 @@ and paired-bootstrap intervals of the drops and the selectivity (`selectivity_in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,10 +12,19 @@ import torch
 
 from vitpos.analysis.kept import Keep, KeptTokens
 from vitpos.analysis.probes import ProbeSample, ProbeTokens, fit_probe_tokens, rows_in
-from vitpos.analysis.stats import bootstrap_means, paired_bootstrap_diff, percentile_interval, scaled
+from vitpos.analysis.stats import (
+    bootstrap_means,
+    hierarchical_interval,
+    hierarchical_means,
+    paired_bootstrap_diff,
+    percentile_interval,
+    pooled_mean,
+    scaled,
+)
 from vitpos.experiments.common import capture_condition, sae_edit, sweep_batch
 from vitpos.hooks import edit
 from vitpos.models.surface import Site
+from vitpos.results.sae_run import AblationEffect, CausalCheck, PooledEffect
 from vitpos.sae import SAE
 from vitpos.sae.controls import matched_control
 
@@ -31,6 +40,17 @@ class Readout:
     edit_norms: dict[str, float]
 
 
+@dataclass(frozen=True)
+class RemovalImages:
+    """One removal's per-image effects, kept in memory for pooling over SAE seeds (issue 48): `probe`
+    (probe test images, 2) the clean minus removed token accuracy, mean over the later layers, row then
+    col; `top1` (images,) clean minus removed correctness (None without class logits). A set without
+    latents removes nothing: zeros."""
+
+    probe: torch.Tensor
+    top1: torch.Tensor | None
+
+
 CONTROL_STREAM = 70_000  # + seed: the removal controls' own generator
 
 
@@ -40,14 +60,17 @@ REMOVALS = (("ablate", "row"), ("ablate", "col"), ("control", "row"), ("control"
 
 
 def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSample, later, scores,
-                 batch_size: int | None = None, readout: Readout | None = None) -> dict:
+                 batch_size: int | None = None, readout: Readout | None = None,
+                 keep: dict[str, RemovalImages] | None = None) -> dict:
     """Subtract row (col) features at the SAE site; clean probes read position at later layers.
 
     `clean`: the held-out capture, keeping at each later layer what a probe of `sample` reads; the
     ablated forwards keep only the probes' test images. One layer's images are loaded at a time.
     With `readout` (issue 28): each removal's top-1 (overall, per class group, paired interval) and
     edit norm, and per set a matched random-latent removal (`control_row`, `control_col`) measured
-    the same way; their draws come from their own generator, so the older numbers do not move."""
+    the same way; their draws come from their own generator, so the older numbers do not move.
+    `keep` (a dict, filled): each removal's per-image effects by its key (`ablate_row`, ...), for the
+    pooled check over SAE seeds (`pool_causal`)."""
     keys = {layer: str(Site(layer, "resid_post")) for layer in later}
     probes = {}
     clean_per_layer = []
@@ -80,6 +103,20 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
                 del feats
         return {"row": row, "col": col, "per_image": _stack_layers(ablated_per_layer), "logits": logits}
 
+    def kept(name: str, r: dict | None) -> None:
+        if keep is None:
+            return
+        labels = None if readout is None or readout.clean_correct is None else readout.labels
+        if r is None:  # nothing removed: no drop on any image
+            keep[name] = RemovalImages(torch.zeros(clean_per_image["row"].shape[1], 2, dtype=torch.float64),
+                                       None if labels is None else torch.zeros(len(labels), dtype=torch.float64))
+            return
+        d = torch.stack([(clean_per_image[a].double() - r["per_image"][a].double()).mean(0) for a in ("row", "col")], 1)
+        top1 = None
+        if labels is not None and readout is not None and readout.clean_correct is not None:
+            top1 = readout.clean_correct.double() - (r["logits"].argmax(-1) == labels).double()
+        keep[name] = RemovalImages(d, top1)
+
     def effect(kind: str, r: dict) -> dict:
         row, col = r["row"], r["col"]
         d_row = sum(c - a for c, a in zip(out["clean_row_acc"], row, strict=True)) / len(later)
@@ -96,9 +133,11 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
         ids = scores.row_features if kind == "row" else scores.col_features
         if not ids:
             out[f"{what}_{kind}"] = {"skipped": f"no {kind} features"}
+            kept(f"{what}_{kind}", None)
             continue
         if what == "ablate":
             r = remove(ids)
+            kept(f"ablate_{kind}", r)
             out[f"ablate_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ids),
                                                                      readout.edit_norms.get(kind) if readout else None)}
             continue
@@ -108,14 +147,64 @@ def causal_check(surface, sae, site, dataset, clean: KeptTokens, sample: ProbeSa
         ctrl, note = matched_control(readout.rms, ids, positional, live, g, what="RMS code")
         if not ctrl:
             out[f"control_{kind}"] = {"skipped": note or "no live non-positional latents"}
+            kept(f"control_{kind}", None)
             continue
         r = remove(ctrl)
+        kept(f"control_{kind}", r)
         size = _edit_norm(surface, sae, clean, site, ctrl, batch_size)
         out[f"control_{kind}"] = {**effect(kind, r), **_behaviour(r["logits"], readout, dataset.info, len(ctrl), size),
                                   "features": ctrl, "note": note}
     if readout is not None and readout.clean_correct is not None:
         out["clean_top1"] = float(readout.clean_correct.float().mean())
     return out
+
+
+POOL_BOOT_SEED = 0  # the hierarchical bootstrap's generator (every removal the same: seed draws line up)
+
+
+def _sel(own: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    denom = own.abs() + other.abs()
+    return torch.where(denom > 1e-9, own / denom.clamp_min(1e-300), torch.full_like(own, float("nan")))
+
+
+def pool_removal(name: str, kind: str, checks: Sequence[CausalCheck | None],
+                 keeps: Sequence[Mapping[str, RemovalImages]]) -> PooledEffect | None:
+    """Removal `name` (e.g. `ablate_row`, of the `kind` set) pooled over the SAE seeds whose causal checks
+    are `checks` and per-image effects `keeps` (same order): the mean over seeds of each seed's mean drop
+    and the hierarchical-bootstrap intervals (seeds, then images; a resample's selectivity from its pooled
+    row and col drops). None where some seed did not measure it."""
+    if not keeps or any(name not in k for k in keeps):
+        return None
+    probe = [k[name].probe for k in keeps]
+    m = hierarchical_means(probe, seed=POOL_BOOT_SEED)  # (n_boot, 2): row, col
+    point = pooled_mean(probe)
+    own = 0 if kind == "row" else 1
+    sel = _sel(point[own:own + 1], point[1 - own:2 - own])
+    top1s = [k[name].top1 for k in keeps]
+    known = [t for t in top1s if t is not None]
+    top1 = top1_ci = None
+    if known and len(known) == len(top1s):
+        top1 = 100 * float(pooled_mean(known)[0])
+        top1_ci = scaled(hierarchical_interval(known, seed=POOL_BOOT_SEED), 100.0)
+    per: list[AblationEffect | None] = []
+    for c in checks:
+        e = None if c is None else (c.effect(kind) if name.startswith("ablate") else c.control(kind))
+        per.append(e)
+    return PooledEffect(
+        row_drop=float(point[0]), col_drop=float(point[1]),
+        selectivity=None if bool(sel.isnan()) else float(sel),
+        row_drop_ci95=percentile_interval(m[:, 0]), col_drop_ci95=percentile_interval(m[:, 1]),
+        selectivity_ci95=percentile_interval(_sel(m[:, own], m[:, 1 - own])), top1_drop=top1, top1_drop_ci95=top1_ci,
+        per_seed_row_drop=[0.0 if e is None else e.row_drop for e in per],
+        per_seed_col_drop=[0.0 if e is None else e.col_drop for e in per],
+        per_seed_selectivity=[None if e is None else e.selectivity for e in per],
+        per_seed_top1_drop=[(0.0 if top1 is not None else None) if e is None else e.top1_drop for e in per])
+
+
+def pool_causal(checks: Sequence[CausalCheck | None],
+                keeps: Sequence[Mapping[str, RemovalImages]]) -> dict[str, PooledEffect | None]:
+    """Every removal of REMOVALS pooled over the SAE seeds (`pool_removal`), by its key."""
+    return {f"{what}_{kind}": pool_removal(f"{what}_{kind}", kind, checks, keeps) for what, kind in REMOVALS}
 
 
 def _behaviour(logits: torch.Tensor, readout: Readout | None, info, n: int, size: float | None) -> dict:

@@ -14,7 +14,7 @@ from vitpos.analysis.kept import Keep
 from vitpos.analysis.probes import probe_sample
 from vitpos.data.resolve import data_name
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, capture_condition, sae_edit, sweep_batch
-from vitpos.experiments.sae_causal import Readout, causal_check
+from vitpos.experiments.sae_causal import Readout, RemovalImages, causal_check
 from vitpos.hooks import edit
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.sae_run import Eta2Count, Eta2Null, NullThresholds
@@ -52,7 +52,8 @@ class HeldOut:
 
 def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: int, logits: bool,
                  batch_size: int | None = None, outlier_threshold: float | None = None,
-                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None) -> HeldOut:
+                 others: list[SAE] | tuple[SAE, ...] = (), causal_set=None, with_splice: bool = True,
+                 keep: dict[str, RemovalImages] | None = None) -> HeldOut:
     """Held-out metrics, feature scores, splice (when `logits`: the outputs are class logits) and
     causal check of `sae` at site `s` on `eval_set`, `batch_size` images per forward and per SAE batch
     (default `sweep_batch`: 256 on 8x8 grids, a fixed patch-token budget on larger ones; fewer lower
@@ -60,6 +61,8 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
     leaves patch tokens of a larger norm as they are (the SAE was not trained on them). `others`:
     further SAEs of the same site whose held-out metrics are measured too (HeldOut.other_metrics).
     `causal_set`: the causal check reads these (labelled) images instead of `eval_set`, captured apart.
+    `with_splice=False`: the reconstruction is not spliced in (logit_kl, top1_spliced None; an extra SAE seed's
+    check, issue 48). `keep` (a dict, filled): the causal check's per-image effects (`causal_check`).
 
     Memory: the capture keeps what is read: the SAE site whole, streamed through an on-disk store in
     256-image batches, and at later layers only the clean probes' sampled tokens and val / test
@@ -78,7 +81,10 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
         rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
         kl = top1 = top1_spliced = change = None
         clean_correct = None
-        if logits:
+        if logits and not with_splice:
+            clean_correct = clean_logits.argmax(-1) == labels
+            top1 = float(clean_correct.float().mean())
+        elif logits:
             # splice the reconstruction in (patch tokens only): how much does the model notice?
             base_logp = clean_logits.log_softmax(-1)
             splice = sae_edit(surface, sae, lambda x, z: keep_outliers(x, sae.decode(z), outlier_threshold))
@@ -94,9 +100,9 @@ def evaluate_sae(surface: ModelSurface, sae: SAE, s: Site, eval_set, *, seed: in
             causal = None
         elif causal_set is None:
             causal = causal_check(surface, sae, s, eval_set, kept, sample, later, scores, batch_size,
-                                  readout=Readout(labels, clean_correct, rms, sizes))
+                                  readout=Readout(labels, clean_correct, rms, sizes), keep=keep)
         else:
-            causal = _causal_check_on(surface, sae, s, causal_set, later, scores, batch_size, seed)
+            causal = _causal_check_on(surface, sae, s, causal_set, later, scores, batch_size, seed, keep)
     return HeldOut(metrics, scores, kl, top1, top1_spliced, change, causal, null, other_metrics)
 
 
@@ -111,7 +117,7 @@ def _capture_held(surface: ModelSurface, s: Site, dataset, later: list[int], see
 
 
 def _causal_check_on(surface: ModelSurface, sae: SAE, s: Site, dataset, later: list[int], scores, batch_size: int,
-                     seed: int) -> dict:
+                     seed: int, keep: dict[str, RemovalImages] | None = None) -> dict:
     """causal_check on other images than the SAE's held-out set (labelled ones): their own capture,
     probe sample, labels and RMS codes (the controls are matched where the removal happens)."""
     logits = surface.classifier_problem(dataset.info, dataset.info.name) is None
@@ -120,7 +126,7 @@ def _causal_check_on(surface: ModelSurface, sae: SAE, s: Site, dataset, later: l
         rms, sizes = code_rms(sae, kept.iter_images(str(s), batch_size), scores)
         correct = clean_logits.argmax(-1) == labels if logits else None
         out = causal_check(surface, sae, s, dataset, kept, sample, later, scores, batch_size,
-                           readout=Readout(labels, correct, rms, sizes))
+                           readout=Readout(labels, correct, rms, sizes), keep=keep)
     return {**out, "data": dataset.info.name}
 
 

@@ -70,6 +70,7 @@ class SAELayersStageSettings(SAELayersSettings):
     sae_data: str | None = None  # the sae stage's images for its SAEs (None: the run's data)
     causal_data: str | None = None
     high_norm: float | None = None
+    claim_seeds: int = 1  # the sae stage's SAE seeds, at every plausible site (issue 48)
 
     @model_serializer(mode="wrap")
     def _keyed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -79,7 +80,9 @@ class SAELayersStageSettings(SAELayersSettings):
 
 class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     name = "sae_layers"
-    version = 2  # 2 (issue 47): the embedding site first, the position budget; older sweeps are recomputed
+    # 2 (issue 47): the embedding site first, the position budget; older sweeps are recomputed; 3 (issue 48): the
+    # sae stage's SAE seeds (sae.claim_seeds) at every plausible site, C1 / C2 pooled over them there
+    version = 3
     title = "The SAE layer as a sweep (C1, C2 per site, from the embedding)"
     claims = ("C1", "C2")
     result_type = SAELayersResult
@@ -103,7 +106,7 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         return SAELayersStageSettings.model_validate({
             **{k: getattr(s, k) for k in type(s).model_fields}, "layers": sweep_layers(surface.depth, s.max_layers),
             "sae_data": sae.data, "causal_data": None if sae.data is None else CAUSAL_ON_RUN_DATA,
-            "high_norm": sae.high_norm})
+            "high_norm": sae.high_norm, "claim_seeds": sae.claim_seeds})
 
     def check(self, settings: SAELayersStageSettings, surface: ModelSurface, data: str,
               sizes: SplitSizes | None) -> None:
@@ -129,7 +132,7 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         sae = SAESettings(images=settings.images, eval_images=settings.eval_images, epochs=settings.epochs,
                           expansion=settings.expansion)
         return plan_sae_sweep(surface, sizes, list(settings.layers), sae, settings.permute_images, settings.seeds,
-                              self.measures, embed=settings.embed)
+                              self.measures, embed=settings.embed, claim_seeds=settings.claim_seeds)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput[SAELayersStageSettings]) -> SAELayersResult:
         s = stage.settings
@@ -139,7 +142,7 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         seeds = tuple(range(s.seeds))
         sweep = run_sae_sweep(surface, stage.data, self.measures, list(s.layers), sae_kw=kw,
                               permute_images=s.permute_images, seeds=seeds, out=stage.out, sae_data=s.sae_data,
-                              progress=stage.progress, embed=s.embed)
+                              progress=stage.progress, embed=s.embed, claim_seeds=s.claim_seeds)
         return SAELayersResult(
             **dict(sweep), sae_images=s.images, sae_eval_images=s.eval_images,
             sae_epochs=s.epochs, sae_expansion=s.expansion, sae_k=s.k, permute_images=s.permute_images,

@@ -21,7 +21,7 @@ import itertools
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,7 +34,7 @@ from vitpos.experiments import sae_run_section
 from vitpos.experiments.base import Done, Experiment, SplitSizes, StageInput, StagePlan
 from vitpos.experiments.checks import check_data, check_expansions
 from vitpos.experiments.common import SWEEP_TRAIN_TOKENS, sae_config, sweep_batch
-from vitpos.experiments.sae_causal import REMOVALS
+from vitpos.experiments.sae_causal import REMOVALS, RemovalImages, pool_causal
 from vitpos.experiments.sae_heldout import HELD_OUT_PASSES, HeldOut, evaluate_sae
 from vitpos.experiments.sae_seeds import run_sweep, sweep_grid
 from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
@@ -42,7 +42,7 @@ from vitpos.experiments.sae_store import _capture_train_store, open_train_store
 from vitpos.io import artifact_path, read_json, relative_artifact, write_json
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.claim_rules import ClaimRules
-from vitpos.results.sae_run import SAEResult, SAETraining
+from vitpos.results.sae_run import INTERVAL_SOURCES, CausalCheck, SAEResult, SAESeedPool, SAESeedRun, SAETraining
 from vitpos.runtime.options import RunOptions
 from vitpos.sae import SAE, SAEConfig, TrainSettings, train_sae
 from vitpos.sae.special import (
@@ -63,8 +63,10 @@ DENSE_SENSITIVITY = (0.05, 0.1, 0.2)
 STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched decoder direction has cos >= 0.9
 # The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
-# 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null
-SAE_VERSION = 2
+# 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null;
+# 3 (issue 48): the extra SAE seeds C1 reads (`claim_seeds`), each with its own causal check, pooled
+SAE_VERSION = 3
+SEEDS_DIR = "seeds"  # the extra SAE seeds' weights: <SAE folder>/seeds/seed<k>
 
 
 def choose_sae_layer(probe_doc: dict, depth: int) -> int:
@@ -100,6 +102,11 @@ class SAEJob:
     # held-out images the result was measured on (run_sae sets it): a finished run measured on another
     # number is not served (the key once named the training only, so a changed eval size was)
     n_eval_images: int | None = None
+    claim_seeds: int = 1  # SAE seeds C1 reads: this one and seed + 1 .. seed + claim_seeds - 1 (issue 48)
+
+    def extra_seeds(self) -> list[int]:
+        """The extra SAE seeds C1 reads beside `seed`."""
+        return [self.seed + j for j in range(1, self.claim_seeds)]
 
     def run_key(self) -> dict[str, Any]:
         """The settings that identify this SAE: a finished run under the same key is reused."""
@@ -116,7 +123,8 @@ class SAEJob:
                 f"outliers excluded (norm > {high_norm or OUTLIER_K:g}x median)",
                 **({"stability_seed": self.stability_seed} if self.stability_seed is not None else {}),
                 **({"causal_data": data_name(self.causal_data)} if self.causal_data is not None else {}),
-                **({"held_out_images": self.n_eval_images} if self.n_eval_images is not None else {})}
+                **({"held_out_images": self.n_eval_images} if self.n_eval_images is not None else {}),
+                **({"claim_seeds": self.claim_seeds} if self.claim_seeds > 1 else {})}
 
 
 def sae_job(surface: ModelSurface, layer: int, site: str, data, arch: str, k: int, expansion: int,
@@ -156,13 +164,19 @@ def _finished(out: Path | None, job: SAEJob) -> tuple[SAEResult, SAE] | None:
         return None
     try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
         doc = read_json(out / "sae.json")
-        if isinstance(doc, dict) and doc.get("run") == job.run_key():
+        if isinstance(doc, dict) and doc.get("run") == job.run_key() and _seeds_saved(out, doc):
             sae_prev = SAE.load(out)
             if sae_prev.model_weights in (None, job.surface.weights_digest()):
                 return SAEResult.model_validate(doc), sae_prev
     except (VitposError, ValueError):
         pass
     return None
+
+
+def _seeds_saved(out: Path, doc: dict) -> bool:
+    """Every extra SAE seed that sae.json names has its weights in `out`."""
+    pool = doc.get("seed_pool") or {}
+    return all((out / r["dir"] / "sae.safetensors").is_file() for r in pool.get("runs", []))
 
 
 @dataclass(frozen=True)
@@ -177,6 +191,7 @@ class Trained:
     outlier_threshold: float  # norm above which a patch token is an outlier
     cut: float | None  # the threshold training and the splice apply (None: outliers included)
     excluded: int  # training tokens left out as outliers (per epoch)
+    extra: dict[int, SAE] = field(default_factory=dict)  # the extra SAE seeds C1 reads, by seed (issue 48)
 
 
 def train_job(job: SAEJob, out: Path | None, keep_acts: bool, progress: bool, force: bool,
@@ -207,15 +222,21 @@ def train_job(job: SAEJob, out: Path | None, keep_acts: bool, progress: bool, fo
         settings = TrainSettings(epochs=job.epochs, lr=job.lr)
         sae, log = train_sae(train_batches, job.cfg, settings, progress=progress, options=options)
         seconds = time.time() - t0
-        other = None
-        if job.stability_seed is not None:
-            b2 = store_batches(train_store, s, job.batch_tokens, seed=job.stability_seed,
-                               buffer_tokens=job.buffer_tokens)
+
+        def train_other(other_seed: int) -> SAE:
+            """The SAE trained with another seed on the same tokens (the stability SAE, an extra claim seed)."""
+            b2 = store_batches(train_store, s, job.batch_tokens, seed=other_seed, buffer_tokens=job.buffer_tokens)
             opts = options if options is not None else RunOptions()
             # no checkpointing (the folder holds the main SAE's state); the RNG left as the main run leaves it
             with torch.random.fork_rng(devices=[]):
-                other, _ = train_sae(lambda: train_batches(b2), job.cfg.model_copy(update={"seed": job.stability_seed}),
-                                     settings, progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
+                sae2, _ = train_sae(lambda: train_batches(b2), job.cfg.model_copy(update={"seed": other_seed}),
+                                    settings, progress=progress, options=RunOptions(device=opts.device, amp=opts.amp))
+            return sae2
+
+        other = None if job.stability_seed is None else train_other(job.stability_seed)
+        # the extra claim seeds, trained as the stability SAE is: seed + 1 is that SAE, not trained twice
+        extra = {sd: other if other is not None and sd == job.stability_seed else train_other(sd)
+                 for sd in job.extra_seeds()}
     high = job.high_norm
     training = SAETraining(
         train_store=str(train_store.dir) if given is not None or (out is not None and keep_acts) else None,
@@ -224,7 +245,7 @@ def train_job(job: SAEJob, out: Path | None, keep_acts: bool, progress: bool, fo
         max_batch_tokens=batches.max_batch_tokens, dropped_tail_tokens=batches.dropped_tokens,
         high_norm_factor=high, high_norm_threshold=thr if high is not None else None,
         excluded_high_norm_tokens=excluded if high is not None else None)
-    return Trained(sae, other, log.tokens, seconds, training, thr, cut, excluded)
+    return Trained(sae, other, log.tokens, seconds, training, thr, cut, excluded, extra)
 
 
 def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: str = "shapes", arch: str = "topk",
@@ -233,7 +254,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
             force: bool = False, store: str | Path | None = None, buffer_tokens: int | None = DEFAULT_BUFFER_TOKENS,
             lr: float | None = None, keep_acts: bool = True, options: RunOptions | None = None,
             high_norm: float | None = None, stability_seed: int | None = None,
-            include_special: bool = False, causal_data: Any = None) -> tuple[SAEResult, SAE]:
+            include_special: bool = False, causal_data: Any = None, claim_seeds: int = 1) -> tuple[SAEResult, SAE]:
     """Train (or reload, when `out` already holds the same run) an SAE and score its features.
 
     Training tokens stream from `store` (all of its images; `n_train_images` is then unused) or,
@@ -252,12 +273,17 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     second SAE is trained with that seed on the same tokens and its decoder matched to this one's
     (`seed_stability`); it is not saved. `causal_data`: labelled images for C1's causal check (its probe
     read-outs, top-1 and controls; as many test images as the held-out set) when `data` has no labels, e.g.
-    `tiles` for an SAE on `natural` crops; the latents are still typed on `data`."""
+    `tiles` for an SAE on `natural` crops; the latents are still typed on `data`. `claim_seeds` (issue 48):
+    SAEs of seeds seed + 1 .. seed + claim_seeds - 1 are trained as the stability SAE is (seed + 1 is that
+    one), saved under out/seeds/seed<k>, and each gets its own latents and causal check on the same held-out
+    images; `seed_pool` holds them and C1's removals pooled over the seeds (`pool_causal`)."""
     from vitpos import plots  # matplotlib is imported when a figure is drawn, not with the experiment
 
     job = sae_job(surface, layer, site, data, arch, k, expansion, n_train_images, epochs, batch_tokens, seed, store,
                   buffer_tokens, lr, high_norm, stability_seed, include_special)
-    job = replace(job, n_eval_images=n_eval_images)
+    if claim_seeds < 1:
+        raise VitposError(f"claim_seeds must be >= 1 (got {claim_seeds})")
+    job = replace(job, n_eval_images=n_eval_images, claim_seeds=claim_seeds)
     if causal_data is not None and data_name(causal_data) != data_name(data):
         job = replace(job, causal_data=causal_data)
     out = Path(out) if out is not None else None
@@ -269,13 +295,33 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
     no_logits = surface.classifier_problem(eval_set.info, data_name(data))
     causal_set = (None if job.causal_data is None else
                   dataset_for(surface, job.causal_data, "test", limit=n_eval_images))
+    keeps: list[dict[str, RemovalImages]] = [{}]  # per SAE seed: the causal check's per-image effects
     held = evaluate_sae(surface, trained.sae, job.site, eval_set, seed=seed, logits=no_logits is None,
                         outlier_threshold=trained.cut, others=[trained.other] if trained.other is not None else [],
-                        causal_set=causal_set)
+                        causal_set=causal_set, keep=keeps[0] if trained.extra else None)
     special = special_token_report(surface, eval_set, batch_size=sweep_batch(surface))
     result = sae_result(job, trained, held, special)
+    runs = []
+    for sd, other in trained.extra.items():  # each extra seed: its own latents and causal check, same images
+        keeps.append({})
+        h = evaluate_sae(surface, other, job.site, eval_set, seed=seed, logits=no_logits is None,
+                         outlier_threshold=trained.cut, causal_set=causal_set, with_splice=False, keep=keeps[-1])
+        sc = h.scores
+        runs.append(SAESeedRun(seed=sd, dir=f"{SEEDS_DIR}/seed{sd}", fvu=h.metrics["fvu"],
+                               row_features=sc.row_features, col_features=sc.col_features,
+                               mixed_features=sc.mixed_features, n_row_features=len(sc.row_features),
+                               n_col_features=len(sc.col_features), n_mixed_features=len(sc.mixed_features),
+                               causal=None if h.causal is None else CausalCheck.model_validate(h.causal)))
+    if runs:
+        pooled = pool_causal([result.causal, *(r.causal for r in runs)], keeps)
+        result = result.model_copy(update={"seed_pool": SAESeedPool(
+            seeds=[seed, *trained.extra], interval_sources=list(INTERVAL_SOURCES), runs=runs,
+            ablate_row=pooled["ablate_row"], ablate_col=pooled["ablate_col"], control_row=pooled["control_row"],
+            control_col=pooled["control_col"])})
     if out is not None:
         trained.sae.save(out, model_weights=surface.weights_digest())
+        for sd, other in trained.extra.items():
+            other.save(out / SEEDS_DIR / f"seed{sd}", model_weights=surface.weights_digest())
         write_json(out / "feature_scores.json", held.scores.to_json())
         write_json(out / "sae.json", result.to_json())
         plots.plot_feature_maps(held.scores, out / "features.png")
@@ -340,12 +386,14 @@ def is_sweep(settings: SAESettings) -> bool:
 
 
 def stage_saes(settings: SAESettings, seed: int) -> list[tuple[int, int, str]]:
-    """(expansion, seed, role) of every SAE the sae stage trains, in order: run_sae's ("main") and its
-    seed-stability SAE ("stability"), then the sweep grid's others ("sweep", `sweep_grid`)."""
+    """(expansion, seed, role) of every SAE the sae stage trains, in order: run_sae's ("main"), its
+    seed-stability SAE ("stability"), the extra claim seeds it does not already have ("claim": seed + 1 ..
+    seed + claim_seeds - 1 but the stability seed), then the sweep grid's others ("sweep", `sweep_grid`)."""
     out = [(settings.expansion, seed, "main")]
     other = stability_seed(settings, seed)
     if other is not None:
         out.append((settings.expansion, other, "stability"))
+    out += [(settings.expansion, seed + j, "claim") for j in range(1, settings.claim_seeds) if seed + j != other]
     if is_sweep(settings):
         out += [(exp, sd, "sweep") for exp, sd, main in sweep_grid(settings, seed) if not main]
     return out
@@ -411,6 +459,16 @@ class SAEExperiment(Experiment[SAEResult, SAEStageSettings]):
             note += f"; plus {len(extra)} sweep SAEs (seeds x sizes)"
         tokens = n_train * N * settings.epochs  # per SAE: every training token of every epoch (an upper bound)
         work = sum(tokens * exp * surface.width for exp, _, _ in saes)
+        n_claim = settings.claim_seeds - 1
+        if n_claim:  # issue 48: each extra claim seed's held-out capture, removals and clean probe refits
+            per_seed = StagePlan.full(n_eval, L, 1 + (len(REMOVALS) if later else 0))
+            per_seed += StagePlan.probe_fits(later, n_eval, N, SWEEP_TRAIN_TOKENS, len(DEFAULT_L2_GRID))
+            out += StagePlan(per_seed.forwards * n_claim, per_seed.blocks * n_claim, per_seed.fits * n_claim,
+                             per_seed.fit_work * n_claim)
+            trained = sum(role == "claim" for _, _, role in saes)
+            note += (f"; plus {n_claim} extra SAE seed(s) for C1/C2 ({trained} trained, "
+                     f"{n_claim - trained} the stability SAE), each {n_eval} images x {L} blocks x "
+                     f"{1 + (len(REMOVALS) if later else 0)} passes + {later} probe fits")
         return out + StagePlan(sae_tokens=tokens * len(saes), sae_work=work, note=note)
 
     def run_stage(self, surface: ModelSurface, stage: StageInput[SAEStageSettings]) -> SAEResult:
@@ -426,7 +484,7 @@ class SAEExperiment(Experiment[SAEResult, SAEStageSettings]):
                               epochs=s.epochs, seed=stage.seed, out=stage.out, progress=stage.progress, lr=s.lr,
                               keep_acts=sweep, high_norm=s.high_norm,
                               stability_seed=stability_seed(s, stage.seed),
-                              include_special=s.include_special,
+                              include_special=s.include_special, claim_seeds=s.claim_seeds,
                               causal_data=stage.data)  # dropped by run_sae where the SAE reads the run's data itself
         # sae_dir relative to the output folder: a copied output folder reads its own SAE, never the original's
         update: dict[str, Any] = {"sae_dir": relative_artifact(stage.root, stage.out),
@@ -457,8 +515,11 @@ class SAEExperiment(Experiment[SAEResult, SAEStageSettings]):
     def artifacts_ready(self, result: SAEResult, root: Path | None = None) -> bool:
         if result.sae_dir is None or not (artifact_path(root, result.sae_dir) / "sae.safetensors").is_file():
             return False
+        folder = artifact_path(root, result.sae_dir)
         try:  # a truncated or damaged SAE is retrained like a missing one, never refused by what reads it
-            SAE.load(artifact_path(root, result.sae_dir))
+            SAE.load(folder)
+            for r in result.seed_pool.runs if result.seed_pool is not None else []:
+                SAE.load(folder / r.dir)
         except VitposError:
             return False
         return result.browser is None or (artifact_path(root, result.sae_dir) / "browse" / "index.html").is_file()

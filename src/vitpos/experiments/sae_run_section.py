@@ -78,7 +78,34 @@ def section(r: SAEResult) -> str:
                   ("features admitted at the null-derived thresholds",
                    f"{nt.row} row / {nt.col} col / {nt.mixed} mixed"),
                   ("features admitted per η² threshold", adm)]
-    return kv_table(pairs + _sae_fidelity_pairs(r)) + _sae_grid(r) + _sae_browser_link(r)
+    return kv_table(pairs + _sae_fidelity_pairs(r)) + _seed_pool(r) + _sae_grid(r) + _sae_browser_link(r)
+
+
+def _seed_pool(r: SAEResult) -> str:
+    """The SAE seeds C1 reads (issue 48): each seed's latents and removals, and the pooled removals C1's
+    rule reads (mean over seeds; intervals over SAE seeds x images)."""
+    pool = r.seed_pool
+    if pool is None:
+        return ""
+    counts = [(r.n_row_features, r.n_col_features, r.n_mixed_features, r.fvu),
+              *((x.n_row_features, x.n_col_features, x.n_mixed_features, x.fvu) for x in pool.runs)]
+    rows = []
+    for i, (sd, (n_row, n_col, n_mixed, fvu)) in enumerate(zip(pool.seeds, counts, strict=True)):
+        cells = [str(sd), fnum(fvu), f"{n_row} / {n_col} / {n_mixed}"]
+        for kind in ("row", "col"):
+            p = pool.effect(kind)
+            cells.append("n/a" if p is None else fnum(p.per_seed_selectivity[i], 2))
+        rows.append(cells)
+    pooled = ["pooled", "", ""]
+    for kind in ("row", "col"):
+        p = pool.effect(kind)
+        pooled.append("n/a" if p is None else f"{fnum(p.selectivity, 2)} {ci(p.selectivity_ci95, digits=2)}")
+    return (f"<h4>SAE seeds C1 reads</h4><p>{len(pool.seeds)} SAEs trained at this site on the same tokens (seeds "
+            f"{', '.join(map(str, pool.seeds))}); each types its own latents and removes its own sets. C1's rule "
+            "reads the pooled numbers: the mean over seeds, intervals over SAE seeds × images (hierarchical "
+            "bootstrap); each seed's value is reported, not required.</p>"
+            + table(["seed", "FVU", "row / col / mixed", "row-set selectivity", "col-set selectivity"],
+                    [*rows, pooled]))
 
 
 def _sae_grid(r: SAEResult) -> str:

@@ -42,6 +42,10 @@ class SAESettings(SAESite):
                                     description="leave patch tokens above this x the median patch-token norm out of "
                                     "SAE training (high-norm artifact tokens); None = keep every patch token")
     stability: bool = Field(default=True, description="also train the SAE with seed + 1: the seed-stability number")
+    claim_seeds: int = Field(default=3, ge=1, le=20, description="SAE training seeds C1 and C2 read (run seed, +1, "
+                             "...): each extra seed's SAE types its own latents, gets its own causal check and "
+                             "permutation, and the intervals cover seeds x images (seed + 1 reuses the stability "
+                             "SAE)")
     include_special: bool = Field(default=False, description="train on high-norm outlier patch tokens too")
     browse: bool = Field(default=True, description="write the latent browser page (linked from report.html)")
 

@@ -38,15 +38,20 @@ from vitpos.analysis.stats import N_BOOT
 from vitpos.experiments.base import SplitSizes, StagePlan
 from vitpos.experiments.sae_settings import SAESettings, SAEStageSettings
 from vitpos.models.surface import ModelSurface
-from vitpos.results.ape_permute import ApePermuteResult, position_budget
+from vitpos.results.ape_permute import ApePermuteResult, PermuteSeedPool, position_budget
 from vitpos.results.sae_layers import EMBED, PLAUSIBLE, LayerPoint, SAESweepResult, site_key
 from vitpos.results.sae_run import GivenSAEResult, SAEResult
 from vitpos.sae import SAE
 
 # (the sae stage's settings at one layer, model, split sizes) -> the sae stage's plan there
 PlanSAE = Callable[[SAEStageSettings, ModelSurface, SplitSizes], StagePlan]
-# (layer, site, images, seeds, model, split sizes) -> the ape_permute stage's plan for that site's SAE
-PlanPermute = Callable[[int, str, int, int, ModelSurface, SplitSizes], StagePlan]
+# (layer, site, images, seeds, model, split sizes, SAE seeds) -> the ape_permute stage's plan for that site's SAE
+PlanPermute = Callable[[int, str, int, int, ModelSurface, SplitSizes, int], StagePlan]
+# (model, SAE folder, its sae.json, the run seed's permutation and per-image correctness, data, images,
+# permutation seeds, progress) -> the permutation pooled over the SAE seeds (`ape_permute.permute_seed_pool`)
+PoolPermute = Callable[[ModelSurface, Path, Mapping, ApePermuteResult, Mapping[str, torch.Tensor], Any, int,
+                        tuple[int, ...], bool], PermuteSeedPool]
+CLAIM_SEEDS_DIR = "claim_seeds"  # a plausible site's SAEs of every claim seed: out/<site>/claim_seeds/
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class LayerMeasures:
     run_ape_permute: Callable[..., ApePermuteResult]
     plan_sae: PlanSAE
     plan_ape_permute: PlanPermute  # the registry builds the stage's settings (the sweep cannot import them)
+    permute_seed_pool: PoolPermute  # issue 48: C2 over the SAE seeds at a plausible site
 
 
 def sweep_layers(depth: int, max_layers: int = 8) -> list[int]:
@@ -102,20 +108,24 @@ def sweep_sites(layers: list[int], embed: bool) -> list[tuple[int, str]]:
 def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, layers: list[int] | None = None, *,
                   sae_kw: Mapping | None = None, permute_images: int = 500, seeds: tuple[int, ...] = (0,),
                   out: str | Path | None = None, max_layers: int = 8, sae_data: Any = None,
-                  progress: bool = False, embed: bool = True) -> SAESweepResult:
+                  progress: bool = False, embed: bool = True, claim_seeds: int = 1) -> SAESweepResult:
     """Train an SAE at each site and measure C1 (its causal check) and C2 (the permutation) there.
 
     Sites: the embedding (resid_pre of block 0) when `embed`, then the output of each of `layers`.
     `sae_kw`: keyword arguments of `run_sae` (k, expansion, n_train_images, ...). Each site's SAE lives
     under out/embed/ or out/L<layer>/ (reused when the same run is found there). `sae_data`: the images
     the SAEs train and are scored on (None: `data`), as the sae stage's `sae.data`; C1's causal check and
-    the permutation (C2) read `data`."""
+    the permutation (C2) read `data`. `claim_seeds` > 1 (issue 48): at every plausible site (selected in
+    >= PLAUSIBLE of the resamples) the SAE is trained again with its extra seeds (`run_sae`'s claim_seeds,
+    under out/<site>/claim_seeds/; the run seed's SAE is the same SAE, trained again) and each extra seed
+    gets its own causal check and permutation: the point's `sae` and `permute` then carry `seed_pool`, so
+    C1 and C2 read intervals over SAE seeds x images there. Other sites keep one SAE seed."""
     from vitpos.data.resolve import data_name
 
     layers = sweep_layers(surface.depth, max_layers) if layers is None else list(layers)
     rule = layer_rule(surface.depth, layers, embed)
     sites = sweep_sites(layers, embed)
-    docs, per_image = [], []
+    docs, per_image, corrects = [], [], []
     for layer, site in sites:
         lo = Path(out) / site_key(layer, site) if out is not None else None
         res, sae = measures.run_sae(surface, layer, site=site, data=data if sae_data is None else sae_data, out=lo,
@@ -124,6 +134,7 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
         ap = measures.run_ape_permute(surface, sae, res.to_json(), data=data, n_images=permute_images, seeds=seeds,
                                       keep_correct=correct, progress=progress)
         docs.append((res, ap))
+        corrects.append(correct)
         if "all_positional" in correct:
             per_image.append(correct["baseline"].float() - correct["all_positional"].float().mean(0))
         else:
@@ -140,6 +151,21 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
             swap_null_drop=None if swap is None else swap.drop_points, selection_frequency=float(freq[i]),
             all_positional_budget=position_budget(ap, "all_positional"),
             sae=GivenSAEResult.model_validate(res.to_json()), permute=ap))
+    if claim_seeds > 1:
+        for i, ((layer, site), (_, ap)) in enumerate(zip(sites, docs, strict=True)):
+            if points[i].selection_frequency < PLAUSIBLE:
+                continue
+            lo = Path(out) / site_key(layer, site) / CLAIM_SEEDS_DIR if out is not None else None
+            res, _ = measures.run_sae(surface, layer, site=site, data=data if sae_data is None else sae_data, out=lo,
+                                      progress=progress, causal_data=data, claim_seeds=claim_seeds,
+                                      **dict(sae_kw or {}))
+            if res.seed_pool is None or lo is None:
+                continue
+            # the run seed's permutation is the one measured above (its SAE is the same SAE, trained again)
+            pool = measures.permute_seed_pool(surface, lo, res.to_json(), ap, corrects[i], data, permute_images,
+                                              seeds, progress)
+            points[i] = points[i].model_copy(update={"sae": GivenSAEResult.model_validate(res.to_json()),
+                                                     "permute": ap.model_copy(update={"seed_pool": pool})})
     known = [(p.all_positional_drop, i) for i, p in enumerate(points) if p.all_positional_drop is not None]
     selected = points[max(known)[1]].key if known else None
     plausible = [p.key for p in points if p.selection_frequency >= PLAUSIBLE]
@@ -148,7 +174,8 @@ def run_sae_sweep(surface: ModelSurface, data: Any, measures: LayerMeasures, lay
 
 
 def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], sae_settings: SAESettings,
-                   permute_images: int, seeds: int, measures: LayerMeasures, embed: bool = True) -> StagePlan:
+                   permute_images: int, seeds: int, measures: LayerMeasures, embed: bool = True,
+                   claim_seeds: int = 1) -> StagePlan:
     """What run_sae_sweep computes over its sites (the embedding when `embed`, then the outputs of
     `layers`): at each, run_sae (as the sae stage counts it, without the latent browser and the
     seed-stability SAE, which the sweep does not run) and run_ape_permute (its upper bound: every
@@ -156,13 +183,24 @@ def plan_sae_sweep(surface: ModelSurface, sizes: SplitSizes, layers: list[int], 
     plan = StagePlan()
     sites = sweep_sites(layers, embed)
     for layer, site in sites:
-        at = sae_settings.updated(site=site, browse=False, stability=False)
+        at = sae_settings.updated(site=site, browse=False, stability=False, claim_seeds=1)  # one SAE seed a site
         plan = plan + measures.plan_sae(at.stage(layer), surface, sizes)
-        plan = plan + measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes)
+        plan = plan + measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes, 1)
     where = f"{len(sites)} sites" + (f" (the embedding and {len(layers)} block outputs)" if embed else "")
-    return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work,
-                     f"{where} x (an SAE, its causal check, the permutation); upper bound: every "
-                     "feature set found at every site")
+    note = f"{where} x (an SAE, its causal check, the permutation); upper bound: every feature set found at every site"
+    if claim_seeds > 1 and sites:  # issue 48: the SAE seeds at the plausible site(s), counted at the middle one
+        layer, site = sites[len(sites) // 2]
+        at = sae_settings.updated(site=site, browse=False, stability=False, claim_seeds=claim_seeds)
+        sae = measures.plan_sae(at.stage(layer), surface, sizes)
+        full = measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes, claim_seeds)
+        one = measures.plan_ape_permute(layer, site, permute_images, seeds, surface, sizes, 1)
+        extra = sae + StagePlan(full.forwards - one.forwards, full.blocks - one.blocks)
+        plan = plan + extra
+        note += (f"; plus {claim_seeds} SAE seeds at one plausible site (known once the sweep ran; each further one "
+                 f"adds the same): the run seed's SAE again and {claim_seeds - 1} more, each a causal check, and "
+                 f"{claim_seeds - 1} extra permutations: +{extra.sae_tokens:,} SAE tokens, +{extra.forwards:,} "
+                 f"forwards, +{extra.blocks:,} block evaluations")
+    return StagePlan(plan.forwards, plan.blocks, plan.fits, plan.fit_work, plan.sae_tokens, plan.sae_work, note)
 
 
 __all__ = ["EMBED", "PLAUSIBLE", "LayerMeasures", "layer_rule", "plan_sae_sweep", "run_sae_sweep",

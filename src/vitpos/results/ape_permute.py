@@ -55,7 +55,12 @@ def variant_names(doc: Mapping) -> list[str]:
 # measured since issue 28 (edit sizes, nulls) and 47 (subspaces, the position budget, the prefix tokens):
 # left out of a result's JSON where a result written before them has none
 NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS, *SUBSPACE_VARIANTS, "position_budget",
-                        "prefix_tokens", "prefix_edited", "subspace_rank"})
+                        "prefix_tokens", "prefix_edited", "subspace_rank", "seed_pool"})
+
+
+# issue 48: the variants each extra SAE seed permutes: C2's set and its null (what the rule reads), the axis
+# sets (reported); the controls stay the run seed's (reported, read by no rule: not worth the forwards)
+SEED_VARIANTS = ("all_positional", "swap_all_positional", "row_only", "col_only")
 
 
 class PositionBudget(BaseModel):
@@ -112,6 +117,27 @@ class VariantResult(BaseModel):
 Outcome = VariantResult | Skipped
 
 
+class PooledDrop(BaseModel):
+    """One variant's top-1 drop pooled over the SAE training seeds (issue 48): the mean over seeds of each
+    seed's drop (points; a seed without the set moves nothing: 0), its 95 % hierarchical-bootstrap
+    interval (seeds, then images within each seed, every variant of a seed on the same image resample:
+    an effect and its null stay paired), and each seed's drop in `PermuteSeedPool.sae_seeds` order."""
+
+    drop_points: float
+    drop_ci95: list[float] | None
+    per_seed: list[float]
+    per_seed_n_features: list[int]
+
+
+class PermuteSeedPool(BaseModel):
+    """The permutation of every SAE seed's own positional latents (the run seed's SAE first: this result's
+    own variants), `SEED_VARIANTS` pooled."""
+
+    sae_seeds: list[int]
+    interval_sources: list[str]
+    variants: dict[str, PooledDrop]
+
+
 class ApePermuteResult(Result):
     model: str
     layer: int
@@ -146,6 +172,7 @@ class ApePermuteResult(Result):
     position_budget: dict[str, PositionBudget] | None = None
     prefix_tokens: int | None = None  # CLS / registers: never edited at the site (see `prefix_scope`)
     prefix_edited: bool | None = None
+    seed_pool: PermuteSeedPool | None = None  # issue 48: SEED_VARIANTS over the SAE seeds (None: one seed)
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -154,6 +181,10 @@ class ApePermuteResult(Result):
     def variant(self, name: str) -> VariantResult | None:
         v = getattr(self, name, None)
         return v if isinstance(v, VariantResult) else None
+
+    def pooled(self, name: str) -> PooledDrop | None:
+        """`name`'s drop pooled over the SAE seeds (None: one seed, or not pooled)."""
+        return None if self.seed_pool is None else self.seed_pool.variants.get(name)
 
     def outcome(self, name: str) -> Outcome | None:
         """One variant's outcome, measured or skipped (None: not run in this result)."""

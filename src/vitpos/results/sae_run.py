@@ -37,7 +37,8 @@ class SAESweep(BaseModel):
 
 # measured since issue 28: left out of a result's JSON where a result written before them has none
 ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
-                            "control_row", "control_col", "clean_top1", "eta2_null", "data"})
+                            "control_row", "control_col", "clean_top1", "eta2_null", "data",
+                            "seed_pool"})  # issue 48: the SAE seeds' pooled causal check
 
 
 class AblationEffect(BaseModel):
@@ -98,6 +99,67 @@ class CausalCheck(BaseModel):
     def effect(self, kind: str) -> AblationEffect | None:
         eff = self.ablate_row if kind == "row" else self.ablate_col
         return eff if isinstance(eff, AblationEffect) else None
+
+
+INTERVAL_SOURCES = ("images", "sae_seeds")  # what a pooled interval resamples (issue 48)
+
+
+class PooledEffect(BaseModel):
+    """One removal pooled over the SAE training seeds (issue 48): each seed's SAE types its own latents and
+    removes its own set; the drops are the mean over seeds of each seed's mean over images (a seed
+    without the set removes nothing: drops 0), the selectivity own / (|row| + |col|) of the pooled drops,
+    and the 95 % intervals a hierarchical bootstrap (seeds, then images within each seed; the row and col
+    drops of one seed on the same resample) gives (`analysis.stats.hierarchical_means`). Per seed: the
+    seed's own numbers, in `SAESeedPool.seeds` order."""
+
+    row_drop: float  # fractions, as AblationEffect
+    col_drop: float
+    selectivity: float | None
+    row_drop_ci95: list[float] | None
+    col_drop_ci95: list[float] | None
+    selectivity_ci95: list[float] | None
+    top1_drop: float | None = None  # points
+    top1_drop_ci95: list[float] | None = None
+    per_seed_row_drop: list[float]
+    per_seed_col_drop: list[float]
+    per_seed_selectivity: list[float | None]
+    per_seed_top1_drop: list[float | None]
+
+
+class SAESeedRun(BaseModel):
+    """One extra SAE seed of the sae stage (issue 48): trained as the run seed's on the same tokens, its
+    own latents typed on the same held-out images, its own causal check. `dir`: its weights, relative to
+    the stage's SAE folder."""
+
+    seed: int
+    dir: str
+    fvu: float
+    row_features: list[int]
+    col_features: list[int]
+    mixed_features: list[int]
+    n_row_features: int
+    n_col_features: int
+    n_mixed_features: int
+    causal: CausalCheck | None
+
+
+class SAESeedPool(BaseModel):
+    """C1's causal check over `seeds` (the run seed's SAE, this result's own, first; then `runs`): each
+    removal pooled (`PooledEffect`); what its intervals cover (`interval_sources`)."""
+
+    seeds: list[int]
+    interval_sources: list[str]
+    runs: list[SAESeedRun]
+    ablate_row: PooledEffect | None = None  # None: the causal check did not run (the last layer)
+    ablate_col: PooledEffect | None = None
+    control_row: PooledEffect | None = None
+    control_col: PooledEffect | None = None
+
+    def effect(self, kind: str) -> PooledEffect | None:
+        return self.ablate_row if kind == "row" else self.ablate_col
+
+    def control(self, kind: str) -> PooledEffect | None:
+        return self.control_row if kind == "row" else self.control_col
 
 
 class SAETraining(BaseModel):
@@ -221,6 +283,7 @@ class SAEResult(Result):
     include_special: bool = False
     excluded_outlier_tokens: int | None = None  # training tokens left out as outliers (per epoch)
     browser: str | None = None  # set by the study: the latent browser page, relative to the study's folder
+    seed_pool: SAESeedPool | None = None  # issue 48: the SAE seeds C1 reads (None: one seed)
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -245,3 +308,4 @@ class GivenSAEResult(BaseModel):
     n_mixed_features: int
     causal: CausalCheck | None
     eta2_null: Eta2Null | None = None
+    seed_pool: SAESeedPool | None = None  # issue 48: several SAE seeds at this site (None: one)
