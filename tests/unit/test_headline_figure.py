@@ -61,3 +61,28 @@ def test_a_long_spec_keeps_the_legend_inside_its_panel(monkeypatch):
     box, panel = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert panel.x0 <= box.x0 and box.x1 <= panel.x1
     assert box.y1 <= panel.y0  # below the plot: it covers no curve
+
+
+def test_panel_b_draws_the_drop_the_claims_read_pooled_over_sae_seeds(monkeypatch):
+    """Where the permutation has several SAE seeds, panel (b)'s all-positional and swap bars are the pooled
+    drops C2 reads (not the run seed's SAE's); without a seed pool they are the one SAE's."""
+    from vitpos.results.ape_permute import ApePermuteResult, PermuteSeedPool, PooledDrop
+
+    ap = ApePermuteResult.model_validate(copy.deepcopy(GOLDEN["models"]["builtin:ape"]["ape_permute"]))
+    own = ap.variant("all_positional")
+    assert own is not None and own.drop_points is not None
+    pooled = PooledDrop(drop_points=own.drop_points + 7.0, drop_ci95=[own.drop_points + 5.0, own.drop_points + 9.0],
+                        per_seed=[own.drop_points, own.drop_points + 7.0, own.drop_points + 14.0],
+                        per_seed_n_features=[1, 1, 1])
+    pool = PermuteSeedPool(sae_seeds=[0, 1, 2], interval_sources=["images", "sae_seeds"],
+                           variants={"all_positional": pooled})
+
+    def first_bar(doc: ApePermuteResult) -> float:
+        figs = []
+        monkeypatch.setattr(headline, "save_figure", lambda fig, path: figs.append(fig) or Path(path))
+        headline.plot_headline({"builtin:ape": {"ape_permute": doc}}, "unused.png")
+        bars = [p for p in figs[-1].axes[1].patches if hasattr(p, "get_height")]
+        return float(min(bars, key=lambda b: b.get_x()).get_height())
+
+    assert abs(first_bar(ap) - own.drop_points) < 1e-6
+    assert abs(first_bar(ap.model_copy(update={"seed_pool": pool})) - (own.drop_points + 7.0)) < 1e-6

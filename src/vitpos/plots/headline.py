@@ -3,6 +3,7 @@
 (a) probes: row and column decodability per layer (depth-normalised) for every model;
 (b) C2: the top-1 drop of each permuted feature set beside its matched random control (//) and the
     all-positional set beside the same-position swap C2 reads (xx), with 95 % intervals (APE models);
+    where the permutation has several SAE seeds, a bar is the drop pooled over them, as the claims read it;
 (c) C3/C4: recovery Rec(l) after restoring the rotations from R (RoPE models);
 (d) C5: the per-head top-1 drop of one RoPE model, its primary rebuilding head ringed.
 A panel without data says so in place, so the figure's layout never depends on what ran.
@@ -21,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from vitpos.plots.sweeps import CYCLE, OKABE_ITO, drop_error, mathtext_safe, new_figure, save_figure
 
 # the study-level figure reads several experiments' results (it sits above them, beside the report)
-from vitpos.results.ape_permute import NULLS, ApePermuteResult
+from vitpos.results.ape_permute import NULLS, ApePermuteResult, VariantResult
 from vitpos.results.base import Result, Skipped
 from vitpos.results.probe import ProbeSiteResult
 from vitpos.results.rope_axis import RopeAxisResult
@@ -125,6 +126,16 @@ def _probes(ax, models: Models, style: _FamilyStyle) -> None:
     ax.legend(fontsize=6, ncol=3, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.13))
 
 
+def _drop_as_read(doc: ApePermuteResult, name: str, entry: VariantResult) -> tuple[float, float, float]:
+    """(drop, down, up) as the claims table reads it: pooled over the SAE seeds where there are several (the
+    rule's number), else the one SAE's drop and interval."""
+    p = doc.pooled(name)
+    if p is None or p.drop_ci95 is None:
+        return drop_error(entry)
+    d = p.drop_points
+    return d, max(d - p.drop_ci95[0], 0.0), max(p.drop_ci95[1] - d, 0.0)
+
+
 def _ape(ax, models: Models, style: _FamilyStyle) -> None:
     docs = _results(models, "ape_permute", ApePermuteResult)
     if not docs:
@@ -136,7 +147,7 @@ def _ape(ax, models: Models, style: _FamilyStyle) -> None:
         for i, (v, _) in enumerate(_APE_BARS):
             entry = doc.variant(v)
             if entry is not None:
-                d, lo, hi = drop_error(entry)
+                d, lo, hi = _drop_as_read(doc, v, entry)
                 xs.append(i + (j - (len(docs) - 1) / 2) * width)
                 ys.append(d)
                 lows.append(lo)
