@@ -87,6 +87,14 @@ def _as_images(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _resampled_means(x: torch.Tensor, b: int, g: torch.Generator) -> torch.Tensor:
+    """(b, k) column means of x (n, k) over b resamples of its rows, drawn with replacement."""
+    n = x.shape[0]
+    idx = torch.randint(0, n, (b, n), generator=g)  # (b, n) image indices
+    counts = torch.zeros(b, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, n, dtype=torch.float64))
+    return counts @ x / n
+
+
 def bootstrap_means(x: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED) -> torch.Tensor:
     """(n_boot, k) means of the columns of x (n, k) (or (n,) -> (n_boot,)) over resampled rows."""
     x = torch.as_tensor(x).double()
@@ -102,9 +110,7 @@ def bootstrap_means(x: torch.Tensor, n_boot: int = N_BOOT, seed: int = SEED) -> 
     out = []
     for start in range(0, n_boot, step):
         b = min(step, n_boot - start)
-        idx = torch.randint(0, n, (b, n), generator=g)  # (b, n) image indices, drawn with replacement
-        counts = torch.zeros(b, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, n, dtype=torch.float64))
-        out.append(counts @ x2 / n)
+        out.append(_resampled_means(x2, b, g))
     means = torch.cat(out)
     return means.squeeze(1) if flat else means
 
@@ -201,10 +207,7 @@ def hierarchical_means(groups: Sequence[torch.Tensor], n_boot: int = N_BOOT, see
         step = max(1, _CHUNK_CELLS // n)
         for start in range(0, slots.shape[0], step):  # the image level: a fresh resample per draw
             part = slots[start:start + step]
-            b = part.shape[0]
-            idx = torch.randint(0, n, (b, n), generator=g)
-            counts = torch.zeros(b, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, n, dtype=torch.float64))
-            total.index_add_(0, part[:, 0], counts @ x / n)
+            total.index_add_(0, part[:, 0], _resampled_means(x, part.shape[0], g))
     return total / S
 
 
