@@ -163,6 +163,7 @@ POOL_BOOT_SEED = 0  # the hierarchical bootstrap's generator (every removal the 
 
 
 def _sel(own: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """own / (|own| + |other|) per resample; NaN (undefined, left out) where both drops are ~0."""
     denom = own.abs() + other.abs()
     return torch.where(denom > 1e-9, own / denom.clamp_min(1e-300), torch.full_like(own, float("nan")))
 
@@ -263,7 +264,6 @@ def selectivity_intervals(clean: Mapping[str, torch.Tensor], ablated: Mapping[st
     d = torch.stack([(clean[a].double() - ablated[a].double()).mean(0) for a in ("row", "col")], 1)  # (images, 2)
     m = bootstrap_means(d, seed=seed)
     mine, other = (m[:, 0], m[:, 1]) if kind == "row" else (m[:, 1], m[:, 0])
-    denom = mine.abs() + other.abs()
-    sel = torch.where(denom > 1e-9, mine / denom.clamp_min(1e-300), torch.full_like(mine, float("nan")))
+    sel = _sel(mine, other)
     return {"row_drop_ci95": percentile_interval(m[:, 0]), "col_drop_ci95": percentile_interval(m[:, 1]),
             "selectivity_ci95": percentile_interval(sel)}
