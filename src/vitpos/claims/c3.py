@@ -119,11 +119,11 @@ def view(ra: RopeAxisResult, none_probe: ProbeSiteResult | None = None) -> View:
     return View(ra, nums, ivs, floored is not None, floored is not None and mlp is not None)
 
 
-def _per_axis(v: View, key: Callable[[str, str], str], threshold: float,
-              name: str) -> tuple[Outcome, dict[str, Number]]:
+def _per_axis(v: View, key: Callable[[str, str], str], threshold: float, name: str,
+              test: Callable[[Interval | None, float], Outcome] = at_least) -> tuple[Outcome, dict[str, Number]]:
     keys = [key(a, b) for a, b in PAIRS]
     nums: dict[str, Number] = {name: threshold, **{k: as_list(v.ivs.get(k)) for k in keys}}
-    return all_of(*(at_least(v.ivs.get(k), threshold) for k in keys)), nums
+    return all_of(*(test(v.ivs.get(k), threshold) for k in keys)), nums
 
 
 def _rotary_position(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
@@ -131,12 +131,6 @@ def _rotary_position(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]
     (else the rotations carry no position of their own on that axis: every fraction reads nothing)."""
     missing = [a for a, _ in PAIRS if v.nums.get(v.removed_key(a)) is None]
     return known(not missing), {"no_rotary_position": ", ".join(missing) if missing else None}
-
-
-def _not_interacting(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
-    keys = [v.kept_key(a, b) for a, b in PAIRS]
-    nums: dict[str, Number] = {"C3.max_kept": t["C3.max_kept"], **{k: as_list(v.ivs.get(k)) for k in keys}}
-    return all_of(*(at_most(v.ivs.get(k), t["C3.max_kept"]) for k in keys)), nums
 
 
 def _mlp_removed(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
@@ -153,7 +147,7 @@ CONDITIONS: tuple[Condition[View], ...] = (
     Condition("kept", "... while the other axis keeps >= C3.min_kept of its own",
               lambda v, t: _per_axis(v, v.kept_key, t["C3.min_kept"], "C3.min_kept")),
     Condition("not_interacting", "... and at most C3.max_kept of its own (more: the axes interact)",
-              _not_interacting),
+              lambda v, t: _per_axis(v, v.kept_key, t["C3.max_kept"], "C3.max_kept", at_most)),
     Condition("mlp_removed", "an MLP probe finds >= C3.min_removed of the axis removed too (where measured)",
               _mlp_removed),
 )
