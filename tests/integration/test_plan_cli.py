@@ -5,6 +5,8 @@ import json
 
 from conftest import TIMM_TINY
 from vitpos.experiments.base import StagePlan
+from vitpos.experiments.rope_heads_plan import RopeHeadsSettings
+from vitpos.experiments.rope_prefix import RopePrefixSettings
 from vitpos.study.config import RunConfig
 from vitpos.study.plan import StudyPlan
 
@@ -38,16 +40,19 @@ def test_plan_of_a_vit_b16_at_224_px(tmp_path):
     # axis index with its null, the R sweep and C5 under each ablation on top of it; those parts are
     # checked exactly against counted work on a tiny model (tests/unit/test_plan.py,
     # test_every_stage_plan_counts_what_runs), so here the core must still be all there.
-    core_forwards = 64 * 2 + 500 * 3 + 2000
+    rh, pre = RopeHeadsSettings(), RopePrefixSettings()  # the defaults the plan reads
+    n_pre, a_pre = pre.images, pre.attn_images
+    a, n_p, n_t = rh.attn_images, rh.probe_images, rh.top1_images
+    core_forwards = a * 2 + n_p * 3 + n_t
     # rebuild: per later head rotations off and output mean-ablated (blocks >= its layer: 21 per head
     # over layers 6..11), plus the z means / direct effects and the three joint top-5 conditions from the
     # restore stream
-    core_blocks = (64 * (L + 2 * H * L + L - 1) + 500 * (3 * L + (L - 1 - R) + 2 * H * 21 + 4 * (L - R))
-                   + 2000 * (L + H * 78))
+    core_blocks = (a * (L + 2 * H * L + L - 1) + n_p * (3 * L + (L - 1 - R) + 2 * H * 21 + 4 * (L - R))
+                   + n_t * (L + H * 78))
     assert heads is not None and heads.forwards > core_forwards and heads.blocks > core_blocks
     prefix = rows["rope_prefix"].plan  # 8 conditions from the input, 4 restores from layer R
-    assert prefix is not None and prefix.forwards == 64 + 500 * 8
-    assert prefix.blocks == 64 * L + 500 * (8 * L + 4 * (L - R))
+    assert prefix is not None and prefix.forwards == a_pre + n_pre * 8
+    assert prefix.blocks == a_pre * L + n_pre * (8 * L + 4 * (L - R))
     freq = rows["rope_freq"].plan  # windows 0-5, 6-11, 0-11; 8 bands x axes: 0-11 from the input, 0-5 from its
     assert freq is not None and freq.forwards == 300 * 9  # stream at 6, 6-11 from the clean stream at 6
     assert freq.blocks == 300 * (L + 8 * (L + 2 * (L - R))) and freq.fits == 2 + 8 * (2 + 1 + 1)

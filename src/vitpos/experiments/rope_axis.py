@@ -376,7 +376,7 @@ class RopeAxisSettings(Settings):
     """`rope_axis:` in the run config."""
 
     QUICK = {"images": 200, "readout_images": 48, "restore": None}  # restore: the middle layer, filled per model
-    images: int = Field(default=1000, ge=2)
+    images: int = Field(default=500, ge=2)  # 1000 before issue 48's time budget
     restore: list[int] | None = Field(default=None, min_length=1, description="None = every layer 1..depth-1")
     readout_images: int = Field(default=128, ge=0, description="images of the MLP and relative-position read-outs "
                                 "(issue 29); 0 = none")

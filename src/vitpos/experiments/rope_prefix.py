@@ -221,7 +221,7 @@ class RopePrefixSettings(Settings):
     """`rope_prefix:` in the run config."""
 
     QUICK = {"images": 150, "attn_images": 16}
-    images: int = Field(default=500, ge=2, description="test-split images, split by image into probe train/test")
+    images: int = Field(default=300, ge=2, description="test-split images, split by image into probe train/test")
     restore_from: int | None = Field(default=None, ge=1, description="R of the restore conditions; None = depth // 2")
     block_from: int = Field(default=0, ge=0, description="first layer with patch -> prefix attention blocked")
     attn_images: int = Field(default=64, ge=1, description="images for the clean prefix attention mass")
