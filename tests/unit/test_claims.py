@@ -560,6 +560,25 @@ def test_sweep_the_claims_hold_when_they_hold_at_every_plausible_layer():
     assert curve[0].value == 0.01 and curve[0].verdict == "inconclusive" and curve[1].verdict == "supported"
 
 
+def test_sweep_the_headline_is_the_number_the_verdict_read():
+    """Read over the sweep, the headline is the plausible (selected) site's number, not the single layer's:
+    the single layer fails at 4.0 pts, L0 holds at 20.0: C2's headline is 20.0 read at L0, with the single
+    layer's numbers kept beside it (the report's table once printed the single layer's number next to the
+    sweep's verdict)."""
+    from vitpos.claims.registry import BY_ID
+    from vitpos.claims.summary import headline_interval, headline_value
+
+    m = swept((FAIL_SAE, FAIL_APE), [(HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE)], [0.97, 0.03])
+    nums = sweep_claim(m, "C2").numbers["m"]
+    assert nums["headline_site"] == "L0" and nums["result"] == HOLDS
+    assert headline_value(BY_ID["C2"], nums) == 20.0 and headline_interval(BY_ID["C2"], nums) == [15.0, 25.0]
+    assert headline_value(BY_ID["C2"], nums["single_layer_numbers"]) == 4.0
+    # with the other site plausible instead, its number is the headline
+    m = swept((HOLD_SAE, HOLD_APE), [(HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE)], [0.03, 0.97])
+    nums = sweep_claim(m, "C2").numbers["m"]
+    assert nums["headline_site"] == "L1" and headline_value(BY_ID["C2"], nums) == 4.0
+
+
 def test_sweep_the_claims_are_inconclusive_when_they_hold_at_some_plausible_layers_only():
     m = swept((HOLD_SAE, HOLD_APE), [(HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE), (HOLD_SAE, HOLD_APE)],
               [0.5, 0.3, 0.2])

@@ -16,16 +16,22 @@ from vitpos.claims.rules import Thresholds
 from vitpos.claims.verdict import ConditionReading, Number
 from vitpos.results.sae_layers import LayerPoint, SAELayersResult
 
-# the per-model rule at one swept layer: its outcome and its conditions' readings there
-AtLayer = Callable[[LayerPoint], tuple[Outcome, tuple[ConditionReading, ...]]]
+# the per-model rule at one swept layer: its reading there (outcome, numbers, conditions)
+AtLayer = Callable[[LayerPoint], ModelClaim]
 
 
 def layer_reader(at_layer: Callable[[str, LayerPoint, Thresholds], ModelClaim], spec: str, t: Thresholds) -> AtLayer:
-    """A claim's reading at one swept layer (its `at_layer`) as `over_curve` takes it: result and conditions."""
-    def at(p: LayerPoint) -> tuple[Outcome, tuple[ConditionReading, ...]]:
-        r = at_layer(spec, p, t)
-        return r.result, r.conditions
+    """A claim's reading at one swept layer (its `at_layer`) as `over_curve` takes it."""
+    def at(p: LayerPoint) -> ModelClaim:
+        return at_layer(spec, p, t)
     return at
+
+
+def headline_site(sweep: SAELayersResult, plausible: Sequence[str]) -> str | None:
+    """The site whose numbers a claim read over the sweep reports: the selected site (largest all-positional
+    drop) where it is plausible, else the first plausible site; with none plausible, the selected site (None:
+    no site has a drop)."""
+    return plausible[0] if plausible and sweep.selected_site not in plausible else sweep.selected_site
 
 
 def plausible_sites(sweep: SAELayersResult, threshold: float) -> list[str]:
@@ -44,15 +50,20 @@ def over_curve(spec: str, single: ModelClaim | None, sweep: SAELayersResult, at_
                threshold: str, stage: str) -> ModelClaim:
     """The claim read over the sweep's plausible layers (`at_layer`: its per-model rule at each;
     `threshold`: the rule set's plausible-layer share). The single-layer reading (`single`: the `stage`
-    stage's) keeps its numbers and text beside it. The model's one condition is `plausible_layers`,
+    stage's) keeps its text beside it and its numbers under `single_layer_numbers`; the numbers (and so the
+    headline) are those read at `headline_site` (a plausible site), so the headline is a number the verdict
+    read, not the single layer's. The model's one condition is `plausible_layers`,
     which records every plausible site's condition outcomes (`<key>.<condition>`: `embed.<condition>`,
     `L<layer>.<condition>`)."""
     readings = {p.key: at_layer(p) for p in sweep.points}
-    per = {key: r[0] for key, r in readings.items()}
+    per = {key: r.result for key, r in readings.items()}
     plaus = plausible_sites(sweep, t[threshold])
     result = over_plausible([per[key] for key in plaus])
     freq = {p.key: p.selection_frequency for p in sweep.points}
-    nums: dict[str, Any] = {**(single.numbers if single is not None else {}),
+    site = headline_site(sweep, plaus)
+    single_nums = single.numbers if single is not None else {}
+    nums: dict[str, Any] = {**(readings[site].numbers if site is not None else single_nums),
+                            "headline_site": site, "single_layer_numbers": dict(single_nums),
                             "read_over": "the plausible sites of the sae_layers sweep",
                             "sweep_layers": list(sweep.layers), "sweep_sites": sweep.sites, "plausible_sites": plaus,
                             "selection_frequency": dict(freq),
@@ -69,5 +80,5 @@ def over_curve(spec: str, single: ModelClaim | None, sweep: SAELayersResult, at_
                f"{single.result}): {single.text.removeprefix(f'{spec}: ')}"))
     read: dict[str, Number] = {threshold: t[threshold], "plausible_sites": plaus}
     for key in plaus:
-        read.update({f"{key}.{c.name}": c.outcome for c in readings[key][1]})
+        read.update({f"{key}.{c.name}": c.outcome for c in readings[key].conditions})
     return ModelClaim(result, nums, text, (ConditionReading(name="plausible_layers", outcome=result, numbers=read),))
