@@ -577,6 +577,8 @@ def test_sweep_the_headline_is_the_number_the_verdict_read():
     m = swept((HOLD_SAE, HOLD_APE), [(HOLD_SAE, HOLD_APE), (FAIL_SAE, FAIL_APE)], [0.03, 0.97])
     nums = sweep_claim(m, "C2").numbers["m"]
     assert nums["headline_site"] == "L1" and headline_value(BY_ID["C2"], nums) == 4.0
+    headline = sweep_claim(m, "C2").headlines[0]
+    assert headline.site == "L1" and "at L1" in headline.value_text()  # the table says where the number is from
 
 
 def test_sweep_the_claims_are_inconclusive_when_they_hold_at_some_plausible_layers_only():

@@ -144,6 +144,8 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
         fam_result = reason = None
         n_sae = first.get("n_sae_seeds")
         sources = first.get("interval_sources")
+        sites = {r.numbers.get("headline_site") for _, r in members}  # read over the layer sweep: where
+        site = sites.pop() if len(sites) == 1 else "per seed"
         if s is not None:
             value, ci, fam_result, reason = s.mean, s.ci95, s.family_result, s.family_reason
             sources = None if sources is None else ["model_seeds"]  # each seed's number pooled over its SAE seeds
@@ -156,6 +158,7 @@ def family_headlines(claim: Claim, found: Sequence[tuple[str, ModelClaim]],
                                   why_undefined=None if value is not None else headline_gap(claim, first),
                                   family_result=fam_result, family_reason=reason,
                                   sae_seeds=n_sae if isinstance(n_sae, int) else None,
+                                  site=site if isinstance(site, str) else None,
                                   interval_sources=[str(x) for x in sources] if isinstance(sources, list) else None))
     return out
 

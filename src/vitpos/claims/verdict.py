@@ -62,16 +62,19 @@ class FamilyHeadline(BaseModel):
     # Student-t interval of their numbers, each pooled over its SAE seeds)
     sae_seeds: int | None = None
     interval_sources: list[str] | None = None
+    site: str | None = None  # read over the layer sweep: the site of the number ("embed", "L2"; "per seed")
 
     def value_text(self) -> str:
-        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts (3 SAE seeds)' or '0.81 [0.70, 0.93]'."""
+        """The number with its interval, e.g. '23.1 [20.0, 26.2] pts (3 SAE seeds, at embed)' or '0.81 [0.70, 0.93]'."""
         if self.value is None or self.value != self.value:
             return "n/a" if self.why_undefined is None else f"n/a ({self.why_undefined})"
         fmt = "{:.1f}" if self.unit == "points" else "{:.2f}"
         iv = "" if self.ci95 is None else f" [{fmt.format(self.ci95[0])}, {fmt.format(self.ci95[1])}]"
         n = self.sae_seeds
-        seeds = "" if n is None else f" ({n} SAE seed{'' if n == 1 else 's'})"
-        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "") + seeds
+        where = [] if self.site is None else [f"at {self.site}"]
+        notes = where if n is None else [f"{n} SAE seed{'' if n == 1 else 's'}", *where]
+        tail = f" ({', '.join(notes)})" if notes else ""
+        return fmt.format(self.value) + iv + (" pts" if self.unit == "points" else "") + tail
 
     def seeds_text(self) -> str:
         """'holds on 2/3 seeds'; a family of one model: its result ('holds', 'fails', 'inconclusive')."""
