@@ -1,5 +1,6 @@
-"""Measure the trained planted APE cases (`vitpos.validation.trained_cases`) through the study's stages
-and print their validation rows, the condition that decided each, and C1 / C2 at every site of the sweep.
+"""Measure the trained planted cases (`vitpos.validation.trained_cases`) through the study's stages and
+print their validation rows, the condition that decided each, C1 / C2 at every site of the sweep (APE
+cases) and each row's evidence (C3 on the RoPE cases).
 
     PYTHONPATH=src .venv/bin/python scripts/validation_trained.py [--images 400] [--sae-images 1000]
         [--epochs 2] [--only trained:ape-where] [--json docs/measured/trained-planted.json]
@@ -68,12 +69,15 @@ def main() -> None:
         measured = measure_trained(m, sizes, out=out, log=print)
         case_rows_ = case_rows(trained_case(m, sizes), measured.inputs)
         rows += case_rows_
-        sites = site_readings(m.spec, measured.inputs)
+        sites = site_readings(m.spec, measured.inputs) if measured.inputs.sae_layers is not None else []
         top1 = None if measured.inputs.eval is None else measured.inputs.eval.top1
         print(f"\n{m.name} ({m.spec} on {m.data}, clean top-1 {top1}): {time.time() - t0:.0f} s, stages "
               + ", ".join(f"{k} {v:.0f} s" for k, v in measured.seconds.items()))
         for r in case_rows_:
-            print(f"  {r.claim} planted {r.planted}: {r.verdict} ({'as planted' if r.passes else 'NOT as planted'})")
+            print(f"  {r.claim} planted {r.planted}: {r.verdict} ({'as planted' if r.passes else 'NOT as planted'}); "
+                  "conditions " + ", ".join(f"{k} {v}" for k, v in r.conditions.items()))
+            if not sites:  # no sweep (a RoPE case): the claim's own evidence
+                print(f"    {r.evidence}")
         for s in sites:
             print(_site_line(s))
         per_case[m.name] = {"spec": m.spec, "data": m.data, "clean_top1": top1, "seconds": measured.seconds,

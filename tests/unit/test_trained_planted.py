@@ -19,7 +19,9 @@ from vitpos.models import load_model
 from vitpos.models.spec import BUILTIN_DIR
 from vitpos.validation import trained_cases as tc
 
-SHIPPED = {"planted-trained-ape-where": ("shapes", "ape"), "planted-trained-ape-content": ("fashion", "ape")}
+SHIPPED = {"planted-trained-ape-where": ("shapes", "ape"), "planted-trained-ape-content": ("fashion", "ape"),
+           "planted-trained-rope-where": ("shapes", "rope-axial"),
+           "planted-trained-rope-ape-where": ("shapes", "rope-ape")}
 TINY = tc.TrainedSizes(test_images=24, sae_images=64, sae_epochs=1, expansion=2, k=8)
 WHERE = tc.TRAINED_MODELS[0]
 
@@ -55,8 +57,10 @@ def _within(recomputed: float, stored: float, n: int = 300) -> bool:
     return abs(recomputed - stored) <= 4 * math.sqrt(max(stored * (1 - stored), 1e-4) / n) + 0.01
 
 
-def test_the_where_model_scores_what_its_metrics_say():
-    got, stored = _recomputed_top1("planted-trained-ape-where")
+@pytest.mark.parametrize("name", ["planted-trained-ape-where", "planted-trained-rope-where",
+                                  "planted-trained-rope-ape-where"])
+def test_the_where_models_score_what_their_metrics_say(name):
+    got, stored = _recomputed_top1(name)
     assert stored > 0.9 and _within(got, stored), (got, stored)
 
 

@@ -49,3 +49,27 @@ def test_a_trained_case_is_measured_by_every_stage_the_run_reads(monkeypatch, tm
     # C1 and C2 are read over the sweep's plausible sites (`over_curve`), not at the single sae layer
     assert all(list(r.conditions) == ["plausible_layers"] for r in rows)
     assert [s.site for s in tc.site_readings(WHERE.spec, x)] == ["embed", "L0", "L2"]
+
+
+def test_a_trained_rope_case_is_measured_by_the_stages_c3_reads(monkeypatch, tmp_path):
+    rope = [m for m in tc.TRAINED_MODELS if m.name == "trained:rope-where"][0]
+    assert rope.stages == tc.ROPE_STAGES and set(rope.truth) == {"C3"}
+    calls: list[str] = []
+    for name in tc.ROPE_STAGES:
+        exp = BY_NAME[name]
+
+        def spy(surface, stage: StageInput, _run=exp.run_stage, _name=name) -> Result:
+            calls.append(_name)
+            return _run(surface, stage)
+
+        monkeypatch.setattr(exp, "run_stage", spy)
+    tiny = tc.TrainedSizes(test_images=24, rope_restore=(2,), readout_images=0)  # one restore point, no read-outs
+    measured = tc.measure_trained(rope, tiny, out=tmp_path)
+    assert calls == list(tc.ROPE_STAGES)
+    x = measured.inputs
+    assert x.scheme == "rope" and x.rope_axis is not None and x.sae is None and x.sae_layers is None
+    assert list(x.rope_axis.recovery["row"]) == ["2"]  # the one restore point asked for
+    rows = case_rows(tc.trained_case(rope, tiny), x)
+    # C3 read by its own conditions (the run's reading), on what rope_axis measured
+    assert [(r.claim, r.split, r.planted) for r in rows] == [("C3", "held_out", True)]
+    assert {"removed", "kept"} <= set(rows[0].conditions)

@@ -1,4 +1,4 @@
-"""Trained planted APE cases (issue 46 item 2, issue 47 item 6): small own ViTs trained by `vitpos train`
+"""Trained planted cases (issue 46 item 2, issue 47 item 6): small own ViTs trained by `vitpos train`
 on tasks whose label is a known function of position, or of content only, measured by the study's own
 stages -- eval, probe, sae, ape_permute and the layer sweep sae_layers (from the embedding), each through
 its experiment's `stage_settings` and `run_stage` as `vitpos run` calls them -- and read by the claims
@@ -17,6 +17,21 @@ typed by its eta^2 rule. What is planted is only the task:
       `fashion-ape`'s 88.5 %, same recipe as each other): C1 and C2 planted false. It is the weaker planted
       truth of the two: a model that CAN do without position may still have learned to read it
       (docs/methods.md, "Trained planted cases").
+
+The RoPE cases (C3) are read by the stages C3 reads (eval, probe, rope_axis: ROPE_STAGES):
+
+  `builtin:planted-trained-rope-where`      shapes, axial RoPE and no APE: the rotations are the model's
+      only source of position (the patch embedding sees pixels, never coordinates), and the row
+      rotations carry only rows, the col rotations only columns; so removing one axis' rotations
+      removes that axis above the content floor and leaves the other's source in place: C3 planted
+      true. The weaker part is "kept": the other axis' source stays, but the layers after it were
+      trained with both, and a retrained probe must still find it.
+  `builtin:planted-trained-rope-ape-where`  the same task with a learned APE beside the rotations: the
+      APE carries row and col into the stream whatever the rotations do, so no axis' rotations add
+      decodable position above what the model keeps without any (the floor): C3 planted false (the
+      rule's `rotary_position` precondition, or `removed`).
+  C4 and C5 have no trained case: what a trained model rebuilds, and with which head, is not fixed by
+  its task, so no truth is planted (their cases are the hand-built `planted_rope*` models).
 
 Every case is held out: trained (fresh seed 46) and first measured after rules version 4 was frozen.
 Cost: minutes per case on 2 cores (an SAE per swept site), so they are not part of the table every
@@ -55,6 +70,7 @@ from vitpos.validation.ape_cases import PlantedCase
 
 # the stages whose results C1 and C2 read, in the registry's order (each after what it requires)
 STAGES = ("eval", "probe", "sae", "ape_permute", "sae_layers")
+ROPE_STAGES = ("eval", "probe", "rope_axis")  # C3's (rope_axis) and what the run computes before it
 TRAINING_SEED = 46  # the planted models' training seed: none of the zoo's 0-2 that rules were read on
 
 
@@ -71,6 +87,8 @@ class TrainedSizes:
     k: int = 32
     seeds: int = 1  # permutation seeds per site
     max_layers: int = 8  # block outputs the sweep takes at most (`sae_layers.max_layers`; 8 covers a 4-block model)
+    rope_restore: tuple[int, ...] | None = None  # rope_axis' restore points (None: every layer, as the run)
+    readout_images: int = 128  # rope_axis' MLP and relative-offset read-outs (0: none)
 
     def config(self, spec: str, data: str) -> RunConfig:
         """The run config `vitpos run --config` would take for these sizes (stage settings come from it)."""
@@ -82,7 +100,9 @@ class TrainedSizes:
             "sae": {**sae, "stability": False, "browse": False},
             "ape_permute": {"images": self.test_images, "seeds": self.seeds},
             "sae_layers": {**sae, "permute_images": self.test_images, "seeds": self.seeds,
-                           "max_layers": self.max_layers}})
+                           "max_layers": self.max_layers},
+            "rope_axis": {"images": self.test_images, "readout_images": min(self.readout_images, self.test_images),
+                          "restore": None if self.rope_restore is None else list(self.rope_restore)}})
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,7 @@ class TrainedModel:
     data: str
     truth: dict[str, bool]
     description: str
+    stages: tuple[str, ...] = STAGES  # the stages whose results the claims of `truth` read
 
 
 TRAINED_MODELS: tuple[TrainedModel, ...] = (
@@ -102,6 +123,12 @@ TRAINED_MODELS: tuple[TrainedModel, ...] = (
                  "blue) is read from position"),
     TrainedModel("trained:ape-content", "builtin:planted-trained-ape-content", "fashion", {"C1": False, "C2": False},
                  "trained APE ViT (7x7 grid, 4 blocks) on Fashion-MNIST: the label is the garment (content)"),
+    TrainedModel("trained:rope-where", "builtin:planted-trained-rope-where", "shapes", {"C3": True},
+                 "trained axial-RoPE ViT without APE (8x8 grid, 4 blocks) on shapes: the label is read from position, "
+                 "and the row (col) rotations are the model's only source of the row (col)", stages=ROPE_STAGES),
+    TrainedModel("trained:rope-ape-where", "builtin:planted-trained-rope-ape-where", "shapes", {"C3": False},
+                 "the same with a learned APE beside the rotations: the APE carries row and col into the stream, so "
+                 "removing an axis' rotations cannot remove what it lets a probe decode", stages=ROPE_STAGES),
 )
 
 
@@ -161,9 +188,9 @@ def measure_trained(model: TrainedModel, sizes: TrainedSizes | None = None, out:
     surface = load_model(model.spec)
     cfg = (sizes or TrainedSizes()).config(model.spec, model.data)
     if out is not None:
-        return run_stages(surface, model.data, cfg, out, log=log)
+        return run_stages(surface, model.data, cfg, out, model.stages, log=log)
     with tempfile.TemporaryDirectory(prefix="vitpos-trained-") as tmp:
-        return run_stages(surface, model.data, cfg, Path(tmp), log=log)
+        return run_stages(surface, model.data, cfg, Path(tmp), model.stages, log=log)
 
 
 def trained_case(model: TrainedModel, sizes: TrainedSizes | None = None) -> PlantedCase:
@@ -174,7 +201,8 @@ def trained_case(model: TrainedModel, sizes: TrainedSizes | None = None) -> Plan
 
     def measure(n_images: int, seeds: tuple[int, ...]) -> ClaimInputs:
         at = TrainedSizes(test_images=n_images, sae_images=sizes.sae_images, sae_epochs=sizes.sae_epochs,
-                          expansion=sizes.expansion, k=sizes.k, seeds=len(seeds), max_layers=sizes.max_layers)
+                          expansion=sizes.expansion, k=sizes.k, seeds=len(seeds), max_layers=sizes.max_layers,
+                          rope_restore=sizes.rope_restore, readout_images=sizes.readout_images)
         return measure_trained(model, at).inputs
 
     return PlantedCase(model.name, model.description, dict(model.truth), measure, split="held_out")
@@ -240,5 +268,5 @@ def _site(spec: str, p: LayerPoint, t: Thresholds) -> SiteReading:
 
 TRAINED_CASES: tuple[PlantedCase, ...] = tuple(trained_case(m) for m in TRAINED_MODELS)
 
-__all__ = ["STAGES", "TRAINED_CASES", "TRAINED_MODELS", "TRAINING_SEED", "Measured", "SiteReading", "TrainedModel",
-           "TrainedSizes", "measure_trained", "run_stages", "site_readings", "trained_case"]
+__all__ = ["ROPE_STAGES", "STAGES", "TRAINED_CASES", "TRAINED_MODELS", "TRAINING_SEED", "Measured", "SiteReading",
+           "TrainedModel", "TrainedSizes", "measure_trained", "run_stages", "site_readings", "trained_case"]
