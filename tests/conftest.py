@@ -66,7 +66,62 @@ def permute_patches(images: torch.Tensor, perm: torch.Tensor, grid: tuple[int, i
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _one_validation_table_per_session():
+def _hub_offline():
+    """Every test runs as on an offline machine: a hub request (timm `pretrained=True`, a transformers
+    hub id) fails at once instead of waiting on the network's retries and timeouts (47 s for one test).
+    huggingface_hub reads HF_HUB_OFFLINE into `constants.HF_HUB_OFFLINE` when it is imported, so the
+    variable is set for subprocesses and the already-read constant is patched for this process."""
+    from huggingface_hub import constants
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    yield
+    mp.undo()
+
+
+class PlantedInputs:
+    """Each planted case measured once per session at each size (the validation table, the mutation
+    test and the power tests read the same cases): `inputs(case, n_images, seeds)` is what
+    `case.measure(n_images, seeds)` returns, measured on first use. The RoPE cases take sizes of their
+    own whatever they are asked (`validation.table.rope_case`), so they are measured once in all.
+    Only for cases as they are: a test that measures under a mutation or a patch calls `measure` itself."""
+
+    def __init__(self) -> None:
+        from vitpos.validation.rope_cases import rope_cases
+        from vitpos.validation.table import rope_case
+
+        self._sizeless = {rope_case(c).name for c in rope_cases()}
+        self._memo: dict[tuple, object] = {}
+
+    def __call__(self, case, n_images: int, seeds: tuple[int, ...]):
+        key = (case.name,) if case.name in self._sizeless else (case.name, n_images, tuple(seeds))
+        if key not in self._memo:
+            self._memo[key] = case.measure(n_images, tuple(seeds))
+        return copy.deepcopy(self._memo[key])
+
+    def cached(self, case):
+        """`case` whose measure reads this memo (a PlantedCase, as the table's functions take)."""
+        from vitpos.validation.ape_cases import PlantedCase
+
+        return PlantedCase(case.name, case.description, dict(case.truth),
+                           lambda n, seeds: self(case, n, seeds), case.split)
+
+    def table(self, cases, n_images: int = 300, seeds: tuple[int, ...] = (0, 1)):
+        """validation_table(cases, n_images, seeds) from this session's measurements (built-in cases only:
+        a registered claim's case is known by its name alone)."""
+        from vitpos.validation.table import validation_table
+
+        return validation_table([self.cached(c) for c in cases], n_images=n_images, seeds=seeds)
+
+
+@pytest.fixture(scope="session")
+def planted_inputs() -> PlantedInputs:
+    return PlantedInputs()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_validation_table_per_session(planted_inputs):
     """The run's planted-model validation table depends only on the code, the registered claims and its
     sizes (a run caches it under the code's fingerprint); every run_study of a session reads one
     measurement of it, as a run's own cache would, instead of measuring it again for each output
@@ -74,6 +129,7 @@ def _one_validation_table_per_session():
     from vitpos.claims.registry import CLAIMS, rule_set
     from vitpos.study import run as study_run
     from vitpos.study.cache import code_fingerprint
+    from vitpos.validation.table import CASES, registered_cases
 
     real = study_run.validation_table
     memo: dict[tuple, object] = {}
@@ -82,8 +138,10 @@ def _one_validation_table_per_session():
         if cases is not None:
             return real(cases, n_images=n_images, seeds=seeds)
         key = (n_images, tuple(seeds), code_fingerprint(), rule_set().digest(), tuple(c.id for c in CLAIMS))
-        if key not in memo:
-            memo[key] = real(n_images=n_images, seeds=seeds)
+        if key not in memo:  # the built-in cases other tests measured already are not measured again
+            builtin = {c.name for c in CASES}
+            cases = [planted_inputs.cached(c) if c.name in builtin else c for c in registered_cases()]
+            memo[key] = real(cases, n_images=n_images, seeds=seeds)
         return memo[key].model_copy(deep=True)  # type: ignore[attr-defined]
 
     mp = pytest.MonkeyPatch()

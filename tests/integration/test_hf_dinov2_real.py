@@ -79,7 +79,7 @@ def test_probe_stage_gives_the_same_numbers(twins):
     from vitpos.experiments.probe import run_probe
 
     timm_s, hf_s = twins
-    kw = dict(data="shapes", sites="resid_post", n_images=48, split="test", seed=0)
+    kw = dict(data="shapes", sites="resid_post", n_images=24, split="test", seed=0)
     a, b = run_probe(timm_s, **kw), run_probe(hf_s, **kw)
     assert a.layers == b.layers == list(range(12))  # type: ignore[union-attr]
     for field in ("row_acc", "col_acc"):

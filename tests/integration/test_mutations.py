@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vitpos.validation.mutations import PIPELINE_MUTATIONS, Mutation, condition_mutations, flips, run_mutations
-from vitpos.validation.table import registered_cases
+from vitpos.validation.table import CASES, registered_cases
 
 pytestmark = pytest.mark.slow
 
@@ -18,10 +18,14 @@ N_IMAGES, SEEDS = 150, (0,)
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(planted_inputs):
     # a mutation's cases are measured until one flips: the assertion below needs one flip, and
-    # scripts/validation_mutations.py measures every case for the full table of flips
-    return run_mutations(registered_cases(), N_IMAGES, SEEDS, until_first_flip=True)
+    # scripts/validation_mutations.py measures every case for the full table of flips. The unmutated
+    # built-in cases are the session's one measurement of each (the power tests read the same).
+    cases = registered_cases()
+    builtin = {c.name for c in CASES}
+    measured = {c.name: planted_inputs(c, N_IMAGES, SEEDS) for c in cases if c.name in builtin}
+    return run_mutations(cases, N_IMAGES, SEEDS, until_first_flip=True, measured=measured)
 
 
 def test_the_table_passes_unmutated(results):
@@ -99,7 +103,8 @@ def test_a_precondition_never_fails_alone(results):
 
 def test_until_first_flip_stops_measuring_at_the_first_case_that_flips(monkeypatch):
     """Measuring stops at the first flipping case (c), so d is never measured under the mutation; a
-    mutation that flips nothing measures every case; without the option every case is measured."""
+    mutation that flips nothing measures every case; without the option every case is measured. Cases
+    whose unmutated results are given (`measured=`) are not measured again as they are."""
     from dataclasses import dataclass
 
     from vitpos.results.validation import ValidationRow
@@ -138,3 +143,7 @@ def test_until_first_flip_stops_measuring_at_the_first_case_that_flips(monkeypat
     blind = mut.Mutation("flips nothing", "test", ("C2",), lambda stack: None)
     _, (r,) = mut.run_mutations(cases, 1, (0,), which=[blind], until_first_flip=True)  # type: ignore[arg-type]
     assert r.flips == [] and r.rows == 4 and measured[4:] == ["a", "b", "c", "d"]
+    measured.clear()
+    _, (r,) = mut.run_mutations(cases, 1, (0,), which=[m], measured={"a": "a", "b": "b"})  # type: ignore[arg-type]
+    # a and b's unmutated results were given: only c and d are measured as they are, then all four under m
+    assert [f.case for f in r.flips] == ["c", "d"] and measured == ["c", "d", "a*", "b*", "c*", "d*"]

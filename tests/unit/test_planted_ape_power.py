@@ -14,8 +14,8 @@ from vitpos.models import planted_ape_power as power
 from vitpos.models.planted_ape_power import PC
 from vitpos.models.spec import OwnSurface
 from vitpos.results.validation import ValidationTable
-from vitpos.validation.ape_cases import APE_POWER_CASES, PlantedCase
-from vitpos.validation.table import CASES, validation_table
+from vitpos.validation.ape_cases import APE_POWER_CASES
+from vitpos.validation.table import CASES
 
 N_IMAGES, SEEDS = 150, (0,)
 TARGET = {"ape:cells_recoded": ("C1", "selective"), "ape:rows_elsewhere": ("C1", "probe_drop"),
@@ -24,16 +24,14 @@ TARGET = {"ape:cells_recoded": ("C1", "selective"), "ape:rows_elsewhere": ("C1",
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict[str, ClaimInputs]:
-    return {c.name: c.measure(N_IMAGES, SEEDS) for c in APE_POWER_CASES}
+def measured(planted_inputs) -> dict[str, ClaimInputs]:
+    return {c.name: planted_inputs(c, N_IMAGES, SEEDS) for c in APE_POWER_CASES}
 
 
 @pytest.fixture(scope="module")
-def table(measured) -> ValidationTable:
-    """The validation table of the power cases, read from the one measurement of each."""
-    cached = [PlantedCase(c.name, c.description, c.truth, lambda n, s, name=c.name: measured[name], c.split)
-              for c in APE_POWER_CASES]
-    return validation_table(cached, n_images=N_IMAGES, seeds=SEEDS)
+def table(planted_inputs) -> ValidationTable:
+    """The validation table of the power cases, read from the session's one measurement of each."""
+    return planted_inputs.table(APE_POWER_CASES, n_images=N_IMAGES, seeds=SEEDS)
 
 
 def test_every_power_case_is_held_out_and_in_the_one_table():

@@ -9,7 +9,7 @@ import torch
 from vitpos.hooks import remove_rope
 from vitpos.models.planted_rope import make_inert, make_one_axis, make_silent, planted_surface
 from vitpos.validation.rope_cases import rope_cases
-from vitpos.validation.table import rope_case, validation_table
+from vitpos.validation.table import rope_case
 
 # the held-out ones and the design case built for one condition ("interacting axes"): test_planted_rope_power.py
 CASES = [c for c in rope_cases() if c.split == "design" and c.name != "interacting axes"]
@@ -48,13 +48,13 @@ def test_every_claim_has_a_planted_true_and_a_planted_false_case():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.claim}-{c.name}" for c in CASES])
-def test_verdict_matches_the_planted_truth(case):
-    (row,) = validation_table([rope_case(case)]).rows
+def test_verdict_matches_the_planted_truth(case, planted_inputs):
+    (row,) = planted_inputs.table([rope_case(case)]).rows
     assert row.passes and row.claim == case.claim and row.planted == case.truth, (row.verdict, row.evidence)
 
 
-def test_table_renders_and_reports_a_miss():
-    table = validation_table([rope_case(CASES[0])])
+def test_table_renders_and_reports_a_miss(planted_inputs):
+    table = planted_inputs.table([rope_case(CASES[0])])
     (good,) = table.rows
     bad = good.model_copy(update={"verdict": "inconclusive", "passes": False})
     assert table.passes and not table.model_copy(update={"rows": [good, bad]}).passes

@@ -9,12 +9,15 @@ import torch
 from vitpos.claims.registry import rule_set
 from vitpos.models.planted_ape import CH, Label, Positional, build_planted_ape, planted_data, planted_sae
 from vitpos.validation.ape_cases import APE_CASES
-from vitpos.validation.table import CASES, validation_table
+from vitpos.validation.table import CASES
+
+# the mutation test's sizes (integration/test_mutations.py): the session measures each case once at them
+N_IMAGES, SEEDS = 150, (0,)
 
 
 @pytest.fixture(scope="module")
-def table():
-    return validation_table(APE_CASES, n_images=240, seeds=(0,))  # the RoPE rows: test_planted_rope.py
+def table(planted_inputs):
+    return planted_inputs.table(APE_CASES, n_images=N_IMAGES, seeds=SEEDS)  # the RoPE rows: test_planted_rope.py
 
 
 def test_one_table_covers_every_claim_both_ways():
@@ -70,13 +73,12 @@ def test_the_planted_sae_reads_the_channels():
     assert torch.allclose(z[..., list(CH.row)].sum(-1), torch.ones(8, 16))
 
 
-def test_planted_measurements_behind_the_verdicts():
+def test_planted_measurements_behind_the_verdicts(planted_inputs):
     """On the planted positive: the eta2 null admits nothing (q99 far below 0.3), the row set's
     removal costs the vertical group only and its random control (non-positional latents) lowers no
     probe; the nulls cost nothing while the permutation costs ~half the images."""
-    from vitpos.validation.ape_cases import measure_ape
-
-    entry = measure_ape(build_planted_ape("row_col", "position"), "position", n_images=160, seeds=(0,))
+    (case,) = [c for c in APE_CASES if c.name == "ape:row_col_used"]  # row_col one-hots, the label reads position
+    entry = planted_inputs(case, N_IMAGES, SEEDS)
     assert entry.sae is not None and entry.ape_permute is not None
     sae, ap = entry.sae.model_dump(mode="json"), entry.ape_permute.to_json()
     null = sae["eta2_null"]

@@ -22,6 +22,7 @@ import torch
 
 from vitpos.analysis import probes
 from vitpos.claims.base import Condition, Planted, RuleClaim
+from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.intervals import HOLDS
 from vitpos.claims.registry import BY_ID
 from vitpos.experiments import ape_permute_variants, rope_axis, rope_heads_analysis
@@ -257,12 +258,16 @@ class MutationResult:
 
 def run_mutations(cases: Sequence[Planted], n_images: int, seeds: tuple[int, ...],
                   which: Sequence[Mutation] | None = None, on_done: Callable[[MutationResult], None] | None = None,
-                  until_first_flip: bool = False) -> tuple[ValidationTable, list[MutationResult]]:
+                  until_first_flip: bool = False, measured: Mapping[str, ClaimInputs] | None = None
+                  ) -> tuple[ValidationTable, list[MutationResult]]:
     """The table of `cases` as they are, then each mutation's flips: the cases of the claims it can
     touch measured again under it (read again only, for a rule mutation). until_first_flip: stop
     measuring a mutation's cases at the first that flips (enough to show it flips a row; the test's
-    question), else every touched case is measured (the full table of flips)."""
-    measured = {c.name: c.measure(n_images, seeds) for c in cases}
+    question), else every touched case is measured (the full table of flips). measured: cases' results
+    as they are, already measured at these sizes (by case name; the rest are measured here), so the
+    unmutated table is not measured twice."""
+    given = measured or {}
+    measured = {c.name: given[c.name] if c.name in given else c.measure(n_images, seeds) for c in cases}
     base = table_of([r for c in cases for r in case_rows(c, measured[c.name])], n_images, seeds)
     out = []
     for m in mutations() if which is None else which:
