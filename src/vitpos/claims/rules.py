@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-VERSION = 6
+VERSION = 7
 Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
