@@ -25,7 +25,15 @@ from vitpos.claims.intervals import (
 from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, Threshold, Thresholds
 from vitpos.claims.verdict import Number
-from vitpos.results.ape_permute import ApePermuteResult, PositionBudget, VariantResult, position_budget, read_budget
+from vitpos.results.ape_permute import (
+    MIN_SHUFFLE_DROP,
+    ApePermuteResult,
+    PositionBudget,
+    VariantResult,
+    position_budget,
+    read_budget,
+    shuffle_undefined,
+)
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
 
 THRESHOLDS = (
@@ -64,8 +72,9 @@ RULE = """  C2 (APE)  permuting ALL positional features (row + col + mixed: ever
             edit-norm-matched control (as many non-positional latents, matched on the size of the
             edit their permutation makes: where moving content moves the label, moving positional
             latents proves nothing about position). Precondition `ape_shuffle`: shuffling the APE
-            table itself costs >= C2.min_drop points, else the model reads no position from it and
-            there is none to find (fails, and the budget with it). Both drops are the
+            table itself costs top-1 (>= MIN_SHUFFLE_DROP = 2 points, its interval above 0: where a
+            share of it is defined), else the model reads no position from it and there is none to
+            find (fails, and the budget with it). Both drops are the
             mean over the sae stage's SAE training seeds (sae.claim_seeds: each seed's SAE types
             and permutes its own latents; permutation seeds averaged per image), their intervals a
             hierarchical bootstrap (SAE seeds, then images within each seed, the drop and its null
@@ -104,6 +113,12 @@ def _pooled(ap: ApePermuteResult, name: str) -> Interval | None:
     return _drop(ap.variant(name)) if p is None else bounds(p.drop_points, p.drop_ci95)
 
 
+def _shuffle(v: VariantResult | None) -> tuple[float, Interval] | None:
+    """The APE-table shuffle's drop and its interval (its point where it has none)."""
+    iv = None if v is None else bounds(v.drop_points, v.drop_ci95)
+    return None if v is None or iv is None else (v.drop_points, iv)
+
+
 def _n(v: VariantResult | None) -> str:
     return "n/a" if v is None or v.n_features is None else str(v.n_features)
 
@@ -126,7 +141,7 @@ class View:
     norm: Interval | None = None
     norm_measured: bool = False  # the result has the norm-matched control (measured or skipped)
     norm_pooled: bool = False
-    shuffle: float | None = None  # the APE-table shuffle's drop, points (None: not measured)
+    shuffle: tuple[float, Interval] | None = None  # the APE-table shuffle's drop and interval (None: not measured)
 
     @classmethod
     def of(cls, ap: ApePermuteResult, none_top1: float | None = None) -> View:
@@ -139,20 +154,22 @@ class View:
                    treated if norm_pooled else _drop(ap.variant("all_positional")),
                    _pooled(ap, "norm_all_positional") if norm_pooled else _drop(ap.variant("norm_all_positional")),
                    ap.outcome("norm_all_positional") is not None, norm_pooled,
-                   _points(ap.variant("pos_embed_shuffle")))
+                   _shuffle(ap.variant("pos_embed_shuffle")))
 
-    def position_read(self, t: Thresholds) -> bool:
-        """The precondition: shuffling the APE table costs >= C2.min_drop points (the model reads position)."""
-        return self.shuffle is not None and self.shuffle >= t["C2.min_drop"]
+    def position_read(self) -> bool:
+        """The precondition: shuffling the APE table costs top-1, >= MIN_SHUFFLE_DROP points with its interval
+        above 0 (`shuffle_undefined`: the model reads position from its APE table, and a share of it is defined)."""
+        return self.shuffle is not None and shuffle_undefined(self.shuffle[0], as_list(self.shuffle[1])) is None
 
 
 def _ape_shuffle(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
-    return known(v.position_read(t)), {"ape_shuffle_drop": v.shuffle, "C2.min_drop": t["C2.min_drop"]}
+    return known(v.position_read()), {"ape_shuffle_drop": None if v.shuffle is None else as_list(v.shuffle[1]),
+                                      "min_shuffle_drop": MIN_SHUFFLE_DROP}
 
 
 def _budget(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
     """The position budget reaches C2.min_budget_share (None: a result written before it); where the APE
-    shuffle costs < C2.min_drop it fails with the precondition (no effect to take a share of), an otherwise
+    shuffle costs ~nothing it fails with the precondition (no effect to take a share of), an otherwise
     undefined share is undecided."""
     b = v.budget
     if b is None:
@@ -160,7 +177,7 @@ def _budget(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
     share = None if b.share is None else bounds(b.share, b.share_ci95)
     nums: dict[str, Number] = {"all_positional_budget": as_list(share), "budget_pooled": v.budget_pooled,
                                "C2.min_budget_share": t["C2.min_budget_share"], "budget_undefined": b.undefined}
-    if not v.position_read(t):
+    if not v.position_read():
         return FAILS, nums
     return (INCONCLUSIVE if share is None else at_least(share, t["C2.min_budget_share"])), nums
 
@@ -177,7 +194,8 @@ def _above_norm(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | N
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
-    Condition("ape_shuffle", "shuffling the APE table costs >= C2.min_drop points (else no read position to find)",
+    Condition("ape_shuffle", "shuffling the APE table costs top-1 (>= MIN_SHUFFLE_DROP points, interval above 0; "
+              "else no read position to find)",
               _ape_shuffle, precondition=True),
     Condition("min_drop", "permuting all positional features drops top-1 by >= C2.min_drop points",
               lambda v, t: (at_least(v.treated, t["C2.min_drop"]),
@@ -277,7 +295,7 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
             + (f" (control: {note})" if note else "") + budget_text + norm_text
             + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
                f"({gain:.1f} pts over the none model)")
-            + f"; C2 reads the all-positional set (needs the APE shuffle to cost >= {t['C2.min_drop']:g}, a drop "
+            + f"; C2 reads the all-positional set (needs the APE shuffle to cost top-1, a drop "
               f">= {t['C2.min_drop']:g}, > {t['C2.null_factor']:g}x its same-position swap, a position budget >= "
               f"{tx.pc(t['C2.min_budget_share'])} and > {t['C2.norm_factor']:g}x the edit-norm-matched control)"
             f"{', within' if in_range else ', outside'} the study's "
