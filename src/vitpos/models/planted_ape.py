@@ -6,7 +6,10 @@ weights are written by hand, so what the label depends on is known exactly:
 * the residual stream has named channels (`Channels`): a one-hot of the patch's row, of its column
   (or of its cell), two colour channels (red / green: 1 on the patch holding the coloured square,
   0 elsewhere), four texture channels (random projections of the background noise, read by
-  nothing), four output channels and a `sink` that is always 0;
+  nothing), four output channels, a `sink` that is always 0 and, since rules version 7, 20 idle channels
+  (noise filters read by nothing, a cell one-hot's spread: where C2's edit-norm-matched control finds
+  non-positional latents to move; without them it moved the colours, which costs what moving position
+  does, and `cell_used` came out inconclusive);
 * the APE table writes the positional one-hots, the patch embedding the colour and texture channels;
 * block 0 is the identity (its attention and MLP write nothing): the SAE reads its output;
 * block 1's MLP computes the label from the channels (GELU units of slope `GAIN`, which act as AND

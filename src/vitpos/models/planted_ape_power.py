@@ -63,6 +63,29 @@ must decide it:
   near_threshold (C1 true, C2 true): as rare_position with half the images blue: each set's removal
     costs top-1 ~12.5 points (red-bottom, green-right: C1.min_top1_drop 5) and the permutation ~25
     (C2.min_drop 10), with the probes, controls and nulls as in `planted_ape`'s row_col_used.
+
+Since rules version 7 (issue 47 item 2) C2 also reads the position budget (the permutation's share of the
+APE-table shuffle's drop), the edit-norm-matched control, and the precondition that the APE shuffle costs
+top-1. colour_position (rare_position, near_threshold) gained the `idle` channels (noise filters read by
+nothing, a row one-hot's spread) so the norm-matched control moves them and not the colours; rare_position
+measures 4x the images it is asked for (its few position-read images leave the budget's ratio undecided
+at 150). colour_in_position's APE shuffle costs 0, so it fails `ape_shuffle` and `budget` beside
+`above_null` now. Design cases, built with version 7 (split "design"):
+
+  colour_beside_position (C2 false; `above_null`): red marked in its row channels and labelled by colour
+    (as colour_in_position), green labelled by its column half (label `mixed`), 2 red squares in 3: the
+    APE shuffle costs the green third (~13), permuting the positional latents costs that and the red
+    marks (~79), and the same-position swap moves the marks away as well (~69): only the swap null says
+    most of the drop is content.
+  position_beyond_sae (C2 false; `budget`): red read by row through the row one-hot, green by column
+    through `hidden_col`, a column one-hot its SAE does not encode (it stays in the SAE's error term); 3
+    red squares in 10 (measured at 2x the images: the share's interval must clear 0.5). Permuting the
+    positional latents costs the red images' half (~16), the APE shuffle both colours' (~50): the SAE's
+    latents carry a third of the position the label reads.
+  content_moves_label (C2 false; `above_norm_control`): every gate needs the colour, the `mark` channel
+    and the half at one token (nothing fired: blue, never the label); its SAE does not encode the mark,
+    and the model has no idle channels, so the norm-matched control moves the colours (with the textures,
+    the only non-positional latents) away from their mark: ~95 points against the permutation's ~47.
 """
 
 from __future__ import annotations
