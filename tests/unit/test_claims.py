@@ -728,21 +728,56 @@ def test_rules_hash_every_claims_thresholds_and_each_one_moves_its_verdict():
     assert C3.read_view("m", x, {**at, "C3.max_kept": 0.85}).result == FAILS  # wholly above: an interaction
 
 
-def test_c2_describes_the_position_budget_without_reading_it():
-    """C2's numbers and text carry the all-positional set's share of the APE-table shuffle (issue 47's
-    position budget) where the result has one, and the reason where it does not; the verdict is the
-    same either way (the rule does not read it)."""
+def test_c2_reads_the_position_budget():
+    """Rules version 7 (issue 47 item 2): the all-positional set's share of the APE-table shuffle's drop must
+    reach C2.min_budget_share (0.5): 0.29 [0.21, 0.36] fails, [0.45, 0.9] is undecided, [0.55, 0.9] holds; a
+    result written before the budget is read without the condition, and says why it has none."""
     base = ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0)))
-    with_budget = {**base, "position_budget": {"all_positional": {"share": 0.29, "share_ci95": [0.21, 0.36],
-                                                                   "edit_drop": 20.0, "shuffle_drop": 70.0}}}
-    s = summarise({"a": inputs({"ape_permute": with_budget}), "b": inputs({"ape_permute": base})})
+
+    def budget(share, ci) -> dict:
+        return {**base, "position_budget": {"all_positional": {"share": share, "share_ci95": list(ci),
+                                                               "edit_drop": 20.0, "shuffle_drop": 70.0}}}
+    assert rule_set().values()["C2.min_budget_share"] == 0.5
+    s = summarise({"a": inputs({"ape_permute": budget(0.29, (0.21, 0.36))}), "b": inputs({"ape_permute": base}),
+                   "c": inputs({"ape_permute": budget(0.7, (0.45, 0.9))}),
+                   "d": inputs({"ape_permute": budget(0.7, (0.55, 0.9))})})
     c2 = next(c for c in s.claims if c.id == "C2")
     a, b = c2.numbers["a"], c2.numbers["b"]
     assert (a["all_positional_budget"], a["all_positional_budget_ci95"]) == (0.29, [0.21, 0.36])
     assert "reproduces 29% [21%, 36%] of the APE-table shuffle's drop" in c2.details["a"]
     assert b["all_positional_budget"] is None and "before the position budget" in b["all_positional_budget_undefined"]
     assert "position budget undefined" in c2.details["b"]
-    assert a["result"] == b["result"] == HOLDS
+    assert [c2.numbers[m]["result"] for m in "abcd"] == [FAILS, HOLDS, INCONCLUSIVE, HOLDS]
+    names = {m: {r.name: r.outcome for r in c2.conditions[m]} for m in "abcd"}
+    assert names["a"]["budget"] == FAILS and "budget" not in names["b"]
+    assert "position budget >= 50%" in c2.details["a"]
+
+
+def test_c2_an_undefined_budget_is_undecided_and_a_free_ape_shuffle_fails_the_precondition():
+    """A defined shuffle with an undefined share (e.g. the set was skipped) leaves the budget undecided; an APE
+    shuffle that costs ~nothing fails the precondition `ape_shuffle`, and the budget with it."""
+    doc = {**ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0))),
+           "position_budget": {"all_positional": {"share": None, "undefined": "all_positional was not run"}}}
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    conds = {r["name"]: r["outcome"] for r in c["conditions"]["m"]}
+    assert conds["budget"] == INCONCLUSIVE and conds["ape_shuffle"] == HOLDS
+    assert c["numbers"]["m"]["result"] == INCONCLUSIVE
+    free = {**doc, "pos_embed_shuffle": variant(1.0, (0.0, 2.0), n=None)}
+    c = claim({"m": {"ape_permute": free}}, "C2")
+    conds = {r["name"]: r["outcome"] for r in c["conditions"]["m"]}
+    assert conds["ape_shuffle"] == FAILS and conds["budget"] == FAILS and c["numbers"]["m"]["result"] == FAILS
+
+
+@pytest.mark.parametrize("norm, result", [
+    ((5.0, (2.0, 8.0)), HOLDS), ((18.0, (14.0, 22.0)), INCONCLUSIVE), ((40.0, (30.0, 50.0)), FAILS)])
+def test_c2_beats_the_edit_norm_matched_control(norm, result):
+    """The all-positional drop (20 [15, 25]) must lie above C2.norm_factor (1) x the norm-matched control's."""
+    doc = {**ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0))), "norm_all_positional": variant(*norm, n=40)}
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    conds = {r["name"]: r for r in c["conditions"]["m"]}
+    assert conds["above_norm_control"]["outcome"] == result and c["numbers"]["m"]["result"] == result
+    assert conds["above_norm_control"]["numbers"]["norm_control_drop"] == list(norm[1])
+    assert "edit-norm-matched control costs" in c["text"]
 
 
 def test_c3_says_no_rotary_position_where_no_layer_decodes_an_axis_above_its_floor():
@@ -831,3 +866,25 @@ def test_c2_reads_the_drop_and_null_pooled_over_sae_seeds():
     assert nums["all_positional_drop_per_sae_seed"] == [20.0, 10.0, 15.0] and nums["n_sae_seeds"] == 3
     assert nums["n_all_positional_per_sae_seed"] == [40, 30, 35]
     assert c["headlines"][0]["sae_seeds"] == 3 and "pooled over 3 SAE seeds" in c["text"]
+
+
+def test_c2_reads_the_budget_pooled_over_sae_seeds_and_the_norm_control_on_the_run_seed():
+    """The run seed's budget holds (0.9 [0.8, 1.0]); pooled over the SAE seeds it is 0.4 [0.3, 0.45]: C2 reads the
+    pooled one (fails). The norm-matched control exists for the run seed's SAE alone: it is compared with the
+    run seed's drop (20 [15, 25], not the pooled 40 [35, 45]) and the text says so."""
+    def pooled(drop, ci):
+        return {"drop_points": drop, "drop_ci95": list(ci), "per_seed": [drop] * 3, "per_seed_n_features": [40] * 3}
+    doc = {**ape((20.0, (15.0, 25.0)), (1.0, (0.0, 2.0))), "norm_all_positional": variant(22.0, (18.0, 26.0), n=40),
+           "position_budget": {"all_positional": {"share": 0.9, "share_ci95": [0.8, 1.0]}}}
+    doc["seed_pool"] = {"sae_seeds": [0, 1, 2], "interval_sources": ["images", "sae_seeds"], "variants": {
+        "all_positional": pooled(40.0, (35.0, 45.0)), "swap_all_positional": pooled(1.0, (0.0, 2.0))},
+        "budget": {"all_positional": {"share": 0.4, "share_ci95": [0.3, 0.45]}}}
+    c = claim({"m": {"ape_permute": doc}}, "C2")
+    conds = {r["name"]: r for r in c["conditions"]["m"]}
+    assert conds["budget"]["outcome"] == FAILS and conds["budget"]["numbers"]["budget_pooled"] is True
+    assert conds["above_norm_control"]["outcome"] == INCONCLUSIVE  # 20 [15, 25] vs 22 [18, 26]
+    assert conds["above_norm_control"]["numbers"]["norm_compared_drop"] == [15.0, 25.0]
+    assert "the run seed's SAE" in conds["above_norm_control"]["numbers"]["norm_read_on"]
+    nums = c["numbers"]["m"]
+    assert nums["all_positional_budget"] == 0.9 and nums["all_positional_budget_pooled"] == 0.4
+    assert "pooled over the SAE seeds" in c["text"] and "measured on it alone" in c["text"]

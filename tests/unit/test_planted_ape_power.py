@@ -19,8 +19,11 @@ from vitpos.validation.table import CASES
 
 N_IMAGES, SEEDS = 150, (0,)
 TARGET = {"ape:cells_recoded": ("C1", "selective"), "ape:rows_elsewhere": ("C1", "probe_drop"),
-          "ape:rows_need_everything": ("C1", "above_control"), "ape:colour_in_position": ("C2", "above_null"),
-          "ape:rare_position": ("C2", "min_drop")}
+          "ape:rows_need_everything": ("C1", "above_control"), "ape:colour_beside_position": ("C2", "above_null"),
+          "ape:rare_position": ("C2", "min_drop"), "ape:position_beyond_sae": ("C2", "budget"),
+          "ape:content_moves_label": ("C2", "above_norm_control")}
+# built with rules version 7 (issue 47 item 2), the rule they test: design cases
+DESIGN = {"ape:colour_beside_position", "ape:position_beyond_sae", "ape:content_moves_label"}
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +37,16 @@ def table(planted_inputs) -> ValidationTable:
     return planted_inputs.table(APE_POWER_CASES, n_images=N_IMAGES, seeds=SEEDS)
 
 
-def test_every_power_case_is_held_out_and_in_the_one_table():
-    assert {c.name for c in APE_POWER_CASES} == {*TARGET, "ape:near_threshold"}
-    assert all(c.split == "held_out" for c in APE_POWER_CASES)
+def test_every_power_case_is_split_as_built_and_in_the_one_table():
+    assert {c.name for c in APE_POWER_CASES} == {*TARGET, "ape:near_threshold", "ape:colour_in_position"}
+    assert {c.name for c in APE_POWER_CASES if c.split == "design"} == DESIGN
+    assert all(c.split == "held_out" for c in APE_POWER_CASES if c.name not in DESIGN)
     assert {c.name for c in APE_POWER_CASES} <= {c.name for c in CASES}
 
 
 def test_each_row_passes_and_power_credits_exactly_its_condition(table):
     assert table.passes, "\n" + table.markdown() + "\n" + "\n".join(r.evidence for r in table.rows if not r.passes)
-    assert all(r.split == "held_out" for r in table.rows)
+    assert all(r.split == ("design" if r.case in DESIGN else "held_out") for r in table.rows)
     for case, (claim, condition) in TARGET.items():
         rows = [r for r in table.rows if r.case == case]
         assert [(r.claim, r.planted) for r in rows] == [(claim, False)]
@@ -52,10 +56,15 @@ def test_each_row_passes_and_power_credits_exactly_its_condition(table):
         assert credited == {condition: 1}, (case, rows[0].conditions)
     near = [r for r in table.rows if r.case == "ape:near_threshold"]
     assert {r.claim for r in near} == {"C1", "C2"} and all(r.planted and r.passes for r in near)
-    # with the design case ape:pos_unused (top1_drop), every condition but C1's feature_sets decides a row alone
+    # since rules version 7 colour_in_position's APE shuffle costs 0: the precondition and the budget fail with
+    # above_null (colour_beside_position is the case above_null decides alone)
+    (row,) = [r for r in table.rows if r.case == "ape:colour_in_position"]
+    assert {k for k, v in row.conditions.items() if v == "fails"} == {"ape_shuffle", "above_null", "budget"}
+    # with the design case ape:pos_unused (top1_drop), every condition but the preconditions (C1's feature_sets,
+    # C2's ape_shuffle) decides a row alone
     counts = table.power()
-    assert all(counts["C2"].values()) and {k for k, v in counts["C1"].items() if v} == {"selective", "probe_drop",
-                                                                                       "above_control"}
+    assert {k for k, v in counts["C2"].items() if v} == {"min_drop", "above_null", "budget", "above_norm_control"}
+    assert {k for k, v in counts["C1"].items() if v} == {"selective", "probe_drop", "above_control"}
 
 
 def _iv(point: float, ci: list[float] | None) -> tuple[float, float]:
@@ -93,6 +102,31 @@ def test_the_numbers_behind_each_deciding_condition(measured):
     assert (swap := ap.variant("swap_all_positional")) is not None and swap.drop_points == 0.0
     lo, hi = _iv(perm.drop_points, perm.drop_ci95)
     assert 0 < lo and hi < 10
+    # colour_beside_position: the swap null costs most of the permutation (the red marks), the APE shuffle only
+    # the green images' column
+    ap = measured["ape:colour_beside_position"].ape_permute
+    assert ap is not None and (perm := ap.variant("all_positional")) and (swap := ap.variant("swap_all_positional"))
+    assert (pe := ap.variant("pos_embed_shuffle")) is not None and perm.drop_points > 60
+    assert 2 * _iv(swap.drop_points, swap.drop_ci95)[0] > _iv(perm.drop_points, perm.drop_ci95)[1]
+    assert 2 < _iv(pe.drop_points, pe.drop_ci95)[0] and pe.drop_points < perm.drop_points / 2
+    # position_beyond_sae: the SAE's latents carry about a third of the position the label reads
+    ap = measured["ape:position_beyond_sae"].ape_permute
+    assert ap is not None and ap.position_budget is not None and (perm := ap.variant("all_positional"))
+    b = ap.position_budget["all_positional"]
+    assert b.share is not None and b.share_ci95 is not None and 0.2 < b.share < 0.45 and b.share_ci95[1] < 0.5
+    assert _iv(perm.drop_points, perm.drop_ci95)[0] > 10
+    # content_moves_label: moving the colours away from their (unencoded) mark costs nearly every image, more
+    # than moving position; the permutation reproduces the whole APE effect
+    ap = measured["ape:content_moves_label"].ape_permute
+    assert ap is not None and ap.position_budget is not None and (perm := ap.variant("all_positional"))
+    assert (norm := ap.variant("norm_all_positional")) is not None and norm.drop_points > 85
+    assert _iv(norm.drop_points, norm.drop_ci95)[0] > _iv(perm.drop_points, perm.drop_ci95)[1]
+    assert (b := ap.position_budget["all_positional"].share_ci95) is not None and b[0] > 0.5
+    # every other C2 case's norm-matched control moves idle channels: it costs nothing
+    for case in ("ape:rare_position", "ape:near_threshold", "ape:colour_beside_position", "ape:position_beyond_sae"):
+        ap = measured[case].ape_permute
+        assert ap is not None and (norm := ap.variant("norm_all_positional")) is not None
+        assert norm.drop_points == 0.0 and set(ap.variant_names()) >= {"norm_all_positional"}, case
     # near_threshold: top-1 drops within 4x of C1's 5 points and 3x of C2's 10, their intervals above them
     near = measured["ape:near_threshold"]
     c, ap = causal["ape:near_threshold"], near.ape_permute
@@ -110,7 +144,8 @@ def test_the_circuits_compute_their_labels_and_cancel_what_they_say():
         (power.cells_recoded, "position", 0.0, PC.row + PC.col),
         (power.rows_elsewhere, "position", 0.0, PC.row + PC.cell),
         (power.rows_need_everything, "position", 0.0, PC.row), (power.colour_in_position, "colour", 0.0, ()),
-        (power.colour_position, "position", 0.5, ()))
+        (power.colour_position, "position", 0.5, ()), (power.colour_beside_position, "mixed", 0.0, ()),
+        (power.position_beyond_sae, "position", 0.0, ()), (power.content_moves_label, "position", 0.0, ()))
     for build, label, p_blue, cancelled in builds:
         s = build()
         x, y = next(power.power_data(160, label, p_blue, seed=3).batches(160))
@@ -118,6 +153,17 @@ def test_the_circuits_compute_their_labels_and_cancel_what_they_say():
         if cancelled:  # gone for the probes: a spread under their 1e-6 standardisation floor
             out = s.run_blocks(s.embed_tokens(x), 0, 2)[:, 1:].reshape(-1, power.D)
             assert float(out[:, list(cancelled)].std(0).max()) < 1e-6, s.spec
+
+
+@torch.no_grad()
+def test_position_beyond_sae_reads_the_column_only_through_the_channels_its_sae_leaves_out():
+    s, sae = power.position_beyond_sae(), power.power_sae(PC.hidden_col)
+    x, y = next(power.power_data(64, "position", seed=5, red=0.0).batches(64))  # green only: read by column
+    t = s.run_blocks(s.embed_tokens(x), 0, 1)
+    z = sae.encode(t[:, 1:])
+    assert float(z[..., list(PC.hidden_col)].abs().max()) == 0.0  # no latent encodes them: the error term does
+    t[:, 1:, list(PC.col)] = t[:, 1:, list(PC.col)].flip(1)  # the encoded col one-hot moved: the label stays
+    assert bool((s.head_from(s.run_blocks(t, 1, 2)).argmax(-1) == y).all())
 
 
 @torch.no_grad()

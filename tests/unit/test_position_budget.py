@@ -134,3 +134,44 @@ def test_an_older_sweep_is_recomputed_and_reads_as_block_outputs(tmp_path):
     assert isinstance(old, SAELayersResult) and old.sites == ["L0", "L1"]
     assert old.plausible_sites == ["L0", "L1"] and old.selected_site == "L0"
     assert all(p.site == "resid_post" and p.all_positional_budget is None for p in old.points)
+
+
+def test_the_pooled_budget_is_the_ratio_of_the_pooled_drops_over_the_same_resamples():
+    """Issue 47 item 2: over SAE seeds the budget is the pooled drop over the APE shuffle's, its interval the
+    ratio's over the hierarchical resamples; the shuffle's column leaves every other column's draws as they were."""
+    from vitpos.analysis.stats import hierarchical_means
+    from vitpos.experiments.ape_permute import pooled_budget
+
+    g = torch.Generator().manual_seed(0)
+    shuffle = (torch.rand(300, generator=g) < 0.5).double()  # per-image drop of the APE shuffle (~50 %)
+    seeds = [torch.stack([shuffle * (torch.rand(300, generator=g) < p).double(), torch.zeros(300)], 1)
+             for p in (0.3, 0.4, 0.5)]  # each SAE seed's edit reproduces a share of the shuffle's images
+    with_shuffle = [torch.cat([x, shuffle.unsqueeze(1)], 1) for x in seeds]
+    draws = hierarchical_means(with_shuffle)
+    assert torch.equal(draws[:, :2], hierarchical_means(seeds))  # the older columns do not move
+    edit = 100 * float(torch.stack([x[:, 0].mean() for x in seeds]).mean())
+    b = pooled_budget(draws[:, 0], draws[:, 2], edit, 100 * float(shuffle.mean()), None)
+    assert b.share == pytest.approx(edit / (100 * float(shuffle.mean())))
+    assert b.share_ci95 is not None and b.share_ci95[0] < b.share < b.share_ci95[1] and 0.2 < b.share < 0.6
+    none = pooled_budget(draws[:, 0], draws[:, 2], edit, 0.5, "the APE-table shuffle costs 0.5 pts")
+    assert none.share is None and none.undefined == "the APE-table shuffle costs 0.5 pts"
+
+
+def test_c2_reads_the_pooled_budget_where_the_seed_pool_has_one():
+    from vitpos.results.ape_permute import ApePermuteResult, PositionBudget, read_budget
+
+    skipped = {"skipped": "not run"}
+    doc = {"model": "m", "layer": 0, "site": "resid_post", "data": "d", "n_images": 4, "seeds": [0],
+           "baseline_top1": 1.0, "baseline_per_group": {}, "variants": [], "feature_counts": {},
+           **{v: skipped for v in ("all", "row_only", "col_only", "all_positional", "random_features",
+                                   "mean_ablate", "pos_embed_shuffle")},
+           "position_budget": {"all_positional": {"share": 0.9, "share_ci95": [0.8, 1.0]}}}
+    one = ApePermuteResult.model_validate(doc)
+    assert read_budget(one, "all_positional") == (PositionBudget(share=0.9, share_ci95=[0.8, 1.0]), False)
+    pool = {"sae_seeds": [0, 1], "interval_sources": ["images", "sae_seeds"], "variants": {}}
+    older = ApePermuteResult.model_validate({**doc, "seed_pool": pool})  # a pool before its budget: the run seed's
+    assert read_budget(older, "all_positional")[1] is False
+    pooled = ApePermuteResult.model_validate({**doc, "seed_pool": {**pool, "budget": {
+        "all_positional": {"share": 0.4, "share_ci95": [0.2, 0.6]}}}})
+    b, is_pooled = read_budget(pooled, "all_positional")
+    assert is_pooled and b.share == 0.4

@@ -10,10 +10,30 @@ from vitpos.claims import text as tx
 from vitpos.claims.base import Condition, Headline, ModelClaim, RuleClaim
 from vitpos.claims.c1 import PLAUSIBLE_SWEEP
 from vitpos.claims.inputs import ClaimInputs, none_top1
-from vitpos.claims.intervals import Interval, as_list, at_least, bounds, exceeds, outcome
+from vitpos.claims.intervals import (
+    FAILS,
+    INCONCLUSIVE,
+    Interval,
+    Outcome,
+    as_list,
+    at_least,
+    bounds,
+    exceeds,
+    known,
+    outcome,
+)
 from vitpos.claims.layers import AtLayer, layer_reader, over_curve
 from vitpos.claims.rules import FACTORS, Threshold, Thresholds
-from vitpos.results.ape_permute import ApePermuteResult, VariantResult, position_budget
+from vitpos.claims.verdict import Number
+from vitpos.results.ape_permute import (
+    MIN_SHUFFLE_DROP,
+    ApePermuteResult,
+    PositionBudget,
+    VariantResult,
+    position_budget,
+    read_budget,
+    shuffle_undefined,
+)
 from vitpos.results.sae_layers import PLAUSIBLE, LayerPoint
 
 THRESHOLDS = (
@@ -23,6 +43,13 @@ THRESHOLDS = (
     Threshold(name="C2.null_factor", claim="C2", value=2.0, unit="x",
               meaning="... and by more than this times the same-position cross-image swap of that set",
               sweep=FACTORS),
+    Threshold(name="C2.min_budget_share", claim="C2", value=0.5, unit="fraction",
+              meaning="... and that drop is at least this share of the APE-table shuffle's drop on the same images "
+              "(the position budget, pooled over the SAE seeds: the SAE's positional latents carry the position "
+              "the model reads)", sweep=(0.0, 0.25, 0.5, 0.75, 1.0)),
+    Threshold(name="C2.norm_factor", claim="C2", value=1.0, unit="x",
+              meaning="... and more than this times the edit-norm-matched control's drop (as many non-positional "
+              "latents, matched on the size of the edit their permutation makes)", sweep=FACTORS),
     Threshold(name="C2.plausible_layer", claim="C2", value=PLAUSIBLE, unit="fraction",
               meaning="with the layer sweep (sae_layers): as C1.plausible_layer, for C2", sweep=PLAUSIBLE_SWEEP,
               needs="sae_layers"),
@@ -37,15 +64,28 @@ RULE = """  C2 (APE)  permuting ALL positional features (row + col + mixed: ever
             interval lies above C2.null_factor x
             that of the same-position cross-image swap of the same set (another image's codes at
             the same patch: content moves, position stays, so it is null by construction for
-            positional features); without that null the claim is inconclusive. Both drops are the
+            positional features); without that null the claim is inconclusive. The drop must also be
+            >= C2.min_budget_share of the APE-table shuffle's drop on the same images (the position
+            budget: the share of the position the model reads that the SAE's positional latents
+            carry; its interval at or above the share, one reaching below it undecided, an undefined
+            share undecided), and its interval must lie above C2.norm_factor x that of the
+            edit-norm-matched control (as many non-positional latents, matched on the size of the
+            edit their permutation makes: where moving content moves the label, moving positional
+            latents proves nothing about position). Precondition `ape_shuffle`: shuffling the APE
+            table itself costs top-1 (>= MIN_SHUFFLE_DROP = 2 points, its interval above 0: where a
+            share of it is defined), else the model reads no position from it and there is none to
+            find (fails, and the budget with it). Both drops are the
             mean over the sae stage's SAE training seeds (sae.claim_seeds: each seed's SAE types
             and permutes its own latents; permutation seeds averaged per image), their intervals a
             hierarchical bootstrap (SAE seeds, then images within each seed, the drop and its null
             on the same resample); the claim must hold on this pooled interval, each SAE seed's
             drop is reported beside it, not required (one SAE seed: the paired bootstrap over
-            images). Reported beside
-            it, not in the rule: the matched random controls (count and mass, and edit size:
-            not nulls on a spatial task), the crossed design (row features moved by whole
+            images); the budget is pooled the same way (the ratio of the pooled drops, its interval
+            that of the ratio over the same resamples); the norm-matched control is measured on the
+            run seed's SAE only, so above_norm_control compares the run seed's SAE's drop with it.
+            Results written before the budget (or the norm control) are read without that condition.
+            Reported beside it, not in the rule: the count/mass-matched random control (not a null
+            on a spatial task), the crossed design (row features moved by whole
             columns, col features by whole rows: ~0 for real row / col features), each edit's
             norm, the drop per class group and as a fraction of the position gain (clean minus
             the `none` model's top-1 on the same data, where one ran), and whether the drop falls
@@ -73,6 +113,12 @@ def _pooled(ap: ApePermuteResult, name: str) -> Interval | None:
     return _drop(ap.variant(name)) if p is None else bounds(p.drop_points, p.drop_ci95)
 
 
+def _shuffle(v: VariantResult | None) -> tuple[float, Interval] | None:
+    """The APE-table shuffle's drop and its interval (its point where it has none)."""
+    iv = None if v is None else bounds(v.drop_points, v.drop_ci95)
+    return None if v is None or iv is None else (v.drop_points, iv)
+
+
 def _n(v: VariantResult | None) -> str:
     return "n/a" if v is None or v.n_features is None else str(v.n_features)
 
@@ -80,19 +126,77 @@ def _n(v: VariantResult | None) -> str:
 @dataclass(frozen=True)
 class View:
     """What C2's conditions read of one permutation result: the all-positional drop and its
-    same-position swap null (points), and the `none` model's top-1 for the position gain (reported)."""
+    same-position swap null (points, pooled over the SAE seeds where there are several), its position
+    budget (`budget_pooled`: pooled so too), the drops the edit-norm-matched control is compared on
+    (`norm_treated`, `norm`: the run seed's SAE's where the control was measured on it alone), the
+    APE-table shuffle's drop, and the `none` model's top-1 for the position gain (reported)."""
 
     permute: ApePermuteResult
     treated: Interval | None
     null: Interval | None
     none_top1: float | None = None
+    budget: PositionBudget | None = None  # None: a result written before the position budget
+    budget_pooled: bool = False
+    norm_treated: Interval | None = None
+    norm: Interval | None = None
+    norm_measured: bool = False  # the result has the norm-matched control (measured or skipped)
+    norm_pooled: bool = False
+    shuffle: tuple[float, Interval] | None = None  # the APE-table shuffle's drop and interval (None: not measured)
 
     @classmethod
     def of(cls, ap: ApePermuteResult, none_top1: float | None = None) -> View:
-        return cls(ap, _pooled(ap, "all_positional"), _pooled(ap, "swap_all_positional"), none_top1)
+        budget, budget_pooled = read_budget(ap, "all_positional")
+        # the norm-matched control pooled over the SAE seeds where it was; else both sides are the run seed's SAE's
+        norm_pooled = ap.pooled("norm_all_positional") is not None
+        treated = _pooled(ap, "all_positional")
+        return cls(ap, treated, _pooled(ap, "swap_all_positional"), none_top1,
+                   None if ap.position_budget is None else budget, budget_pooled,
+                   treated if norm_pooled else _drop(ap.variant("all_positional")),
+                   _pooled(ap, "norm_all_positional") if norm_pooled else _drop(ap.variant("norm_all_positional")),
+                   ap.outcome("norm_all_positional") is not None, norm_pooled,
+                   _shuffle(ap.variant("pos_embed_shuffle")))
+
+    def position_read(self) -> bool:
+        """The precondition: shuffling the APE table costs top-1, >= MIN_SHUFFLE_DROP points with its interval
+        above 0 (`shuffle_undefined`: the model reads position from its APE table, and a share of it is defined)."""
+        return self.shuffle is not None and shuffle_undefined(self.shuffle[0], as_list(self.shuffle[1])) is None
+
+
+def _ape_shuffle(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]]:
+    return known(v.position_read()), {"ape_shuffle_drop": None if v.shuffle is None else as_list(v.shuffle[1]),
+                                      "min_shuffle_drop": MIN_SHUFFLE_DROP}
+
+
+def _budget(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
+    """The position budget reaches C2.min_budget_share (None: a result written before it); where the APE
+    shuffle costs ~nothing it fails with the precondition (no effect to take a share of), an otherwise
+    undefined share is undecided."""
+    b = v.budget
+    if b is None:
+        return None
+    share = None if b.share is None else bounds(b.share, b.share_ci95)
+    nums: dict[str, Number] = {"all_positional_budget": as_list(share), "budget_pooled": v.budget_pooled,
+                               "C2.min_budget_share": t["C2.min_budget_share"], "budget_undefined": b.undefined}
+    if not v.position_read():
+        return FAILS, nums
+    return (INCONCLUSIVE if share is None else at_least(share, t["C2.min_budget_share"])), nums
+
+
+def _above_norm(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | None:
+    """The drop exceeds C2.norm_factor x the edit-norm-matched control's (None: a result without that control;
+    skipped: undecided)."""
+    if not v.norm_measured:
+        return None
+    return (exceeds(v.norm_treated, v.norm, t["C2.norm_factor"]),
+            {"norm_compared_drop": as_list(v.norm_treated), "norm_control_drop": as_list(v.norm),
+             "norm_read_on": "pooled SAE seeds" if v.norm_pooled or v.permute.seed_pool is None
+             else "the run seed's SAE", "C2.norm_factor": t["C2.norm_factor"]})
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
+    Condition("ape_shuffle", "shuffling the APE table costs top-1 (>= MIN_SHUFFLE_DROP points, interval above 0; "
+              "else no read position to find)",
+              _ape_shuffle, precondition=True),
     Condition("min_drop", "permuting all positional features drops top-1 by >= C2.min_drop points",
               lambda v, t: (at_least(v.treated, t["C2.min_drop"]),
                             {"all_positional_drop": as_list(v.treated), "C2.min_drop": t["C2.min_drop"]})),
@@ -100,6 +204,9 @@ CONDITIONS: tuple[Condition[View], ...] = (
               lambda v, t: (exceeds(v.treated, v.null, t["C2.null_factor"]),
                             {"all_positional_drop": as_list(v.treated), "swap_null_drop": as_list(v.null),
                              "C2.null_factor": t["C2.null_factor"]})),
+    Condition("budget", "... by >= C2.min_budget_share of the APE-table shuffle's drop (the position budget)",
+              _budget),
+    Condition("above_norm_control", "... by more than C2.norm_factor x the edit-norm-matched control", _above_norm),
 )
 
 
@@ -164,22 +271,33 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
             nums[f"{name}_drop_per_sae_seed"] = list(p.per_seed)
         nums["n_all_positional_per_sae_seed"] = list(pool.variants["all_positional"].per_seed_n_features) \
             if "all_positional" in pool.variants else None
-    budget = position_budget(ap, "all_positional")  # described, not read by the rule (issue 47)
+    budget = position_budget(ap, "all_positional")  # the run seed's SAE's (the key results.json had before)
+    read, budget_pooled = read_budget(ap, "all_positional")  # what the rule reads: pooled where it was
     nums.update({"all_positional_budget": budget.share, "all_positional_budget_ci95": budget.share_ci95,
-                 "all_positional_budget_undefined": budget.undefined})
-    b_ci = budget.share_ci95
-    budget_text = (f"; it reproduces {tx.pc(budget.share)}" + ("" if b_ci is None else f" [{tx.pc(b_ci[0])}, "
-                   f"{tx.pc(b_ci[1])}]") + " of the APE-table shuffle's drop (position budget)"
-                   if budget.share is not None else f"; position budget undefined ({budget.undefined})")
+                 "all_positional_budget_undefined": budget.undefined,
+                 "all_positional_budget_pooled": read.share, "all_positional_budget_pooled_ci95": read.share_ci95,
+                 "ape_shuffle_drop": pe})
+    b_ci = read.share_ci95
+    budget_text = (f"; it reproduces {tx.pc(read.share)}" + ("" if b_ci is None else f" [{tx.pc(b_ci[0])}, "
+                   f"{tx.pc(b_ci[1])}]") + " of the APE-table shuffle's drop (position budget"
+                   + (", pooled over the SAE seeds)" if budget_pooled else ")")
+                   if read.share is not None else f"; position budget undefined ({read.undefined})")
+    norm_point = point("norm_all_positional") if v.norm_pooled else _points(norm)
+    norm_text = ("" if v.norm is None else
+                 f"; the edit-norm-matched control costs {tx.f(norm_point, 1)}{tx.iv(v.norm, 1)} against "
+                 f"{tx.f(allpos if v.norm_pooled else allpos0, 1)}{tx.iv(v.norm_treated, 1)} for the all-positional "
+                 "set" + ("" if v.norm_pooled or pool is None else " (both the run seed's SAE's: the control was "
+                          "measured on it alone)"))
     where = "" if pool is None else (f" (C2's sets pooled over {len(pool.sae_seeds)} SAE seeds, intervals over SAE "
                                      "seeds x images; the rest: SAE seed 0's)")
     text = (f"{spec}: top-1 drop when permuting{where} " + "; ".join(parts) + f"; nulls: {null_text}"
             + f"; shuffled APE table {tx.f(pe, 1)}"
-            + (f" (control: {note})" if note else "") + budget_text
+            + (f" (control: {note})" if note else "") + budget_text + norm_text
             + ("" if frac is None or gain is None else f"; the all-positional drop is {frac:.0%} of the position gain "
                f"({gain:.1f} pts over the none model)")
-            + f"; C2 reads the all-positional set (needs >= {t['C2.min_drop']:g} and > "
-              f"{t['C2.null_factor']:g}x its same-position swap)"
+            + f"; C2 reads the all-positional set (needs the APE shuffle to cost top-1, a drop "
+              f">= {t['C2.min_drop']:g}, > {t['C2.null_factor']:g}x its same-position swap, a position budget >= "
+              f"{tx.pc(t['C2.min_budget_share'])} and > {t['C2.norm_factor']:g}x the edit-norm-matched control)"
             f"{', within' if in_range else ', outside'} the study's "
             f"{t['C2.study_low']:g}-{t['C2.study_high']:g}")
     return nums, text
@@ -229,8 +347,10 @@ class C2(RuleClaim[View]):
                           "ape_permute")
 
     def gist(self, t: Thresholds) -> str:
-        return (f"permuting all positional features drops top-1 by >= {t['C2.min_drop']:g} pts and > "
-                f"{t['C2.null_factor']:g}x the same-position swap")
+        return (f"permuting all positional features drops top-1 by >= {t['C2.min_drop']:g} pts, > "
+                f"{t['C2.null_factor']:g}x the same-position swap and > {t['C2.norm_factor']:g}x the edit-norm-matched "
+                f"control, and reproduces >= {tx.pc(t['C2.min_budget_share'])} of the APE-table shuffle's drop "
+                "(position budget)")
 
     def headline_gap(self, numbers: Mapping[str, Any]) -> str | None:
         return "its SAE has no positional features to permute" if numbers.get("n_all_positional") == 0 else None

@@ -328,8 +328,12 @@ def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, mai
                                        seeds=seeds, progress=progress, keep_correct=c, variants=SEED_VARIANTS))
         corrects.append(c)
     base = main_correct["baseline"].double()
+    # the APE-table shuffle (SAE-free: the run seed's, the same for every SAE seed) as a last column, so each
+    # seed's edits and the shuffle share that seed's image draws and the position budget is a paired ratio
+    shuffled = main_correct.get("pos_embed_shuffle")
+    shuffle_drop = torch.zeros_like(base) if shuffled is None else base - shuffled.double().mean(0)
     groups = [torch.stack([base - c[v].double().mean(0) if v in c else torch.zeros_like(base)
-                           for v in SEED_VARIANTS], 1) for c in corrects]
+                           for v in SEED_VARIANTS] + [shuffle_drop], 1) for c in corrects]
     draws, point = hierarchical_means(groups), pooled_mean(groups)
     out = {}
     for i, v in enumerate(SEED_VARIANTS):
@@ -338,7 +342,27 @@ def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, mai
                             per_seed=[100 * float(g[:, i].mean()) for g in groups],
                             per_seed_n_features=[0 if (x := res.variant(v)) is None or x.n_features is None
                                                  else x.n_features for res in results])
-    return PermuteSeedPool(sae_seeds=list(pool.seeds), interval_sources=list(INTERVAL_SOURCES), variants=out)
+    sh = main.variant("pos_embed_shuffle")
+    why = shuffle_undefined(None if sh is None else sh.drop_points, None if sh is None else sh.drop_ci95)
+    if why is None and shuffled is None:
+        why = "the APE-table shuffle's per-image correctness was not kept"
+    budget = {v: pooled_budget(draws[:, i], draws[:, -1], out[v].drop_points, None if sh is None else sh.drop_points,
+                               why) for i, v in enumerate(SEED_VARIANTS) if v in BUDGET_VARIANTS}
+    return PermuteSeedPool(sae_seeds=list(pool.seeds), interval_sources=list(INTERVAL_SOURCES), variants=out,
+                           budget=budget)
+
+
+def pooled_budget(edit_draws: torch.Tensor, shuffle_draws: torch.Tensor, edit_drop: float,
+                  shuffle_drop: float | None, undefined: str | None) -> PositionBudget:
+    """An edit's position budget pooled over the SAE seeds: its pooled drop over the APE-table shuffle's (points
+    over points), the interval that of the ratio over the hierarchical resamples (seeds, then images; the
+    shuffle's drop on each seed's own image draws); None with the reason `undefined` (`shuffle_undefined`)."""
+    if undefined is not None or shuffle_drop is None:
+        return PositionBudget(share=None, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
+                              undefined=undefined or "the APE-table shuffle was not measured")
+    ratio = torch.where(shuffle_draws > 0, edit_draws / shuffle_draws.clamp_min(1e-300), torch.nan)
+    return PositionBudget(share=edit_drop / shuffle_drop, share_ci95=percentile_interval(ratio), edit_drop=edit_drop,
+                          shuffle_drop=shuffle_drop)
 
 
 def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_correct: torch.Tensor | None,
@@ -421,8 +445,9 @@ class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]
     name = "ape_permute"
     # 2 (issue 28): the nulls by construction and each variant's edit size; 3 (issue 47): the positional
     # subspace variants, the position budget, the prefix tokens (no older number moves); 4 (issue 48): every
-    # extra SAE seed's own permutation, pooled (`seed_pool`; the run seed's numbers do not move)
-    version = 4
+    # extra SAE seed's own permutation, pooled (`seed_pool`; the run seed's numbers do not move); 5 (issue 47 item 2):
+    # the position budget pooled over the SAE seeds (`seed_pool.budget`), which C2's rule (version 7) reads
+    version = 5
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

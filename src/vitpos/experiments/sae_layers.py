@@ -82,8 +82,9 @@ class SAELayersStageSettings(SAELayersSettings):
 class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     name = "sae_layers"
     # 2 (issue 47): the embedding site first, the position budget; older sweeps are recomputed; 3 (issue 48): the
-    # sae stage's SAE seeds (sae.claim_seeds) at every plausible site, C1 / C2 pooled over them there
-    version = 3
+    # sae stage's SAE seeds (sae.claim_seeds) at every plausible site, C1 / C2 pooled over them there; 4 (issue 47
+    # item 2): the position budget pooled over those SAE seeds too, which C2 (rules version 7) reads at each site
+    version = 4
     title = "The SAE layer as a sweep (C1, C2 per site, from the embedding)"
     claims = ("C1", "C2")
     result_type = SAELayersResult

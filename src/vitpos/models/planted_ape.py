@@ -6,7 +6,10 @@ weights are written by hand, so what the label depends on is known exactly:
 * the residual stream has named channels (`Channels`): a one-hot of the patch's row, of its column
   (or of its cell), two colour channels (red / green: 1 on the patch holding the coloured square,
   0 elsewhere), four texture channels (random projections of the background noise, read by
-  nothing), four output channels and a `sink` that is always 0;
+  nothing), four output channels, a `sink` that is always 0 and, since rules version 7, 20 idle channels
+  (noise filters read by nothing, a cell one-hot's spread: where C2's edit-norm-matched control finds
+  non-positional latents to move; without them it moved the colours, which costs what moving position
+  does, and `cell_used` came out inconclusive);
 * the APE table writes the positional one-hots, the patch embedding the colour and texture channels;
 * block 0 is the identity (its attention and MLP write nothing): the SAE reads its output;
 * block 1's MLP computes the label from the channels (GELU units of slope `GAIN`, which act as AND
@@ -49,7 +52,7 @@ from vitpos.sae import SAE, SAEConfig
 
 GRID = 4
 N = GRID * GRID
-D = 48
+D = 68  # 48 before issue 47 item 2: + the 20 idle channels
 PRIOR = 1e-3  # the colour prior's output (the gates write 1): the class a position-blind model guesses
 GAIN = 10.0  # slope of block 1's GELU gates: gelu(GAIN * (a + b - 1.5)) is 0 unless a = b = 1
 Positional = Literal["row_col", "cell", "none"]
@@ -70,6 +73,9 @@ class Channels:
     texture: tuple[int, ...] = tuple(range(26, 30))
     out: tuple[int, ...] = tuple(range(30, 34))
     sink: int = 34
+    # read by nothing, spread like a positional one-hot (`idle_filters`): where C2's edit-norm-matched control
+    # (rules version 7) finds non-positional latents to move, as a real SAE's many content latents offer it
+    idle: tuple[int, ...] = tuple(range(48, 68))
 
 
 CH = Channels()
@@ -96,6 +102,23 @@ def planted_data(n: int, label: Label = "position", seed: int = 0, split: str = 
     else:
         y = torch.where(green, 2, 0)
     return TensorImageDataset(img.to(torch.uint8), y, planted_info(label), split)
+
+
+# the background noise's sd in the model's input ([-1, 1]: 25 uniform grey levels of 255 / 2) and the
+# within-image spread an idle channel is given: ReLU(N(0, s^2)) has sd 0.584 s, and 0.24 is a one-hot's over
+# 16 patches (sqrt(15) / 16), so the matched control finds idle channels nearer every positional latent than
+# the colour channels (spread <= 0.18) and never has to move the label's content
+NOISE_SD = (((25 ** 2 - 1) / 12) ** 0.5) / 127.5
+IDLE_SPREAD = 0.24
+
+
+def idle_filters(n: int, seed: int, spread: float = IDLE_SPREAD) -> torch.Tensor:
+    """(n, 4, 4) zero-mean filters for the blue input channel whose ReLU response to the background noise
+    has within-image spread ~`spread`: idle latents (read by nothing) of a positional one-hot's spread."""
+    g = torch.Generator().manual_seed(seed)
+    f = torch.randn(n, 4, 4, generator=g)
+    f = f - f.mean((1, 2), keepdim=True)
+    return f / f.norm(dim=(1, 2), keepdim=True) * spread / (0.584 * NOISE_SD)
 
 
 def _balanced(w: torch.Tensor) -> torch.Tensor:
@@ -137,6 +160,7 @@ def build_planted_ape(positional: Positional, label: Label, seed: int = 0) -> Ow
     for t in CH.texture:  # zero-mean random filters on the blue channel: respond to the noise, read by nothing
         f = torch.randn(4, 4, generator=g)
         w[t, 2] = 2.0 * (f - f.mean())
+    w[list(CH.idle), 2] = idle_filters(len(CH.idle), 2000 + seed)
     # block 1's MLP: four AND gates, one per class, each writing its output channel
     mlp = m.blocks[1].mlp
     fc1 = torch.zeros(mlp.fc1.out_features, D)

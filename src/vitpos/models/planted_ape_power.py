@@ -63,6 +63,29 @@ must decide it:
   near_threshold (C1 true, C2 true): as rare_position with half the images blue: each set's removal
     costs top-1 ~12.5 points (red-bottom, green-right: C1.min_top1_drop 5) and the permutation ~25
     (C2.min_drop 10), with the probes, controls and nulls as in `planted_ape`'s row_col_used.
+
+Since rules version 7 (issue 47 item 2) C2 also reads the position budget (the permutation's share of the
+APE-table shuffle's drop), the edit-norm-matched control, and the precondition that the APE shuffle costs
+top-1. colour_position (rare_position, near_threshold) gained the `idle` channels (noise filters read by
+nothing, a row one-hot's spread) so the norm-matched control moves them and not the colours; rare_position
+measures 4x the images it is asked for (its few position-read images leave the budget's ratio undecided
+at 150). colour_in_position's APE shuffle costs 0, so it fails `ape_shuffle` and `budget` beside
+`above_null` now. Design cases, built with version 7 (split "design"):
+
+  colour_beside_position (C2 false; `above_null`): red marked in its row channels and labelled by colour
+    (as colour_in_position), green labelled by its column half (label `mixed`), 2 red squares in 3: the
+    APE shuffle costs the green third (~13), permuting the positional latents costs that and the red
+    marks (~79), and the same-position swap moves the marks away as well (~69): only the swap null says
+    most of the drop is content.
+  position_beyond_sae (C2 false; `budget`): red read by row through the row one-hot, green by column
+    through `hidden_col`, a column one-hot its SAE does not encode (it stays in the SAE's error term); 3
+    red squares in 10 (measured at 2x the images: the share's interval must clear 0.5). Permuting the
+    positional latents costs the red images' half (~16), the APE shuffle both colours' (~50): the SAE's
+    latents carry a third of the position the label reads.
+  content_moves_label (C2 false; `above_norm_control`): every gate needs the colour, the `mark` channel
+    and the half at one token (nothing fired: blue, never the label); its SAE does not encode the mark,
+    and the model has no idle channels, so the norm-matched control moves the colours (with the textures,
+    the only non-positional latents) away from their mark: ~95 points against the permutation's ~47.
 """
 
 from __future__ import annotations
@@ -76,13 +99,13 @@ import torch.nn.functional as F
 
 from vitpos.data.base import DatasetInfo, TensorImageDataset
 from vitpos.models.own import OwnViTConfig, build_own_vit
-from vitpos.models.planted_ape import CLASS_NAMES, GAIN, GRID, GROUPS, PRIOR, N
+from vitpos.models.planted_ape import CLASS_NAMES, GAIN, GRID, GROUPS, PRIOR, N, idle_filters
 from vitpos.models.spec import OwnSurface
 from vitpos.sae import SAE, SAEConfig
 
 D = 64
 CLASSES = (*CLASS_NAMES, "blue")
-Label = Literal["position", "colour"]
+Label = Literal["position", "colour", "mixed"]  # mixed: red by colour, green by position (module docstring)
 
 
 @dataclass(frozen=True)
@@ -100,25 +123,32 @@ class PowerChannels:
     sink: int = 36
     row_code: tuple[int, ...] = tuple(range(37, 41))  # a row one-hot written by block 1
     on: tuple[int, ...] = tuple(range(41, 49))  # always-on channels (rows_need_everything)
+    # issue 47 item 2 (rules version 7): read by nothing, a one-hot's spread (`planted_ape.idle_filters`): where
+    # the edit-norm-matched control finds latents to move, as a real SAE's many content latents offer it
+    idle: tuple[int, ...] = tuple(range(49, 59))
+    hidden_col: tuple[int, ...] = tuple(range(59, 63))  # a col one-hot the SAE does not encode (`power_sae`)
+    mark: int = 63  # 1 on a coloured square's token, beside its colour (content_moves_label)
 
 
 PC = PowerChannels()
 HALF = GRID // 2
 
 
-def power_info(label: Label, p_blue: float) -> DatasetInfo:
-    return DatasetInfo(name=f"planted-power-{label}-blue{p_blue:g}", num_classes=len(CLASSES), class_names=CLASSES,
-                       image_size=(16, 16), in_chans=3, class_groups=dict(GROUPS) if label == "position" else {},
+def power_info(label: Label, p_blue: float, red: float = 0.5) -> DatasetInfo:
+    name = f"planted-power-{label}-blue{p_blue:g}" + ("" if red == 0.5 else f"-red{red:.2g}")
+    return DatasetInfo(name=name, num_classes=len(CLASSES), class_names=CLASSES,
+                       image_size=(16, 16), in_chans=3, class_groups=dict(GROUPS) if label != "colour" else {},
                        description="planted: one red, green or blue square on a grey 4x4-patch grid")
 
 
 def power_data(n: int, label: Label = "position", p_blue: float = 0.0, seed: int = 0,
-               split: str = "test") -> TensorImageDataset:
-    """n images with one red, green or blue square on a random cell; labels as the module docstring says."""
+               split: str = "test", red: float = 0.5) -> TensorImageDataset:
+    """n images with one red, green or blue square on a random cell; labels as the module docstring says.
+    red: the share of the red and green squares that are red (the same draws for every share)."""
     g = torch.Generator().manual_seed(seed)
     img = (100 + torch.randint(-12, 13, (n, 1, 16, 16), generator=g)).expand(n, 3, 16, 16).clone()
     u = torch.rand(n, generator=g)
-    colour = torch.where(u < p_blue, 2, torch.where(u < p_blue + (1 - p_blue) / 2, 0, 1))  # red 0, green 1, blue 2
+    colour = torch.where(u < p_blue, 2, torch.where(u < p_blue + (1 - p_blue) * red, 0, 1))  # red 0, green 1, blue 2
     cell = torch.randint(0, N, (n,), generator=g)
     r, c = cell // GRID, cell % GRID
     rgb = torch.tensor([[255, 0, 0], [0, 255, 0], [0, 0, 255]], dtype=img.dtype)
@@ -126,10 +156,12 @@ def power_data(n: int, label: Label = "position", p_blue: float = 0.0, seed: int
         img[i, :, 4 * r[i]:4 * r[i] + 4, 4 * c[i]:4 * c[i] + 4] = rgb[colour[i]].view(3, 1, 1)
     if label == "position":
         y = torch.where(colour == 0, (r >= HALF).long(), 2 + (c >= HALF).long())
+    elif label == "mixed":
+        y = torch.where(colour == 0, 0, 2 + (c >= HALF).long())
     else:
         y = torch.where(colour == 0, 0, 2)
     y = torch.where(colour == 2, 4, y)
-    return TensorImageDataset(img.to(torch.uint8), y, power_info(label, p_blue), split)
+    return TensorImageDataset(img.to(torch.uint8), y, power_info(label, p_blue, red), split)
 
 
 class Mlp:
@@ -190,10 +222,13 @@ class Mlp:
 
 @torch.no_grad()
 def _model(name: str, ape: torch.Tensor, build: Mlp, blue: bool, seed: int = 0, marks: bool = False,
-           always_on: bool = False) -> OwnSurface:
+           always_on: bool = False, idle: bool = False, marked: tuple[int, ...] = (0, 1),
+           mark: bool = False) -> OwnSurface:
     """A power model: APE table `ape` (N, D), the patch embedding (colours; `marks`: red adds 1 to every
-    row channel and green to every col channel; `always_on`: the `on` channels 0.5 on every token), block
-    1's MLP `build`, the LayerNorms, pooling and head of the module docstring."""
+    row channel and green to every col channel, of the colours in `marked` (0 red, 1 green); `always_on`: the
+    `on` channels 0.5 on every token; `idle`: the idle channels respond to the noise; `mark`: the mark channel
+    is 1 on a red or green square), block 1's MLP `build`, the LayerNorms, pooling and head of the module
+    docstring."""
     cfg = OwnViTConfig(pe="ape", img_size=16, patch_size=4, in_chans=3, num_classes=len(CLASSES), embed_dim=D,
                        depth=2, num_heads=2, mlp_ratio=2.0)
     with torch.random.fork_rng(devices=[]):  # timm's init draws from the global generator: leave it as it was
@@ -206,9 +241,11 @@ def _model(name: str, ape: torch.Tensor, build: Mlp, blue: bool, seed: int = 0, 
     for ch, own in ((PC.red, 0), (PC.green, 1)):
         w[ch, own] = 1 / 32
         w[ch, (1 - own) if blue else 2] = -1 / 32  # the colour it subtracts (module docstring)
-        if marks:
+        if marks and own in marked:
             for m_ch in PC.row if own == 0 else PC.col:
                 w[m_ch] = w[ch]
+        if mark:
+            w[PC.mark] += w[ch]
     if blue:
         w[PC.blue, 2] = 1 / 32
         w[PC.blue, 0] = w[PC.blue, 1] = -1 / 64
@@ -218,6 +255,8 @@ def _model(name: str, ape: torch.Tensor, build: Mlp, blue: bool, seed: int = 0, 
         w[t, 2] = 2.0 * (f - f.mean())
     if always_on:
         m.patch_embed.proj.bias[list(PC.on)] = 0.5
+    if idle:  # spread like a row or col one-hot (4 of 16 patches on), the sets the matched control is drawn for
+        w[list(PC.idle), 2] = idle_filters(len(PC.idle), 2000 + seed, spread=(4 / 16 * 12 / 16) ** 0.5)
     build.write(m.blocks[1].mlp)
     for ln in (m.blocks[0].norm1, m.blocks[0].norm2, m.blocks[1].norm1, m.blocks[1].norm2, m.norm):
         ln.eps = 1e6
@@ -231,7 +270,7 @@ def _model(name: str, ape: torch.Tensor, build: Mlp, blue: bool, seed: int = 0, 
     return OwnSurface(m, f"planted-power:{name}", cfg)
 
 
-def _ape(row_col: bool = True, cells: bool = False) -> torch.Tensor:
+def _ape(row_col: bool = True, cells: bool = False, hidden_col: bool = False) -> torch.Tensor:
     pe = torch.zeros(N, D)
     for n in range(N):
         r, c = divmod(n, GRID)
@@ -239,6 +278,8 @@ def _ape(row_col: bool = True, cells: bool = False) -> torch.Tensor:
             pe[n, PC.row[r]] = pe[n, PC.col[c]] = 1.0
         if cells:
             pe[n, PC.cell[n]] = 1.0
+        if hidden_col:
+            pe[n, PC.hidden_col[c]] = 1.0
     return pe
 
 
@@ -295,15 +336,55 @@ def colour_position() -> OwnSurface:
     """rare_position and near_threshold (module docstring): red and green read by position, blue by colour."""
     mlp = _mlp()
     mlp.label("position")
-    return _model("colour_position", _ape(), mlp, blue=True)
+    return _model("colour_position", _ape(), mlp, blue=True, idle=True)
+
+
+def position_beyond_sae() -> OwnSurface:
+    """C2 false, decided by `budget` (module docstring): red read by row through the row one-hot, green by
+    column through `hidden_col`, which its SAE does not encode (`power_sae(PC.hidden_col)`)."""
+    mlp = _mlp()
+    for u, (colour, where) in enumerate(((PC.red, PC.row[:HALF]), (PC.red, PC.row[HALF:]),
+                                         (PC.green, PC.hidden_col[:HALF]), (PC.green, PC.hidden_col[HALF:]))):
+        mlp.gate({colour: 1.0, **{w: 1.0 for w in where}}, {PC.out[u]: 1.0}, 1.5)
+    mlp.gate({PC.red: 1.0}, {PC.out[0]: PRIOR}, 0.5)
+    mlp.gate({PC.green: 1.0}, {PC.out[2]: PRIOR}, 0.5)
+    return _model("position_beyond_sae", _ape(hidden_col=True), mlp, blue=False, idle=True)
+
+
+def content_moves_label() -> OwnSurface:
+    """C2 false, decided by `above_norm_control` (module docstring): each gate needs the colour, the mark (which
+    its SAE does not encode: `power_sae((PC.mark,))`) and the half at one token; nothing fired: blue, never the
+    label."""
+    mlp = _mlp()
+    for u, (colour, where) in enumerate(((PC.red, PC.row[:HALF]), (PC.red, PC.row[HALF:]),
+                                         (PC.green, PC.col[:HALF]), (PC.green, PC.col[HALF:]))):
+        mlp.gate({colour: 1.0, PC.mark: 1.0, **{w: 1.0 for w in where}}, {PC.out[u]: 1.0}, 2.5)
+    mlp.constant({PC.out[4]: PRIOR})
+    return _model("content_moves_label", _ape(), mlp, blue=False, mark=True)
+
+
+def colour_beside_position() -> OwnSurface:
+    """C2 false, decided by `above_null` (module docstring): red by the colour marked in its row channels
+    (as colour_in_position), green by its column half."""
+    mlp = _mlp()
+    mlp.gate({PC.red: 1.0, **{r: 0.25 for r in PC.row}}, {PC.out[0]: 1.0}, 1.75)
+    for u, where in ((2, PC.col[:HALF]), (3, PC.col[HALF:])):
+        mlp.gate({PC.green: 1.0, **{w: 1.0 for w in where}}, {PC.out[u]: 1.0}, 1.5)
+    mlp.gate({PC.green: 1.0}, {PC.out[2]: PRIOR}, 0.5)
+    mlp.constant({PC.out[1]: PRIOR})  # the red gate did not fire: red-bottom, never the label here
+    return _model("colour_beside_position", _ape(), mlp, blue=False, marks=True, marked=(0,), idle=True)
 
 
 @torch.no_grad()
-def power_sae() -> SAE:
-    """A ReLU SAE whose latents are the channels: encoder and decoder the identity, no bias."""
+def power_sae(uncovered: tuple[int, ...] = ()) -> SAE:
+    """A ReLU SAE whose latents are the channels: encoder and decoder the identity, no bias; the latents of
+    the `uncovered` channels never fire (their encoder is 0): those channels stay in the SAE's error term,
+    which no latent edit moves."""
     sae = SAE(SAEConfig.model_validate({"arch": "relu", "d_in": D, "expansion": 1, "k": 1, "normalize": False}))
     sae.W_dec.copy_(torch.eye(D))
-    sae.W_enc.copy_(torch.eye(D))
+    enc = torch.eye(D)
+    enc[list(uncovered), list(uncovered)] = 0.0
+    sae.W_enc.copy_(enc)
     sae.b_enc.zero_()
     sae.b_dec.zero_()
     return sae.eval()

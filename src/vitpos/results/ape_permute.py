@@ -131,11 +131,13 @@ class PooledDrop(BaseModel):
 
 class PermuteSeedPool(BaseModel):
     """The permutation of every SAE seed's own positional latents (the run seed's SAE first: this result's
-    own variants), `SEED_VARIANTS` pooled."""
+    own variants), `SEED_VARIANTS` pooled; `budget`: the position budget of those of them in BUDGET_VARIANTS,
+    pooled the same way (issue 47 item 2: C2 reads the all-positional set's; None: a pool written before)."""
 
     sae_seeds: list[int]
     interval_sources: list[str]
     variants: dict[str, PooledDrop]
+    budget: dict[str, PositionBudget] | None = None
 
 
 class ApePermuteResult(Result):
@@ -210,6 +212,14 @@ def position_budget(r: ApePermuteResult, variant: str) -> PositionBudget:
     why = ("not measured: a result written before the position budget" if r.position_budget is None else
            f"{variant} was skipped: {x.skipped}" if isinstance(x, Skipped) else f"{variant} was not run")
     return PositionBudget(share=None, undefined=why)
+
+
+def read_budget(r: ApePermuteResult, variant: str) -> tuple[PositionBudget, bool]:
+    """`variant`'s position budget as C2 reads it, and whether it is pooled over the SAE seeds: the seed
+    pool's where it has one, else the run seed's SAE's (`position_budget`: one SAE seed, or a pool written
+    before its budget was pooled)."""
+    pooled = None if r.seed_pool is None or r.seed_pool.budget is None else r.seed_pool.budget.get(variant)
+    return (position_budget(r, variant), False) if pooled is None else (pooled, True)
 
 
 def prefix_scope(r: ApePermuteResult) -> str:

@@ -70,19 +70,26 @@ APE_CASES: tuple[PlantedCase, ...] = (
 
 
 def _power(name: str, description: str, build: Callable[[], OwnSurface], label: power.Label, p_blue: float,
-           truth: dict[str, bool]) -> PlantedCase:
+           truth: dict[str, bool], split: Split = "held_out", red: float = 0.5, uncovered: tuple[int, ...] = (),
+           scale: int = 1) -> PlantedCase:
     """A case of `planted_ape_power` (its docstring says why each truth follows from the weights); held
-    out: built after rules version 4 (hash bfb33fb5b1333858) was frozen."""
+    out: built after rules version 4 (hash bfb33fb5b1333858) was frozen; design: built with the rule it tests.
+    red: the share of red among the red and green squares; uncovered: channels its SAE does not encode; scale:
+    the case measures scale x the images it is asked for (a small effect's ratio needs them)."""
     return PlantedCase(name, description, truth,
-                       lambda n, seeds: measure_planted(build(), power.power_sae(),
-                                                        power.power_data(n, label, p_blue, seed=7), seeds),
-                       split="held_out")
+                       lambda n, seeds: measure_planted(build(), power.power_sae(uncovered),
+                                                        power.power_data(scale * n, label, p_blue, seed=7, red=red),
+                                                        seeds),
+                       split=split)
 
 
 # One planted-false case per condition of C1 / C2 that it alone should decide, and a planted-true case
-# nearer the thresholds (planted_ape_power's docstring). C1's `feature_sets` has none: a model without a
-# row (col) feature set has no removal of it either, so `selective`, `probe_drop` and `above_control`
-# fail with it.
+# nearer the thresholds (planted_ape_power's docstring). C1's `feature_sets` and C2's `ape_shuffle` have
+# none: they are preconditions (a model without a row (col) feature set has no removal of it either, so
+# `selective`, `probe_drop` and `above_control` fail with it; a model whose APE shuffle costs ~nothing has no
+# position budget, so `budget` fails with it). colour_in_position, held out under rules version 4, fails
+# `ape_shuffle` and `budget` too since version 7 (its APE shuffle costs 0): colour_beside_position is the
+# design case that `above_null` decides alone now.
 APE_POWER_CASES: tuple[PlantedCase, ...] = (
     _power("ape:cells_recoded", "row and col one-hots re-coded downstream as a cell one-hot (only selective "
            "decides)", power.cells_recoded, "position", 0.0, {"C1": False}),
@@ -90,10 +97,20 @@ APE_POWER_CASES: tuple[PlantedCase, ...] = (
            "red square (only probe_drop decides)", power.rows_elsewhere, "position", 0.0, {"C1": False}),
     _power("ape:rows_need_everything", "downstream row code needs the row one-hot and eight always-on latents "
            "(only above_control decides)", power.rows_need_everything, "position", 0.0, {"C1": False}),
-    _power("ape:colour_in_position", "the colour stored inside the positional latents; label colour (only "
-           "above_null decides)", power.colour_in_position, "colour", 0.0, {"C2": False}),
+    _power("ape:colour_in_position", "the colour stored inside the positional latents; label colour (above_null "
+           "decides; since rules version 7 ape_shuffle and budget too)", power.colour_in_position, "colour", 0.0,
+           {"C2": False}),
     _power("ape:rare_position", "position decides the class of 1 image in 10 (only min_drop decides)",
-           power.colour_position, "position", 0.9, {"C2": False}),
+           power.colour_position, "position", 0.9, {"C2": False}, scale=4),
     _power("ape:near_threshold", "position decides the class of half the images (top-1 drops near the "
            "thresholds)", power.colour_position, "position", 0.5, {"C1": True, "C2": True}),
+    _power("ape:colour_beside_position", "red by the colour stored in its row latents, green by its column (only "
+           "above_null decides)", power.colour_beside_position, "mixed", 0.0, {"C2": False}, split="design",
+           red=2 / 3),
+    _power("ape:position_beyond_sae", "the label reads the column through channels the SAE does not encode (only "
+           "budget decides)", power.position_beyond_sae, "position", 0.0, {"C2": False}, split="design", red=0.3,
+           uncovered=power.PC.hidden_col, scale=2),
+    _power("ape:content_moves_label", "each gate needs colour, mark and position at one token: moving content "
+           "costs more than moving position (only above_norm_control decides)", power.content_moves_label,
+           "position", 0.0, {"C2": False}, split="design", uncovered=(power.PC.mark,)),
 )

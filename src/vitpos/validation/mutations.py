@@ -25,8 +25,9 @@ from vitpos.claims.base import Condition, Planted, RuleClaim
 from vitpos.claims.inputs import ClaimInputs
 from vitpos.claims.intervals import HOLDS
 from vitpos.claims.registry import BY_ID
-from vitpos.experiments import ape_permute_variants, rope_axis, rope_heads_analysis
+from vitpos.experiments import ape_permute, ape_permute_variants, rope_axis, rope_heads_analysis
 from vitpos.experiments.rope_heads_ablation import HeadDrops
+from vitpos.results.ape_permute import PositionBudget
 from vitpos.results.validation import ValidationRow, ValidationTable
 from vitpos.sae import SAE
 from vitpos.sae import controls as sae_controls
@@ -67,6 +68,26 @@ def _identity_permutation(stack: ExitStack) -> None:
 
 def _swap_null_noop(stack: ExitStack) -> None:
     _patch_everywhere(stack, ape_permute_variants, "swap_features", lambda x, z, sae, ids, other: x)
+
+
+def _norm_control_noop(stack: ExitStack) -> None:
+    """C2's edit-norm-matched control (norm_all_positional) edits nothing: its drop reads 0."""
+    real = ape_permute_variants.FeatureSets.edit
+
+    def edit(self: ape_permute_variants.FeatureSets, v: str, ids: list[int], kind: str,
+             stream: int) -> ape_permute_variants.PatchEdit:
+        return (lambda x, z: x) if v == "norm_all_positional" else real(self, v, ids, kind, stream)
+
+    stack.enter_context(mock.patch.object(ape_permute_variants.FeatureSets, "edit", edit))
+
+
+def _budget_reads_one(stack: ExitStack) -> None:
+    """Every position budget reads 1 (the edit reproduces the whole APE-shuffle effect), pooled or not."""
+    def whole(*args: Any, **kwargs: Any) -> PositionBudget:
+        return PositionBudget(share=1.0, share_ci95=[1.0, 1.0])
+
+    _patch_everywhere(stack, ape_permute, "budget_of", whole)
+    _patch_everywhere(stack, ape_permute, "pooled_budget", whole)
 
 
 def _control_removes_nothing(stack: ExitStack) -> None:
@@ -203,6 +224,10 @@ PIPELINE_MUTATIONS: tuple[Mutation, ...] = (
              _identity_permutation),
     Mutation("same-position swap edits nothing", "C2's null (the same-position cross-image swap) is a no-op", ("C2",),
              _swap_null_noop),
+    Mutation("C2 norm-matched control edits nothing", "C2's edit-norm-matched control (norm_all_positional) is a "
+             "no-op", ("C2",), _norm_control_noop),
+    Mutation("C2 position budget reads 1", "every position budget reads 1: the edit reproduces the whole APE-table "
+             "shuffle's effect", ("C2",), _budget_reads_one),
     Mutation("C1 control removes nothing", "C1's matched random-latent removal subtracts nothing", ("C1",),
              _control_removes_nothing),
     Mutation("probe targets permuted", "every position probe learns patches relabelled at random",
