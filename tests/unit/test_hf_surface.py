@@ -368,3 +368,27 @@ def test_a_classifier_is_scored_only_on_its_own_classes(tmp_path, capsys):
     # transformers' placeholder names (LABEL_0, ...) say nothing about the classes: the count decides, as before
     plain = load_model("hf:ViTForImageClassification?" + tiny_spec("vit").split("?")[1] + "&num_labels=4")
     assert plain.trained_classes is None
+
+
+def test_weights_of_another_shape_than_the_config_name_the_tensor_and_both_shapes(tmp_path, capsys):
+    """A save_pretrained folder whose config.json was edited after the weights (image_size doubled: the
+    position table of the file no longer fits) is one error line naming the tensor and both shapes, not
+    transformers' traceback telling to set `ignore_mismatched_sizes`."""
+    import json
+
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    cfg = tmp_path / "m" / "config.json"
+    doc = json.loads(cfg.read_text())
+    grid = doc["image_size"] // doc["patch_size"]
+    doc["image_size"] *= 2
+    cfg.write_text(json.dumps(doc))
+    capsys.readouterr()  # save_pretrained's progress bar
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "-m", f"hf:{tmp_path / 'm'}", "--data", "shapes", "--limit", "4"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(err) == 1 and not captured.out.strip(), (err, captured.out)
+    assert err[0] == (f"error: hf:{tmp_path / 'm'}: weight 'embeddings.position_embeddings' has shape "
+                      f"[1, {grid ** 2 + 1}, 32] in model.safetensors but the config implies "
+                      f"[1, {(2 * grid) ** 2 + 1}, 32]; fix config.json or re-save the weights")
+    assert "ignore_mismatched_sizes" not in captured.err
