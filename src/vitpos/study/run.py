@@ -392,7 +392,7 @@ class _ModelStages:
         hit = self._cached_head(self._head_key(settings))
         if hit is not None:
             return PlannedStage(self.key_spec, self.data, "head", None, "cached"), hit[1].digest(), True
-        check_head_splits(sizes, self.data)  # what fit_head would refuse, before the first stage
+        check_head_splits(sizes, self.data, self.spec)  # what fit_head would refuse, before the first stage
         n = self.cfg.head.images
         try:
             n_val = sizes.n("val", max(1, n // 4))
