@@ -4,6 +4,7 @@ must fail it, timm <-> transformers twins on random weights, offline loading and
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -392,3 +393,29 @@ def test_weights_of_another_shape_than_the_config_name_the_tensor_and_both_shape
                       f"[1, {grid ** 2 + 1}, 32] in model.safetensors but the config implies "
                       f"[1, {(2 * grid) ** 2 + 1}, 32]; fix config.json or re-save the weights")
     assert "ignore_mismatched_sizes" not in captured.err
+
+
+def test_a_resample_code_vitpos_does_not_apply_is_refused_not_ignored(tmp_path):
+    """preprocessor_config.json's `resample`: 0 / 2 / 3 are applied; PIL's lanczos (1), box (4), hamming (5)
+    and codes PIL lacks were silently replaced by the family's bicubic (issue 49): refused, naming the key."""
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    pre = tmp_path / "m" / "preprocessor_config.json"
+    for code, words in ((1, "is 1 (PIL's lanczos, which vitpos does not apply)"), (99, "is 99 (no PIL resampling")):
+        pre.write_text(f'{{"resample": {code}}}')
+        with pytest.raises(VitposError, match=r"preprocessor_config.json: key 'resample' " + re.escape(words)) as e:
+            load_model(f"hf:{tmp_path / 'm'}")
+        assert str(e.value).endswith("set it to one of 0 (nearest), 2 (bilinear), 3 (bicubic), or remove the key to "
+                                     "use the family's own")
+    pre.write_text('{"resample": 0}')
+    assert load_model(f"hf:{tmp_path / 'm'}").data_config()["interpolation"] == "nearest"
+
+
+def test_a_path_that_is_no_folder_is_not_looked_up_in_the_hub_cache(tmp_path):
+    """hf:FILE and hf:/missing/folder were taken for hub ids (ORG/NAME): the first met transformers'
+    torch.load message, the second 'not in the local Hugging Face cache' (issue 49)."""
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    with pytest.raises(VitposError, match=re.escape(f"config.json is a file; pass the save_pretrained folder holding "
+                                                    f"it (hf:{tmp_path / 'm'})")):
+        load_model(f"hf:{tmp_path / 'm' / 'config.json'}")
+    with pytest.raises(VitposError, match=re.escape(f"no folder {tmp_path / 'gone'}; pass an existing")):
+        load_model(f"hf:{tmp_path / 'gone'}")

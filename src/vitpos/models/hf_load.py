@@ -131,10 +131,18 @@ def _read_preprocess(folder: Path, channels: int) -> dict:
                 raise VitposError(f"{path}: key {key!r} has {len(values)} values for a model of {channels} input "
                                   f"channels; {fix}")
         out["mean"], out["std"] = tuple(doc.image_mean), tuple(doc.image_std)
-    resample = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(doc.resample if doc.resample is not None else -1)
-    if resample:
-        out["interpolation"] = resample
+    if doc.resample is not None:
+        if doc.resample not in _RESAMPLE:  # PIL's lanczos / box / hamming or no code at all: not silently bicubic
+            pil = {1: "lanczos", 4: "box", 5: "hamming"}.get(doc.resample)
+            raise VitposError(f"{path}: key 'resample' is {doc.resample}"
+                              + (f" (PIL's {pil}, which vitpos does not apply)" if pil else " (no PIL resampling code)")
+                              + "; set it to one of " + ", ".join(f"{k} ({v})" for k, v in _RESAMPLE.items())
+                              + ", or remove the key to use the family's own")
+        out["interpolation"] = _RESAMPLE[doc.resample]
     return out
+
+
+_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # the PIL codes vitpos' preprocessing applies
 
 
 # sizes a config must have for a patch grid + prefix surface (StopIteration, division by zero otherwise),
@@ -200,6 +208,14 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
     if not name:
         raise VitposError("hf spec needs a class or a folder, e.g. hf:Dinov2Model?hidden_size=32 or hf:DIR")
     folder = Path(os.path.expanduser(name))
+    # a path is never a hub id (ORG/NAME): a file, or a folder that is not there, would otherwise be looked up in
+    # the hub cache, and transformers' answer (a torch.load message for config.json) names neither problem
+    if folder.exists() and not folder.is_dir():
+        raise VitposError(f"{spec}: {folder} is a file; pass the save_pretrained folder holding it "
+                          f"(hf:{folder.parent})")
+    if name.startswith(("/", "./", "../", "~")) and not folder.exists():
+        raise VitposError(f"{spec}: no folder {folder}; pass an existing save_pretrained folder (config.json + "
+                          "model.safetensors)")
     preprocess: dict = {}
     if folder.is_dir():
         cfg_path = folder / "config.json"
