@@ -202,6 +202,10 @@ def test_bad_hf_inputs_raise_one_line(tmp_path):
         "hf:facebook/not-cached-anywhere": "local Hugging Face cache",
         "hf:Dinov2Model?hidden_size=banana": "hidden_size=.banana.; it must be a whole number",
         "hf:Dinov2Model?hidden_act=banana": "could not build",
+        # issue 49: a one-patch grid (nothing to study) and a negative label count (was read as headless)
+        tiny_spec("dinov2", image_size=8, patch_size=8): "gives a 1 x 1 patch grid; a position study needs at least "
+                                                          "2 x 2 patches: set image_size to at least 16",
+        tiny_spec("dinov2") + "&num_labels=-1": "num_labels=-1; it must be a whole number in 0..",
     }
     for spec, words in cases.items():
         with pytest.raises(VitposError, match=words) as info:

@@ -148,7 +148,9 @@ _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # the PIL codes vitpos'
 # sizes a config must have for a patch grid + prefix surface (StopIteration, division by zero otherwise),
 # bounded as the timm: specs' (models.spec.SIZE_BOUNDS): a huge one must be refused, not allocated
 _SIZE_BOUNDS = {"num_hidden_layers": 256, "hidden_size": 16384, "num_attention_heads": 1024, "patch_size": 4096,
-                "image_size": 4096, "num_channels": 16, "intermediate_size": 1 << 18, "num_register_tokens": 1024}
+                "image_size": 4096, "num_channels": 16, "intermediate_size": 1 << 18, "num_register_tokens": 1024,
+               "num_labels": 1 << 20}
+_MAY_BE_ZERO = ("num_register_tokens", "num_labels")  # none; a headless model (num_labels=-1 read as 0 before)
 
 
 def _check_config(config: Any, where: str) -> None:
@@ -160,6 +162,9 @@ def _check_config(config: Any, where: str) -> None:
     size, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     if isinstance(size, int) and isinstance(patch, int) and size < patch:
         raise VitposError(f"{where}: image_size {size} is smaller than patch_size {patch}: no patch fits")
+    if isinstance(size, int) and isinstance(patch, int) and size < 2 * patch:  # as `vitpos train` refuses
+        raise VitposError(f"{where}: image_size {size} with patch_size {patch} gives a 1 x 1 patch grid; a position "
+                          f"study needs at least 2 x 2 patches: set image_size to at least {2 * patch}")
 
 
 def _check_sizes(values: Mapping[str, Any], where: str) -> None:
@@ -168,7 +173,7 @@ def _check_sizes(values: Mapping[str, Any], where: str) -> None:
     huge count would fill the memory before any model exists)."""
     for key, top in _SIZE_BOUNDS.items():
         value = values.get(key)
-        low = 0 if key == "num_register_tokens" else 1
+        low = 0 if key in _MAY_BE_ZERO else 1
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if value is not None and (isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top):
                 raise VitposError(f"{where}: {key}={value!r}; it must be a whole number in {low}..{top}")
