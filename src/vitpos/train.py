@@ -218,14 +218,19 @@ def _data_and_config(pe: str, data: str, quick: bool, model_overrides: dict | No
     if info.image_size[0] != info.image_size[1]:
         raise VitposError(f"dataset {data!r} has non-square images {info.image_size}; own ViTs need square inputs")
     sized = {"patch_size": 4, **(QUICK_MODEL if quick else {}), **(model_overrides or {})}
-    patch = sized["patch_size"]
-    if not isinstance(patch, int) or patch < 1 or info.image_size[0] % patch:
-        raise VitposError(f"image size {info.image_size[0]} is not divisible by the patch size {patch}; "
+    patch, size = sized["patch_size"], info.image_size[0]
+    if isinstance(patch, int) and patch >= 1 and size < 2 * patch:  # one patch: no position to learn or to study
+        # checked before divisibility: 1-px images would otherwise be told to pick a patch size that divides 1
+        resize = -(-max(8, 2 * patch) // patch) * patch  # the smallest --img-size (8..) that holds 2 x 2 patches
+        fixes = ([f"--img-size {resize} (or more) to resize them"] if data.startswith("imagefolder:") else []) + (
+            [f"--patch-size {size // 2} or less"] if size >= 2 else [])
+        raise VitposError(f"{data}'s {size}-px images with {patch}-px patches give a {size // patch} x "
+                          f"{size // patch} patch grid; a position study needs at least 2 x 2 patches, so images of "
+                          f"at least {2 * patch} px" + (" (2 px with 1-px patches)" if patch > 1 else "")
+                          + (f": pass {' or '.join(fixes)}" if fixes else ": use larger images"))
+    if not isinstance(patch, int) or patch < 1 or size % patch:
+        raise VitposError(f"image size {size} is not divisible by the patch size {patch}; "
                           "pick a patch size that divides it")
-    if info.image_size[0] // patch < 2:  # one patch: no position to learn or to study
-        raise VitposError(f"{data}'s {info.image_size[0]}-px images with {patch}-px patches give a "
-                          f"{info.image_size[0] // patch} x {info.image_size[0] // patch} patch grid; a position study "
-                          "needs at least 2 x 2 patches: pass a larger --img-size or a smaller --patch-size")
     # the default (sincos) is what a model without a learned table records anyway (the zoo's recipes pass it)
     if (model_overrides or {}).get("ape_init", "sincos") != "sincos" and pe not in LEARNED_APE:
         raise VitposError(f"--ape-init sets the init of a learned position table; --pe {pe} has none (learned tables: "

@@ -17,7 +17,7 @@ import pytest
 
 from vitpos.claims.registry import rule_set
 from vitpos.cli import main
-from vitpos.study.sanity import impossible, validation_problem
+from vitpos.study.sanity import impossible, retyped, validation_problem
 from vitpos.validation.table import ValidationRow, ValidationTable
 
 
@@ -86,7 +86,8 @@ def _run(args: list[str], capsys) -> str:
     return " ".join((cap.out + cap.err).split())
 
 
-@pytest.mark.parametrize("value", [float("nan"), 7.5, float("inf"), -0.5], ids=["nan", "7.5", "inf", "negative"])
+@pytest.mark.parametrize("value", [float("nan"), 7.5, float("inf"), -0.5, "0.5"],
+                         ids=["nan", "7.5", "inf", "negative", "string"])  # "0.5": parsed as a number by the schema
 def test_an_impossible_cached_top1_is_recomputed(value, world, tmp_path, capsys, measured):
     out, args = _copy(world, tmp_path)
     (entry,) = (out / "stages").glob("*/eval-*.json")
@@ -120,7 +121,8 @@ def test_an_inconsistent_cached_validation_table_is_recomputed(edit, world, tmp_
 
 
 def test_a_truncated_cached_sae_is_retrained(world, tmp_path, capsys, measured):
-    """The sae stage's weights cut short: retrained (not refused with 're-train or re-copy it')."""
+    """The sae stage's weights cut short: retrained (not refused with 're-train or re-copy it'); an extra
+    claim seed's: tests/unit/test_sae.py::test_a_truncated_extra_seed_is_not_a_finished_run."""
     out, args = _copy(world, tmp_path)
     (weights,) = (out / "artifacts").glob("*/sae/sae.safetensors")
     raw = weights.read_bytes()
@@ -129,6 +131,17 @@ def test_a_truncated_cached_sae_is_retrained(world, tmp_path, capsys, measured):
     assert "sae: cached, but its files" in said and "gone or damaged: recomputing it" in said, said
     assert "] sae ..." in said and "] ape_permute ..." in said  # what reads the SAE is recomputed too
     assert len(weights.read_bytes()) == len(raw)
+
+
+def test_a_value_the_schema_retyped_is_named():
+    """A hand edit that the result schema's lax parsing takes in (a string for a number, a number for a
+    flag) is not an entry vitpos wrote: named, for the recompute (issue 49)."""
+    assert retyped({"top1": "0.5", "n": 3}, {"top1": 0.5, "n": 3}) == \
+        "top1 is the string '0.5', where the result holds a number"
+    assert retyped({"x": {"rows": [{"ok": 1}]}}, {"x": {"rows": [{"ok": True}]}}) == \
+        "x.rows[0].ok is the number 1, where the result holds a boolean"
+    # as written: no problem (ints for floats, None, keys only one side has)
+    assert retyped({"top1": 1, "ci": None, "old": 2}, {"top1": 1.0, "ci": [0.1, 0.2], "new": 3}) is None
 
 
 def test_the_bounds_by_name():

@@ -95,4 +95,7 @@ def test_a_model_needing_a_head_on_data_without_val_images(tmp_path, capsys):
     args = ["--quick", "--no-progress", "--models", APE, "--data", f"imagefolder:{root}", "--out", str(out)]
     planned = _refused(["run", "--plan", *args], out, capsys)
     assert "no images for split 'val'" in planned and "needs a head" in planned, planned
+    # the model is named (a run may hold several), and the head that would spare the fit (issue 49)
+    assert planned.startswith(f"error: {APE} needs a head for imagefolder:{root} (its outputs"), planned
+    assert planned.endswith(f"or pass a head for {APE} (heads: {{{APE}: HEAD_DIR}})"), planned
     assert _refused(["run", *args], out, capsys) == planned

@@ -4,6 +4,7 @@ size; the page is self-contained and escaped; it runs on a timm model with CLS +
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -274,3 +275,21 @@ def test_browse_refuses_a_top_k_beyond_memory_and_an_out_file(setup, tmp_path, m
     with pytest.raises(VitposError, match="is a file"):
         browse_sae(surface, d, tmp_path / "file", data=data)
     assert (tmp_path / "file").read_text() == "mine" and not (tmp_path / "page").exists()
+
+
+def test_browse_refuses_latents_beyond_the_sae_and_more_images_than_the_split(setup, tmp_path, monkeypatch):
+    """Issue 49: sae.json naming latent 999 of a smaller SAE (another SAE's file) and --images beyond the
+    test split were browsed without a word (the latter on fewer images than asked for)."""
+    from vitpos.errors import VitposError
+
+    surface, sae, _, data, _, _ = setup
+    d = _sae_folder(tmp_path, surface, sae, row_features=[0, 999])
+    _no_pass(monkeypatch)
+    with pytest.raises(VitposError, match=re.escape(f"key 'row_features' names latent 999, but the SAE in "
+                                                    f"sae.safetensors has {sae.d_sae} (0..{sae.d_sae - 1})")):
+        browse_sae(surface, d, tmp_path / "page", data=data)
+    d = _sae_folder(tmp_path / "ok", surface, sae)
+    with pytest.raises(VitposError, match=re.escape(f"--images {len(data) + 1}: the test split of the data has "
+                                                    f"{len(data)} images; pass --images {len(data)} or less")):
+        browse_sae(surface, d, tmp_path / "page", data=data, images=len(data) + 1)
+    assert not (tmp_path / "page").exists()

@@ -4,6 +4,7 @@ must fail it, timm <-> transformers twins on random weights, offline loading and
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -201,6 +202,10 @@ def test_bad_hf_inputs_raise_one_line(tmp_path):
         "hf:facebook/not-cached-anywhere": "local Hugging Face cache",
         "hf:Dinov2Model?hidden_size=banana": "hidden_size=.banana.; it must be a whole number",
         "hf:Dinov2Model?hidden_act=banana": "could not build",
+        # issue 49: a one-patch grid (nothing to study) and a negative label count (was read as headless)
+        tiny_spec("dinov2", image_size=8, patch_size=8): "gives a 1 x 1 patch grid; a position study needs at least "
+                                                          "2 x 2 patches: set image_size to at least 16",
+        tiny_spec("dinov2") + "&num_labels=-1": "num_labels=-1; it must be a whole number in 0..",
     }
     for spec, words in cases.items():
         with pytest.raises(VitposError, match=words) as info:
@@ -368,3 +373,53 @@ def test_a_classifier_is_scored_only_on_its_own_classes(tmp_path, capsys):
     # transformers' placeholder names (LABEL_0, ...) say nothing about the classes: the count decides, as before
     plain = load_model("hf:ViTForImageClassification?" + tiny_spec("vit").split("?")[1] + "&num_labels=4")
     assert plain.trained_classes is None
+
+
+def test_weights_of_another_shape_than_the_config_name_the_tensor_and_both_shapes(tmp_path, capsys):
+    """A save_pretrained folder whose config.json was edited after the weights (image_size doubled: the
+    position table of the file no longer fits) is one error line naming the tensor and both shapes, not
+    transformers' traceback telling to set `ignore_mismatched_sizes`."""
+    import json
+
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    cfg = tmp_path / "m" / "config.json"
+    doc = json.loads(cfg.read_text())
+    grid = doc["image_size"] // doc["patch_size"]
+    doc["image_size"] *= 2
+    cfg.write_text(json.dumps(doc))
+    capsys.readouterr()  # save_pretrained's progress bar
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "-m", f"hf:{tmp_path / 'm'}", "--data", "shapes", "--limit", "4"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(err) == 1 and not captured.out.strip(), (err, captured.out)
+    assert err[0] == (f"error: hf:{tmp_path / 'm'}: weight 'embeddings.position_embeddings' has shape "
+                      f"[1, {grid ** 2 + 1}, 32] in model.safetensors but the config implies "
+                      f"[1, {(2 * grid) ** 2 + 1}, 32]; fix config.json or re-save the weights")
+    assert "ignore_mismatched_sizes" not in captured.err
+
+
+def test_a_resample_code_vitpos_does_not_apply_is_refused_not_ignored(tmp_path):
+    """preprocessor_config.json's `resample`: 0 / 2 / 3 are applied; PIL's lanczos (1), box (4), hamming (5)
+    and codes PIL lacks were silently replaced by the family's bicubic (issue 49): refused, naming the key."""
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    pre = tmp_path / "m" / "preprocessor_config.json"
+    for code, words in ((1, "is 1 (PIL's lanczos, which vitpos does not apply)"), (99, "is 99 (no PIL resampling")):
+        pre.write_text(f'{{"resample": {code}}}')
+        with pytest.raises(VitposError, match=r"preprocessor_config.json: key 'resample' " + re.escape(words)) as e:
+            load_model(f"hf:{tmp_path / 'm'}")
+        assert str(e.value).endswith("set it to one of 0 (nearest), 2 (bilinear), 3 (bicubic), or remove the key to "
+                                     "use the family's own")
+    pre.write_text('{"resample": 0}')
+    assert load_model(f"hf:{tmp_path / 'm'}").data_config()["interpolation"] == "nearest"
+
+
+def test_a_path_that_is_no_folder_is_not_looked_up_in_the_hub_cache(tmp_path):
+    """hf:FILE and hf:/missing/folder were taken for hub ids (ORG/NAME): the first met transformers'
+    torch.load message, the second 'not in the local Hugging Face cache' (issue 49)."""
+    tiny("dinov2").model.save_pretrained(tmp_path / "m")
+    with pytest.raises(VitposError, match=re.escape(f"config.json is a file; pass the save_pretrained folder holding "
+                                                    f"it (hf:{tmp_path / 'm'})")):
+        load_model(f"hf:{tmp_path / 'm' / 'config.json'}")
+    with pytest.raises(VitposError, match=re.escape(f"no folder {tmp_path / 'gone'}; pass an existing")):
+        load_model(f"hf:{tmp_path / 'gone'}")

@@ -704,3 +704,17 @@ def test_seeds_outside_int64_are_refused_before_any_work():
         with pytest.raises(VitposError, match="outside 0..2"):
             sae_job(s, 1, "resid_post", toy_set(8), "topk", 2, 1, 8, 1, 8, seed, None, None, None, None, other,
                     False)
+
+
+def test_a_truncated_extra_seed_is_not_a_finished_run(tmp_path):
+    """A finished sae run's extra claim seed cut short: not reused (the run retrains it) — until issue 49 it
+    counted as saved because the file existed, and the stage then refused it with 're-train or re-copy it'."""
+    from vitpos.experiments.sae_run import _seeds_saved
+
+    doc = {"seed_pool": {"runs": [{"dir": "seeds/seed1"}]}}
+    SAE(SAEConfig(d_in=8, expansion=2, k=2)).save(tmp_path / "seeds" / "seed1")
+    assert _seeds_saved(tmp_path, doc)
+    weights = tmp_path / "seeds" / "seed1" / "sae.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(VitposError, match="is not a readable SAE file"):  # _finished catches it: trained again
+        _seeds_saved(tmp_path, doc)

@@ -324,8 +324,21 @@ def test_tiles_need_the_tiles_as_patches(tmp_path):
 
 def test_a_one_patch_grid_is_refused(tmp_path):
     _folder_of_pngs(tmp_path / "imgs", 1)
-    msg = _refused(["--pe", "ape", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--patch-size", "1"], tmp_path / "m")
+    data = f"imagefolder:{tmp_path / 'imgs'}"
+    msg = _refused(["--pe", "ape", "--data", data, "--patch-size", "1"], tmp_path / "m")
     assert "1 x 1 patch grid" in msg and "at least 2 x 2" in msg
+    # the minimum and the fix, not "pick a patch size that divides" 1 (issue 49): no patch size can
+    assert msg.endswith("so images of at least 2 px: pass --img-size 8 (or more) to resize them"), msg
+    msg = _refused(["--pe", "ape", "--data", data], tmp_path / "m4")  # the default 4-px patches
+    assert "0 x 0 patch grid" in msg and "images of at least 8 px (2 px with 1-px patches)" in msg, msg
+    assert msg.endswith("pass --img-size 8 (or more) to resize them") and "divisible" not in msg, msg
+    msg = _refused(["--pe", "ape", "--data", data, "--patch-size", "3"], tmp_path / "m3")
+    assert msg.endswith("pass --img-size 9 (or more) to resize them"), msg  # 8 is no multiple of 3
+    # and the fix works: resized to 8 px, the same folder trains (a 2 x 2 grid)
+    res = CliRunner().invoke(app, ["train", "--pe", "ape", "--data", data, "--img-size", "8", "--quick", "--epochs",
+                                   "1", "--out", str(tmp_path / "ok"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert read_own_config(tmp_path / "ok").grid == (2, 2)
 
 
 def test_a_model_beyond_memory_is_refused_with_the_number(tmp_path):

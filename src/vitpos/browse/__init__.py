@@ -121,6 +121,11 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
                     surface.spec, log)
     if sae.d_in != surface.width:
         raise VitposError(f"the SAE in {sae_dir} takes width {sae.d_in}, {surface.spec} has {surface.width}")
+    for key in ("row_features", "col_features", "mixed_features"):  # latents of this SAE, or another's sae.json
+        beyond = [i for i in doc.get(key) or [] if int(i) >= sae.d_sae]
+        if beyond:
+            raise VitposError(f"{Path(sae_dir) / 'sae.json'}: key {key!r} names latent {beyond[0]}, but the SAE in "
+                              f"sae.safetensors has {sae.d_sae} (0..{sae.d_sae - 1}); {REWRITE_SAE}")
     if not 0 <= int(doc["layer"]) < surface.depth:
         raise VitposError(f"{Path(sae_dir) / 'sae.json'}: key 'layer' is {doc['layer']}, outside {surface.spec}'s "
                           f"blocks 0..{surface.depth - 1}; {REWRITE_SAE}")
@@ -134,6 +139,9 @@ def browse_sae(surface, sae_dir: str | Path, out: str | Path, *, images: int | N
     dataset = dataset_for(surface, str(doc["data"]) if data is None else data, "test", limit=n_eval)
     if len(dataset) == 0:
         raise VitposError(f"the test split of {doc['data']} has no images to browse with")
+    if images is not None and len(dataset) < images:  # not silently fewer than asked for
+        raise VitposError(f"--images {images}: the test split of {doc['data'] if data is None else 'the data'} has "
+                          f"{len(dataset)} images; pass --images {len(dataset)} or less")
     col = collect(surface, sae, site, dataset, top_k=top_k)
     F, k = col.top_score.shape
     flat_img = col.top_image.reshape(-1)

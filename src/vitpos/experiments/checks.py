@@ -59,23 +59,25 @@ def check_expansions(surface: ModelSurface, arch: str, k: int, expansions: Seque
                               f"sae.k {k}; use a larger expansion or a smaller k")
 
 
-def check_head_splits(sizes: SplitSizes, data: str, key: str = "head.images") -> None:
+def check_head_splits(sizes: SplitSizes, data: str, model: str, key: str = "head.images") -> None:
     """A head is fitted on train-split images and its l2 chosen on val-split ones: neither may be empty
     (an empty val split gives an undefined val top-1, and the fit a head chosen on nothing). A split of
-    unknown size (`split_sizes` could not read it) is read here, for the error the fit would meet."""
+    unknown size (`split_sizes` could not read it) is read here, for the error the fit would meet.
+    `model`: the spec that needs the head, named in the refusal (a run may hold several models)."""
     from vitpos.data import load_split
 
+    needs = (f"{model} needs a head for {data} (its outputs are not logits over {data}'s classes), fitted on the "
+             f"train split and chosen on the val split ({key})")
+    fix = f"or pass a head for {model} (heads: {{{model}: HEAD_DIR}})"
     for split in ("train", "val"):
         n = getattr(sizes, split)
         if n is None:
             try:
                 n = len(load_split(data, split, limit=1))
             except VitposError as e:
-                raise VitposError(f"the model needs a head fitted on {data}'s train split and chosen on its val split "
-                                  f"({key}), but {e}; or pass a head (heads:)") from None
+                raise VitposError(f"{needs}, but {e}; {fix}") from None
         if n == 0:
-            raise VitposError(f"{data} has no {split} images, and the model needs a head fitted on its train split "
-                              f"and chosen on its val split ({key}); add {split} images, or pass a head (heads:)")
+            raise VitposError(f"{needs}, but {data} has no {split} images; add {split} images, {fix}")
 
 
 __all__ = ["MAX_EXPANSION", "check_data", "check_expansions", "check_head_splits", "check_probe_images", "images_of"]

@@ -168,15 +168,18 @@ def _finished(out: Path | None, job: SAEJob) -> tuple[SAEResult, SAE] | None:
             sae_prev = SAE.load(out)
             if sae_prev.model_weights in (None, job.surface.weights_digest()):
                 return SAEResult.model_validate(doc), sae_prev
-    except (VitposError, ValueError):
+    except (VitposError, ValueError, KeyError, TypeError):
         pass
     return None
 
 
 def _seeds_saved(out: Path, doc: dict) -> bool:
-    """Every extra SAE seed that sae.json names has its weights in `out`."""
+    """Every extra SAE seed that sae.json names has whole weights in `out` (loaded: a truncated one is
+    retrained with the run, not refused later by what reads it)."""
     pool = doc.get("seed_pool") or {}
-    return all((out / r["dir"] / "sae.safetensors").is_file() for r in pool.get("runs", []))
+    for r in pool.get("runs", []):
+        SAE.load(out / r["dir"])  # VitposError when missing or damaged: _finished trains again
+    return True
 
 
 @dataclass(frozen=True)

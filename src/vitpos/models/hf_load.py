@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -41,44 +42,70 @@ def _build(cls_name: str, config: Any, where: str) -> nn.Module:
                               f"{' '.join(str(e).split())[:200]}; fix the config's keys") from None
 
 
-def _load_weights(model: nn.Module, checkpoint: Path, spec: str) -> nn.Module:
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """One load of local files: no progress bars, load report or mismatch warning from transformers in
+    vitpos' output (a mismatch is raised as one error line instead)."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_weights(model: nn.Module, checkpoint: Path, spec: str, fix: str = "pass the config it was trained with",
+                  where: str | None = None) -> nn.Module:
     """Weights from a .safetensors file through transformers' own loader (its key renames for older
-    checkpoints included), refused unless every key of the model is loaded and nothing is left over."""
+    checkpoints included), refused unless every key of the model is loaded and nothing is left over.
+    Mis-shaped tensors are loaded as transformers' 'ignore_mismatched_sizes' (no traceback telling the user
+    to set it) and refused from its loading report, naming the tensor and both shapes. `where` heads the
+    error line (default: the checkpoint and the spec)."""
     if checkpoint.suffix != ".safetensors":
         raise VitposError(f"checkpoint {checkpoint} is not .safetensors; vitpos never unpickles weights — convert it "
                           "first")
     if not checkpoint.is_file():
         raise VitposError(f"checkpoint {checkpoint} does not exist")
     cls: Any = type(model)
-    from transformers.utils import logging as hf_logging
-
-    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()  # one load of a local file: no progress bars or load report in vitpos' output;
-    hf_logging.set_verbosity_error()  # a mismatch is raised below as one error line
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _quiet_transformers():
         hf_model: Any = model
         hf_model.config.save_pretrained(tmp)
         os.symlink(checkpoint.resolve(), Path(tmp) / "model.safetensors")
         try:
             loaded, info = cls.from_pretrained(tmp, local_files_only=True, use_safetensors=True,
-                                               output_loading_info=True)
-        except Exception as e:  # transformers raises several types for a shape mismatch
-            raise VitposError(f"checkpoint {checkpoint} does not fit {spec} ({' '.join(str(e).split())[:200]}); pass "
-                              "the config it was trained with") from None
-        finally:
-            hf_logging.set_verbosity(level)
-            if bars:
-                hf_logging.enable_progress_bar()
-    bad = _load_problems(info)
+                                               output_loading_info=True, ignore_mismatched_sizes=True)
+        except Exception as e:  # a truncated or unreadable file
+            raise VitposError(f"checkpoint {checkpoint} could not be read for {spec} "
+                              f"({' '.join(str(e).split())[:200]}); re-save or re-copy it") from None
+    bad = _load_problems(info, checkpoint.name)
     if bad:
-        raise VitposError(f"checkpoint {checkpoint} does not fit {spec}: {bad}; pass the config it was trained with")
+        head = where if where is not None else f"checkpoint {checkpoint} does not fit {spec}"
+        raise VitposError(f"{head}: {bad}; {fix}")
     return loaded
 
 
-def _load_problems(info: dict) -> dict:
-    """Missing, unexpected or mis-shaped keys of a from_pretrained load (empty: every key loaded)."""
-    return {k: sorted(map(str, v))[:4] for k, v in info.items()
-            if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+def _shape(shape: Any) -> str:
+    return str([int(n) for n in shape])
+
+
+def _load_problems(info: Mapping[str, Any], file: str) -> str:
+    """What a from_pretrained load (with ignore_mismatched_sizes) left wrong, in words: the first mis-shaped
+    tensor with both shapes (transformers reports (key, shape in the file, shape the config implies)),
+    then missing and unexpected keys; empty when every key loaded."""
+    mismatched = sorted(info.get("mismatched_keys") or [], key=lambda t: str(t[0]))
+    if mismatched:
+        key, found, implied = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more mis-shaped)" if len(mismatched) > 1 else ""
+        return (f"weight {key!r} has shape {_shape(found)} in {file} but the config implies {_shape(implied)}"
+                f"{more}")
+    parts = [f"{k.replace('_', ' ')} {', '.join(sorted(map(str, v))[:4])}" + (" ..." if len(v) > 4 else "")
+             for k, v in info.items() if k in ("missing_keys", "unexpected_keys") and v]
+    return "; ".join(parts)
 
 
 class PreprocessorConfig(BaseModel):
@@ -104,16 +131,26 @@ def _read_preprocess(folder: Path, channels: int) -> dict:
                 raise VitposError(f"{path}: key {key!r} has {len(values)} values for a model of {channels} input "
                                   f"channels; {fix}")
         out["mean"], out["std"] = tuple(doc.image_mean), tuple(doc.image_std)
-    resample = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(doc.resample if doc.resample is not None else -1)
-    if resample:
-        out["interpolation"] = resample
+    if doc.resample is not None:
+        if doc.resample not in _RESAMPLE:  # PIL's lanczos / box / hamming or no code at all: not silently bicubic
+            pil = {1: "lanczos", 4: "box", 5: "hamming"}.get(doc.resample)
+            raise VitposError(f"{path}: key 'resample' is {doc.resample}"
+                              + (f" (PIL's {pil}, which vitpos does not apply)" if pil else " (no PIL resampling code)")
+                              + "; set it to one of " + ", ".join(f"{k} ({v})" for k, v in _RESAMPLE.items())
+                              + ", or remove the key to use the family's own")
+        out["interpolation"] = _RESAMPLE[doc.resample]
     return out
+
+
+_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # the PIL codes vitpos' preprocessing applies
 
 
 # sizes a config must have for a patch grid + prefix surface (StopIteration, division by zero otherwise),
 # bounded as the timm: specs' (models.spec.SIZE_BOUNDS): a huge one must be refused, not allocated
 _SIZE_BOUNDS = {"num_hidden_layers": 256, "hidden_size": 16384, "num_attention_heads": 1024, "patch_size": 4096,
-                "image_size": 4096, "num_channels": 16, "intermediate_size": 1 << 18, "num_register_tokens": 1024}
+                "image_size": 4096, "num_channels": 16, "intermediate_size": 1 << 18, "num_register_tokens": 1024,
+               "num_labels": 1 << 20}
+_MAY_BE_ZERO = ("num_register_tokens", "num_labels")  # none; a headless model (num_labels=-1 read as 0 before)
 
 
 def _check_config(config: Any, where: str) -> None:
@@ -125,6 +162,9 @@ def _check_config(config: Any, where: str) -> None:
     size, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     if isinstance(size, int) and isinstance(patch, int) and size < patch:
         raise VitposError(f"{where}: image_size {size} is smaller than patch_size {patch}: no patch fits")
+    if isinstance(size, int) and isinstance(patch, int) and size < 2 * patch:  # as `vitpos train` refuses
+        raise VitposError(f"{where}: image_size {size} with patch_size {patch} gives a 1 x 1 patch grid; a position "
+                          f"study needs at least 2 x 2 patches: set image_size to at least {2 * patch}")
 
 
 def _check_sizes(values: Mapping[str, Any], where: str) -> None:
@@ -133,7 +173,7 @@ def _check_sizes(values: Mapping[str, Any], where: str) -> None:
     huge count would fill the memory before any model exists)."""
     for key, top in _SIZE_BOUNDS.items():
         value = values.get(key)
-        low = 0 if key == "num_register_tokens" else 1
+        low = 0 if key in _MAY_BE_ZERO else 1
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if value is not None and (isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top):
                 raise VitposError(f"{where}: {key}={value!r}; it must be a whole number in {low}..{top}")
@@ -173,6 +213,14 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
     if not name:
         raise VitposError("hf spec needs a class or a folder, e.g. hf:Dinov2Model?hidden_size=32 or hf:DIR")
     folder = Path(os.path.expanduser(name))
+    # a path is never a hub id (ORG/NAME): a file, or a folder that is not there, would otherwise be looked up in
+    # the hub cache, and transformers' answer (a torch.load message for config.json) names neither problem
+    if folder.exists() and not folder.is_dir():
+        raise VitposError(f"{spec}: {folder} is a file; pass the save_pretrained folder holding it "
+                          f"(hf:{folder.parent})")
+    if name.startswith(("/", "./", "../", "~")) and not folder.exists():
+        raise VitposError(f"{spec}: no folder {folder}; pass an existing save_pretrained folder (config.json + "
+                          "model.safetensors)")
     preprocess: dict = {}
     if folder.is_dir():
         cfg_path = folder / "config.json"
@@ -204,7 +252,9 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         if checkpoint is None and not weights.is_file():
             raise VitposError(f"{folder} has no model.safetensors (vitpos reads safetensors only); pass --checkpoint")
         preprocess = _read_preprocess(folder, int(config.num_channels))  # before the weights: the cheap check first
-        model = _load_weights(_build(cls_name, config, str(cfg_path)), weights, spec)
+        model = _load_weights(_build(cls_name, config, str(cfg_path)), weights, spec,
+                              *(("pass the config it was trained with", None) if checkpoint is not None else
+                                ("fix config.json or re-save the weights", spec)))
         _check_weights(model, weights)
         return HFSurface(model, spec, fam, preprocess)
     if name in BY_CLASS or name in NO_SURFACE:
@@ -238,16 +288,19 @@ def load_hf(spec: str, checkpoint: str | Path | None = None) -> HFSurface:
         cls_name = archs[0] if archs else type(config).__name__.replace("Config", "Model")
         fam = family_of(cls_name, spec)
         try:
-            model, info = getattr(tr, cls_name).from_pretrained(name, local_files_only=True, use_safetensors=True,
-                                                                output_loading_info=True)
+            with _quiet_transformers():
+                model, info = getattr(tr, cls_name).from_pretrained(
+                    name, local_files_only=True, use_safetensors=True, output_loading_info=True,
+                    ignore_mismatched_sizes=True)
         except OSError:
             raise VitposError(f"{spec}: no safetensors weights for {name} in the local cache; pass "
                               "--checkpoint") from None
-        except Exception as e:  # e.g. weights whose shapes disagree with the config (transformers' size mismatch)
-            raise VitposError(f"{spec}: the cached weights do not fit its config ({' '.join(str(e).split())[:200]}); "
+        except Exception as e:  # e.g. a truncated cached file
+            raise VitposError(f"{spec}: the cached weights could not be read ({' '.join(str(e).split())[:200]}); "
                               "re-download the model or pass --checkpoint") from None
-        if _load_problems(info):
-            raise VitposError(f"{spec}: the cached weights do not fit its config: {_load_problems(info)}")
+        bad = _load_problems(info, "the cached weights")
+        if bad:
+            raise VitposError(f"{spec}: {bad}; re-download the model or pass --checkpoint")
         _check_weights(model, f"{spec} (its cached weights)")
         return HFSurface(model, spec, fam)
     raise VitposError(f"{spec}: {name!r} is neither a transformers class vitpos supports "

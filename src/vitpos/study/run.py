@@ -54,7 +54,7 @@ from vitpos.study.plan import (
     split_sizes,
 )
 from vitpos.study.results import HEADLINE_FIGURE, ModelDescription, ModelEntry, StudyResults, figure_key, model_slug
-from vitpos.study.sanity import validation_problem
+from vitpos.study.sanity import retyped, validation_problem
 from vitpos.study.validate import check_stage
 from vitpos.validation.table import validation_table
 
@@ -379,7 +379,12 @@ class _ModelStages:
         except (ValueError, TypeError, KeyError, AttributeError) as e:  # an older result type, or damaged
             self.cache.damaged(self.cache.path(self.slug, exp.name, key), f"not a {exp.name} result: {e}")
             return None
-        return result if isinstance(result, Result) else None
+        if not isinstance(result, Result):
+            return None
+        if (problem := retyped(hit, result.to_json())) is not None:  # a hand edit the lax schema took in
+            self.cache.damaged(self.cache.path(self.slug, exp.name, key), problem)
+            return None
+        return result
 
     def _plan_head(self, sizes) -> tuple[PlannedStage | None, str | None, bool]:
         """The head stage as _attach_head would run it: (its row, the head's digest when known,
@@ -392,7 +397,7 @@ class _ModelStages:
         hit = self._cached_head(self._head_key(settings))
         if hit is not None:
             return PlannedStage(self.key_spec, self.data, "head", None, "cached"), hit[1].digest(), True
-        check_head_splits(sizes, self.data)  # what fit_head would refuse, before the first stage
+        check_head_splits(sizes, self.data, self.spec)  # what fit_head would refuse, before the first stage
         n = self.cfg.head.images
         try:
             n_val = sizes.n("val", max(1, n // 4))

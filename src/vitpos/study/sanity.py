@@ -75,8 +75,34 @@ def validation_problem(doc: Mapping[str, Any]) -> str | None:
     return None
 
 
+def retyped(stored: Any, read: Any, where: str = "") -> str | None:
+    """The first value of a cached entry (`stored`) whose kind its result type changed on reading (`read`:
+    the parsed result written back as JSON), e.g. a top1 edited to the string "0.5" that the schema's lax
+    parsing made a number: the entry was not written by vitpos ('where: why'), or None."""
+    if isinstance(stored, Mapping) and isinstance(read, Mapping):
+        return next((p for k in stored if k in read
+                     and (p := retyped(stored[k], read[k], f"{where}.{k}" if where else str(k))) is not None), None)
+    if isinstance(stored, list) and isinstance(read, list) and len(stored) == len(read):
+        return next((p for i, (a, b) in enumerate(zip(stored, read, strict=True))
+                     if (p := retyped(a, b, f"{where}[{i}]")) is not None), None)
+    kinds = (_kind(stored), _kind(read))
+    if None in kinds or kinds[0] == kinds[1]:
+        return None
+    return f"{where or 'the result'} is the {kinds[0]} {stored!r}, where the result holds a {kinds[1]}"
+
+
+def _kind(x: Any) -> str | None:
+    if x is None:
+        return None
+    if isinstance(x, bool):
+        return "boolean"
+    if _is_number(x):
+        return "number"
+    return {str: "string", list: "list"}.get(type(x), "object" if isinstance(x, Mapping) else type(x).__name__)
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-__all__ = ["COUNT", "FRACTION", "MAY_BE_NAN", "impossible", "validation_problem"]
+__all__ = ["COUNT", "FRACTION", "MAY_BE_NAN", "impossible", "retyped", "validation_problem"]
