@@ -709,12 +709,12 @@ def test_seeds_outside_int64_are_refused_before_any_work():
 def test_a_truncated_extra_seed_is_not_a_finished_run(tmp_path):
     """A finished sae run's extra claim seed cut short: not reused (the run retrains it) — until issue 49 it
     counted as saved because the file existed, and the stage then refused it with 're-train or re-copy it'."""
-    from vitpos.experiments.sae_run import _seeds_saved
+    from vitpos.experiments.sae_run import _load_seeds
 
     doc = {"seed_pool": {"runs": [{"dir": "seeds/seed1"}]}}
     SAE(SAEConfig(d_in=8, expansion=2, k=2)).save(tmp_path / "seeds" / "seed1")
-    assert _seeds_saved(tmp_path, doc)
+    _load_seeds(tmp_path, doc)  # whole: loads
     weights = tmp_path / "seeds" / "seed1" / "sae.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(VitposError, match="is not a readable SAE file"):  # _finished catches it: trained again
-        _seeds_saved(tmp_path, doc)
+        _load_seeds(tmp_path, doc)

@@ -164,7 +164,8 @@ def _finished(out: Path | None, job: SAEJob) -> tuple[SAEResult, SAE] | None:
         return None
     try:  # a damaged or other run's sae.json / weights: trained again (and rewritten)
         doc = read_json(out / "sae.json")
-        if isinstance(doc, dict) and doc.get("run") == job.run_key() and _seeds_saved(out, doc):
+        if isinstance(doc, dict) and doc.get("run") == job.run_key():
+            _load_seeds(out, doc)
             sae_prev = SAE.load(out)
             if sae_prev.model_weights in (None, job.surface.weights_digest()):
                 return SAEResult.model_validate(doc), sae_prev
@@ -173,13 +174,12 @@ def _finished(out: Path | None, job: SAEJob) -> tuple[SAEResult, SAE] | None:
     return None
 
 
-def _seeds_saved(out: Path, doc: dict) -> bool:
-    """Every extra SAE seed that sae.json names has whole weights in `out` (loaded: a truncated one is
-    retrained with the run, not refused later by what reads it)."""
+def _load_seeds(out: Path, doc: dict) -> None:
+    """Load every extra SAE seed that sae.json names from `out`: VitposError when one is missing or damaged,
+    so `_finished` trains the run again instead of what reads it refusing a truncated seed later."""
     pool = doc.get("seed_pool") or {}
     for r in pool.get("runs", []):
-        SAE.load(out / r["dir"])  # VitposError when missing or damaged: _finished trains again
-    return True
+        SAE.load(out / r["dir"])
 
 
 @dataclass(frozen=True)
