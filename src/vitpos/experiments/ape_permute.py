@@ -358,11 +358,16 @@ def pooled_budget(edit_draws: torch.Tensor, shuffle_draws: torch.Tensor, edit_dr
     over points), the interval that of the ratio over the hierarchical resamples (seeds, then images; the
     shuffle's drop on each seed's own image draws); None with the reason `undefined` (`shuffle_undefined`)."""
     if undefined is not None or shuffle_drop is None:
-        return PositionBudget(share=None, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
-                              undefined=undefined or "the APE-table shuffle was not measured")
+        return _no_budget(edit_drop, shuffle_drop, undefined)
     ratio = torch.where(shuffle_draws > 0, edit_draws / shuffle_draws.clamp_min(1e-300), torch.nan)
     return PositionBudget(share=edit_drop / shuffle_drop, share_ci95=percentile_interval(ratio), edit_drop=edit_drop,
                           shuffle_drop=shuffle_drop)
+
+
+def _no_budget(edit_drop: float, shuffle_drop: float | None, why: str | None) -> PositionBudget:
+    """An undefined budget (no ratio over ~0), with its reason."""
+    return PositionBudget(share=None, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
+                          undefined=why or "the APE-table shuffle was not measured")
 
 
 def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_correct: torch.Tensor | None,
@@ -373,8 +378,7 @@ def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_co
     the shuffle costs ~nothing (`shuffle_undefined`): never a ratio over ~0."""
     why = shuffle_undefined(shuffle_drop, shuffle_ci95)
     if why is not None or shuffle_correct is None or shuffle_drop is None:
-        return PositionBudget(share=None, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
-                              undefined=why or "the APE-table shuffle was not measured")
+        return _no_budget(edit_drop, shuffle_drop, why)
     base = base_correct.float()
     return PositionBudget(share=edit_drop / shuffle_drop, edit_drop=edit_drop, shuffle_drop=shuffle_drop,
                           share_ci95=paired_ratio_interval(base - edit_correct.float(), base - shuffle_correct.float()))
