@@ -36,7 +36,8 @@ def run(
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML or TOML settings; unknown keys are errors"),
     models: str | None = typer.Option(None, "--models", help="comma list of model specs (default: the shipped ones)"),
     data: str | None = typer.Option(None, "--data", "-d", help="comma list: pairs (the encoding zoo; the "
-                            "default), shapes (the default of --quick), fashion, natural, tiles, imagefolder:PATH"),
+                            "default), shapes (the default of --quick), fashion, natural, regions, tiles, "
+                            "imagefolder:PATH"),
     quick: bool = typer.Option(False, "--quick", help="small image counts: a minutes-long smoke run"),
     force: bool = typer.Option(False, "--force", help="recompute every stage"),
     pretrained: bool = typer.Option(False, "--pretrained", help="timm models: hub weights"),

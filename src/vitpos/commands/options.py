@@ -36,7 +36,7 @@ MODEL = typer.Option(..., "--model", "-m",
                      help="builtin:NAME, a directory from `vitpos train`, or timm:NAME[?kw=v&...]")
 PRETRAINED = typer.Option(False, "--pretrained", help="timm: load hub weights with timm's own loader")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="timm: local .safetensors weights")
-DATA = typer.Option("shapes", "--data", "-d", help="shapes | pairs | digits | fashion | natural | tiles | "
+DATA = typer.Option("shapes", "--data", "-d", help="shapes | pairs | digits | fashion | natural | regions | tiles | "
                     "imagefolder:PATH")
 OUT = typer.Option(..., "--out", "-o", help="output directory")
 PROGRESS = typer.Option(True, "--progress/--no-progress", help="progress bars")

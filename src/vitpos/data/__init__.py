@@ -1,18 +1,19 @@
 """Built-in datasets by name: `shapes` (default), `pairs`, `digits`, `fashion`, `natural` (crops of packaged
-photos), `tiles` (those crops with their tiles reordered) and `imagefolder:PATH`."""
+photos), `regions` (which photo a crop is from, train and test crops from disjoint regions), `tiles`
+(those crops with their tiles reordered) and `imagefolder:PATH`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
 
-from vitpos.data import digits, fashion, imagefolder, natural, pairs, shapes, tiles
+from vitpos.data import digits, fashion, imagefolder, natural, pairs, regions, shapes, tiles
 from vitpos.data.base import SPLITS, DatasetInfo, TensorImageDataset, split_seed, to_float
 from vitpos.data.imagefolder import LazyImageDataset
 from vitpos.errors import VitposError
 
 DEFAULT_DATA = "shapes"
-BUILTIN = ("shapes", "pairs", "digits", "fashion", "natural", "tiles")
+BUILTIN = ("shapes", "pairs", "digits", "fashion", "natural", "regions", "tiles")
 
 __all__ = [
     "DatasetInfo",
@@ -65,6 +66,9 @@ def dataset_info(name: str) -> DatasetInfo:
     if name == tiles.NAME:
         natural.photos()
         return tiles.INFO
+    if name == regions.NAME:
+        natural.photos()
+        return regions.INFO
     if name.startswith(imagefolder.PREFIX):
         return imagefolder.dataset_info(name)
     raise VitposError(f"unknown dataset {name!r}; use one of {', '.join(BUILTIN)} or imagefolder:PATH")
@@ -106,6 +110,8 @@ def load_split(
         ds = natural.load_split(split, seed, limit)  # crops are made on access: only the prefix asked for
     elif name == tiles.NAME:
         ds = tiles.load_split(split, seed, limit)
+    elif name == regions.NAME:
+        ds = regions.load_split(split, seed, limit)
     else:
         dataset_info(name)  # raises the clear error for unknown names
         raise AssertionError("unreachable")

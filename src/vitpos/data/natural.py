@@ -179,13 +179,17 @@ class LazyCrops:
 
     def __getitem__(self, key):
         if isinstance(key, slice):
-            return type(self)(self.base_seed, self.ids[key], self.size)
+            return self.with_ids(self.ids[key])
         if isinstance(key, (int, np.integer)):
             return self.render(self.ids[[int(key)]])[0]
         idx = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
         if idx.dtype == bool:
             idx = np.flatnonzero(idx)
         return self.render(self.ids[idx])
+
+    def with_ids(self, ids: np.ndarray) -> Self:
+        """The same crops generator over other ids (a slice of this one)."""
+        return type(self)(self.base_seed, ids, self.size)
 
     def render(self, ids: np.ndarray) -> torch.Tensor:
         """uint8 (len(ids), 3, size, size): the items these ids name (subclasses change what an item is)."""
