@@ -109,8 +109,8 @@ def _points(v: VariantResult | None) -> float | None:
 
 def _pooled(ap: ApePermuteResult, name: str) -> Interval | None:
     """`name`'s drop as C2 reads it: pooled over the SAE seeds where there are several, else the one SAE's."""
-    p = ap.pooled(name)
-    return _drop(ap.variant(name)) if p is None else bounds(p.drop_points, p.drop_ci95)
+    read = ap.drop_as_read(name)
+    return None if read is None else bounds(*read)
 
 
 def _shuffle(v: VariantResult | None) -> tuple[float, Interval] | None:

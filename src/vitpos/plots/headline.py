@@ -129,11 +129,12 @@ def _probes(ax, models: Models, style: _FamilyStyle) -> None:
 def _drop_as_read(doc: ApePermuteResult, name: str, entry: VariantResult) -> tuple[float, float, float]:
     """(drop, down, up) as the claims table reads it: pooled over the SAE seeds where there are several (the
     rule's number), else the one SAE's drop and interval."""
-    p = doc.pooled(name)
-    if p is None or p.drop_ci95 is None:
-        return drop_error(entry)
-    d = p.drop_points
-    return d, max(d - p.drop_ci95[0], 0.0), max(p.drop_ci95[1] - d, 0.0)
+    read = doc.drop_as_read(name)
+    ci = None if read is None else read[1]
+    if read is None or ci is None:
+        return drop_error(entry)  # no interval: the bar shows +- the drop's std
+    d = read[0]
+    return d, max(d - ci[0], 0.0), max(ci[1] - d, 0.0)
 
 
 def _ape(ax, models: Models, style: _FamilyStyle) -> None:

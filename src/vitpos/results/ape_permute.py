@@ -188,6 +188,15 @@ class ApePermuteResult(Result):
         """`name`'s drop pooled over the SAE seeds (None: one seed, or not pooled)."""
         return None if self.seed_pool is None else self.seed_pool.variants.get(name)
 
+    def drop_as_read(self, name: str) -> tuple[float, list[float] | None] | None:
+        """`name`'s drop and 95 % interval as C2 reads it (and the figures draw it): pooled over the SAE seeds
+        where there are several, else the one SAE's (None: the variant was not measured)."""
+        p = self.pooled(name)
+        if p is not None:
+            return p.drop_points, p.drop_ci95
+        v = self.variant(name)
+        return None if v is None else (v.drop_points, v.drop_ci95)
+
     def outcome(self, name: str) -> Outcome | None:
         """One variant's outcome, measured or skipped (None: not run in this result)."""
         v = getattr(self, name, None) if name in type(self).model_fields else None
