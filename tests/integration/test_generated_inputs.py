@@ -665,7 +665,7 @@ def test_every_impossible_stage_cache_number_is_a_damaged_entry(tmp_path):
     for stage, result in _cache_entries().items():
         check = validation_problem if stage == "validation" else None
         path = tmp_path / f"{stage}.json"
-        write_json(path, {"key": {}, "seconds": 1.0, "result": result})
+        cache.put(path, {}, result, 1.0)
         assert cache.get(path, check) == json.loads(path.read_text())["result"], stage  # the valid one is served
         for leaf in _leaves(result):
             name = str(leaf[-2]) if len(leaf) > 1 and leaf[-2] == "per_class" else next(
@@ -674,7 +674,7 @@ def test_every_impossible_stage_cache_number_is_a_damaged_entry(tmp_path):
             for value in (float("nan"), float("inf"), 7.5, -7):
                 n += 1
                 entry = tmp_path / f"{stage}-{n}.json"
-                entry.write_text(json.dumps({"key": {}, "seconds": 1.0, "result": _set(result, leaf, value)}))
+                cache.put(entry, {}, _set(result, leaf, value), 1.0)  # as if the stage had computed it
                 impossible = (math.isinf(value) or name == "rules_version"
                               or (math.isnan(value) and name not in NAN_IS_A_MEASUREMENT)
                               or (name in FRACTIONS and not math.isnan(value)) or name in COUNTS)

@@ -51,6 +51,13 @@ def model_fingerprint(spec: str, cfg: RunConfig) -> str:
 RECOMPUTE = "recomputing it"
 
 
+def entry_digest(doc: dict) -> str:
+    """Content hash of a cache entry's key, seconds and result: an entry edited after it was written (a number
+    changed by hand, a file half-copied) no longer matches the digest it was written with."""
+    body = {k: doc.get(k) for k in ("key", "seconds", "result")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class StageCache:
     """log: where a damaged entry is reported (it is then recomputed); None: silently."""
 
@@ -63,8 +70,9 @@ class StageCache:
         return self.root / "stages" / model_slug / f"{stage}-{digest}.json"
 
     def get(self, path: Path, check: Callable[[dict], str | None] | None = None) -> dict | None:
-        """The entry's result; None (recompute) when it is missing, unparsable, or holds a value that
-        cannot be right (`vitpos.study.sanity.impossible`, and `check`'s problem when given)."""
+        """The entry's result; None (recompute) when it is missing, unparsable, changed since it was written
+        (its digest), or holds a value that cannot be right (`vitpos.study.sanity.impossible`, and `check`'s
+        problem when given)."""
         if self.force or not path.is_file():
             return None
         try:
@@ -76,6 +84,9 @@ class StageCache:
             self.damaged(path, "no result object")
         elif not isinstance(doc.get("key"), dict) or not finite_number(doc.get("seconds")) or doc["seconds"] < 0:
             self.damaged(path, "its key or seconds are missing or wrong")
+        elif doc.get("digest") != entry_digest(doc):
+            self.damaged(path, "its content does not match the digest it was written with (edited after it was "
+                         "written, or written by a vitpos before entries had digests)")
         elif (problem := impossible(doc["result"]) or (check(doc["result"]) if check is not None else None)):
             self.damaged(path, problem)
         else:
@@ -92,4 +103,5 @@ class StageCache:
             self.log(f"warning: {message}")
 
     def put(self, path: Path, key: dict, result: dict, seconds: float) -> None:
-        write_json(path, {"key": key, "seconds": seconds, "result": result})
+        doc = json.loads(json.dumps({"key": key, "seconds": seconds, "result": result}))  # as get() will read it
+        write_json(path, {**doc, "digest": entry_digest(doc)})
