@@ -114,8 +114,9 @@ def test_the_claims_and_report_say_where_the_site_was_chosen_and_read(held_out):
     res = SAELayersResult(**dict(sweep), sae_images=300, sae_eval_images=40, sae_epochs=1, sae_expansion=2,
                           sae_k=4, permute_images=40, seeds=[0])
     said = "site chosen on half A (20 images), read on half B (20 images)"
-    html = BY_NAME["sae_layers"].section(res, CLAIM_RULES)
-    assert said in html and "selecting drop (half A)" in html and said in BY_NAME["sae_layers"].summary(res, "C2")
+    html, line = BY_NAME["sae_layers"].section(res, CLAIM_RULES), BY_NAME["sae_layers"].summary(res, "C2")
+    assert html is not None and line is not None
+    assert said in html and "selecting drop (half A)" in html and said in line
     for c in summarise({"m": ClaimInputs(sae_layers=res)}).claims:
         if c.id == "C2":
             nums = c.numbers["m"]
