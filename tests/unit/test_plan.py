@@ -414,8 +414,9 @@ def test_the_extra_sae_seeds_are_counted_in_the_sae_and_ape_permute_plans(monkey
 
 def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
     """The layer sweep's plan: per swept layer the sae stage's count of run_sae (no browser, no stability
-    SAE) and ape_permute's, less what the run skipped (a feature set without features skips its causal
-    removal and its control; a permutation variant without features its blocks after the layer)."""
+    SAE) and ape_permute's on each half of the permutation images (half A: the all-positional permutation
+    that selects; half B: every variant), less what the run skipped (a feature set without features skips its
+    causal removal and its control; a permutation variant without features its blocks after the layer)."""
     from conftest import TINY
     from vitpos.models.own import OwnViTConfig, build_own_vit
     from vitpos.models.spec import OwnSurface
@@ -444,7 +445,9 @@ def test_sae_layers_plan_counts_what_runs(monkeypatch, tmp_path):
                                                 for x in (causal.effect(k), causal.control(k)))
         skipped = sum(isinstance(p.permute.outcome(v), Skipped) for v in p.permute.variant_names())
         resume = p.layer + (1 if p.site == "resid_post" else 0)  # the embedding's runs go through every block
-        skipped_blocks += skipped * 20 * (L - resume)
+        # half B (10 of the 20 images) runs every variant; half A (the other 10) the all-positional one only
+        skipped_blocks += (skipped + (p.selection_drop is None)) * 10 * (L - resume)
+    assert result.held_out is not None and len(result.held_out.selection) == len(result.held_out.verdict) == 10
     assert [p.key for p in result.points] == ["embed", "L0", "L1"]
     assert counts["forwards"] == plan.forwards - missing * 30
     assert counts["blocks"] == plan.blocks - missing * 30 * L - skipped_blocks

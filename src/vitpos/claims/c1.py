@@ -65,9 +65,11 @@ RULE = """  C1 (APE)  >= 1 row and >= 1 col SAE feature, and for each set (row, 
             (removing content latents moves the label of a spatial task, so it is no null there).
             Where the layer sweep ran (sae_layers: an SAE and this rule at every layer), the model's
             result is this rule read over the plausible layers (chosen as the largest all-positional
-            drop in >= C1.plausible_layer of the bootstrap resamples over images): holds when it holds
-            at every one, fails when it fails at all, else inconclusive; the single SAE layer's
-            reading (the sae stage's) is reported beside it."""
+            drop in >= C1.plausible_layer of the bootstrap resamples over half A of the sweep's
+            permutation images; the permutation numbers read there come from the other half, B, so
+            the layer is not chosen on the outcome read): holds when it holds at every one, fails
+            when it fails at all, else inconclusive; the single SAE layer's reading (the sae
+            stage's) is reported beside it."""
 
 
 Effect = AblationEffect | PooledEffect  # one SAE's removal, or the removal pooled over SAE seeds (issue 48)

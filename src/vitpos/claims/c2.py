@@ -90,8 +90,11 @@ RULE = """  C2 (APE)  permuting ALL positional features (row + col + mixed: ever
             norm, the drop per class group and as a fraction of the position gain (clean minus
             the `none` model's top-1 on the same data, where one ran), and whether the drop falls
             in the study's 24-31 (ImageNet's range: stated, not required). Where the layer sweep
-            ran, read over its plausible layers as C1 (C2.plausible_layer), the ape_permute stage's
-            single layer beside it."""
+            ran, read over its plausible layers as C1 (C2.plausible_layer): they are chosen on half A
+            of the sweep's permutation images and every number above is read on half B (disjoint,
+            drawn by the run seed), so the drop that chooses a layer is not the drop read there;
+            sweeps written before the split chose and read on the same images and say so. The
+            ape_permute stage's single layer beside it."""
 
 SETS = (("all_positional", "random_all_positional", "all positional (row+col+mixed)"),
         ("all", "random_features", "row+col"), ("row_only", "random_row", "row only"),

@@ -3,7 +3,12 @@ the model's result over the plausible sites (chosen as the largest all-positiona
 the threshold's share of the bootstrap resamples): holds when it holds at every one, fails when it
 fails at all of them, else inconclusive (the verdict would rest on an unstable choice of site).
 Sites are named by their key (`LayerPoint.key`): "embed" (resid_pre of block 0, swept since issue 47)
-and "L<layer>" (a block output); the rule is the same at every site."""
+and "L<layer>" (a block output); the rule is the same at every site.
+
+Held out (issue 47 item 4): the selection frequencies come from half A of the sweep's permutation images,
+the numbers each site's rule reads from half B (`SAESweepResult.held_out`), so the site is not chosen on
+the outcome the verdict reads; sweeps written before it chose and read on the same images, and the
+numbers and text say which."""
 
 from __future__ import annotations
 
@@ -29,13 +34,14 @@ def layer_reader(at_layer: Callable[[str, LayerPoint, Thresholds], ModelClaim], 
 
 def headline_site(sweep: SAELayersResult, plausible: Sequence[str]) -> str | None:
     """The site whose numbers a claim read over the sweep reports: the selected site (largest all-positional
-    drop) where it is plausible, else the first plausible site; with none plausible, the selected site (None:
-    no site has a drop)."""
+    drop on the selecting images, half A) where it is plausible, else the first plausible site; with none
+    plausible, the selected site (None: no site has a drop)."""
     return plausible[0] if plausible and sweep.selected_site not in plausible else sweep.selected_site
 
 
 def plausible_sites(sweep: SAELayersResult, threshold: float) -> list[str]:
-    """The swept sites' keys chosen as the largest all-positional drop in >= threshold of the resamples."""
+    """The swept sites' keys chosen as the largest all-positional drop in >= threshold of the resamples (of
+    half A's images: `LayerPoint.selection_frequency`)."""
     return [p.key for p in sweep.points if p.selection_frequency >= threshold]
 
 
@@ -65,6 +71,9 @@ def over_curve(spec: str, single: ModelClaim | None, sweep: SAELayersResult, at_
     nums: dict[str, Any] = {**(readings[site].numbers if site is not None else single_nums),
                             "headline_site": site, "single_layer_numbers": dict(single_nums),
                             "read_over": "the plausible sites of the sae_layers sweep",
+                            "site_selection": sweep.selection_said(rule=True),
+                            "selection_images": None if sweep.held_out is None else len(sweep.held_out.selection),
+                            "verdict_images": None if sweep.held_out is None else len(sweep.held_out.verdict),
                             "sweep_layers": list(sweep.layers), "sweep_sites": sweep.sites, "plausible_sites": plaus,
                             "selection_frequency": dict(freq),
                             "per_site_result": dict(per),
@@ -74,7 +83,8 @@ def over_curve(spec: str, single: ModelClaim | None, sweep: SAELayersResult, at_
     where = ", ".join(f"{key} (selected in {freq[key]:.0%}): {per[key]}" for key in plaus) or "none"
     others = ", ".join(f"{k}: {v}" for k, v in per.items() if k not in plaus)
     text = (f"{spec}: {result} over the layer sweep ({sweep.layer_rule}), read at its plausible sites (chosen as "
-            f"the largest all-positional drop in >= {t[threshold]:.0%} of the bootstrap resamples): "
+            f"the largest all-positional drop in >= {t[threshold]:.0%} of the bootstrap resamples; "
+            f"{sweep.selection_said()}): "
             f"{where}" + (f"; other layers {others}" if others else "")
             + ("" if single is None else f". Single layer (the {stage} stage's, "
                f"{single.result}): {single.text.removeprefix(f'{spec}: ')}"))

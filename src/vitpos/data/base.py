@@ -101,6 +101,10 @@ class TensorImageDataset(Dataset):
             return self
         return TensorImageDataset(self.images[:n], self.labels[:n], self.info, self.split, self.transform)
 
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float images and labels of samples `idx` (an index tensor), as `batches` yields them."""
+        return self._float(self.images[idx]), self.labels[idx]
+
     def batches(
         self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -108,5 +112,42 @@ class TensorImageDataset(Dataset):
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         for start in range(0, n, batch_size):
+            yield self.batch(order[start : start + batch_size])
+
+
+class Selection:
+    """The samples `ids` of a dataset, in that order, seen as a dataset (info, split, len, indexing, subset,
+    batches): e.g. one half of a sweep's permutation images (`experiments.sae_sweep.held_out_halves`). Lazy:
+    a TensorImageDataset's samples are taken batch by batch (`TensorImageDataset.batch`), any other's item by
+    item."""
+
+    def __init__(self, dataset, ids: list[int]):
+        if any(not 0 <= i < len(dataset) for i in ids):
+            raise ValueError(f"ids must lie in 0..{len(dataset) - 1}")
+        self.dataset, self.ids = dataset, list(ids)
+        self.info: DatasetInfo = dataset.info
+        self.split: str = getattr(dataset, "split", "?")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.dataset[self.ids[i]]
+
+    def subset(self, n: int | None) -> Selection:
+        """The first n of the selected samples, or self when n is None."""
+        return self if n is None or n >= len(self) else Selection(self.dataset, self.ids[:n])
+
+    def batches(
+        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(self.ids, dtype=torch.long)
+        if shuffle:
+            order = order[torch.randperm(len(order), generator=generator)]
+        for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            yield self._float(self.images[idx]), self.labels[idx]
+            if isinstance(self.dataset, TensorImageDataset):
+                yield self.dataset.batch(idx)
+            else:
+                items = [self.dataset[int(i)] for i in idx]
+                yield torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long)

@@ -385,16 +385,16 @@ def budget_of(base_correct: torch.Tensor, edit_correct: torch.Tensor, shuffle_co
 
 
 def plan_ape_permute(settings: ApePermuteStageSettings, surface: ModelSurface, sizes: SplitSizes,
-                     shared_prefix: bool = True) -> StagePlan:
+                     shared_prefix: bool = True, variants: Sequence[str] | None = None) -> StagePlan:
     """What run_ape_permute computes: an upper bound (a variant without features is skipped; the
     SAE layer, when the probes are still to choose it, is counted at layer 0, where every run after the
     shared prefix goes through the most blocks: counted at depth // 2, DINOv2-S/14's permutation at
-    layer 0 took 2.3x its estimate)."""
+    layer 0 took 2.3x its estimate). `variants`: as run_ape_permute's (None: every one)."""
     n, L, seeds = sizes.n("test", settings.images), surface.depth, settings.seeds
     chosen = settings.sae.layer  # None: the probes have not chosen it yet
     layer = 0 if chosen is None else chosen
     resume = _start_after(Site(layer, settings.sae.site)) if shared_prefix else None
-    runs = permute_runs(range(seeds))  # the work list run_ape_permute iterates
+    runs = [r for r in permute_runs(range(seeds)) if variants is None or r.variant in variants]  # as run_ape_permute
     plan = _permute_plan(runs, n, L, resume)
     note = "upper bound: every variant has features" + ("; the SAE layer, still to be chosen, counted at 0"
                                                          if chosen is None else "")

@@ -8,6 +8,7 @@ the report and results.json all follow the registry; nothing else needs an edit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from vitpos.experiments.ape_permute import (
@@ -108,12 +109,13 @@ def stage_versions(exp: Experiment) -> dict[str, int]:
 
 
 def _plan_permute_at(layer: int, site: str, images: int, seeds: int, surface: ModelSurface,
-                     sizes: SplitSizes, claim_seeds: int = 1) -> StagePlan:
-    """The ape_permute stage's plan for the SAE at `site` of `layer` with `claim_seeds` SAE seeds (the sweep
-    names them, this builds the settings)."""
+                     sizes: SplitSizes, claim_seeds: int = 1, variants: Sequence[str] | None = None) -> StagePlan:
+    """The ape_permute stage's plan for the SAE at `site` of `layer` with `claim_seeds` SAE seeds, running
+    `variants` (None: every one; the sweep names them, this builds the settings)."""
     at = (SAESite.model_validate({"layer": layer, "site": site}) if claim_seeds == 1 else
           SAESettings.model_validate({"layer": layer, "site": site, "claim_seeds": claim_seeds}))
-    return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=at), surface, sizes)
+    return plan_ape_permute(ApePermuteStageSettings(images=images, seeds=seeds, sae=at), surface, sizes,
+                            variants=variants)
 
 
 LAYER_MEASURES = LayerMeasures(run_sae=run_sae, run_ape_permute=run_ape_permute, plan_sae=SAEExperiment().plan,

@@ -12,7 +12,10 @@ causal check (C1) and the permutation of its positional features (C2), each read
 per-model rules; the bootstrap selection frequency of the largest all-positional drop gives the
 plausible layers, and the claims read C1 and C2 over them (`vitpos.claims`): a claim holds for the
 model when it holds at every plausible layer, fails when it fails at all of them, and is
-inconclusive otherwise. The single-layer readings stay reported beside it.
+inconclusive otherwise. The single-layer readings stay reported beside it. The site is not chosen on
+the outcome (issue 47 item 4): the permutation images are split in two halves seeded with the run seed;
+half A's all-positional drops choose the plausible sites, half B gives every permutation number read
+there (`sae_sweep.held_out_halves`; the result's `held_out` names both).
 
 Each layer's SAE is smaller than the sae stage's (`SAELayersSettings`: sized so that the 4 APE
 models of the default zoo add about 5 minutes to `vitpos run` on 2 idle cores; a config can set the sae
@@ -57,8 +60,9 @@ class SAELayersSettings(Settings):
     epochs: int = Field(default=2, ge=1, le=1000)
     expansion: int = Field(default=4, ge=1, le=256)
     k: int = Field(default=32, ge=1)
-    permute_images: int = Field(default=300, ge=1, description="test images of each layer's permutation (C2) and "
-                                "of the bootstrap selection of the layer")
+    permute_images: int = Field(default=300, ge=2, description="test images of each layer's permutation, split "
+                                "in two halves: half A (n // 2) selects the plausible layers by the bootstrap, half "
+                                "B (the rest) is what C2 reads there")
     seeds: int = Field(default=1, ge=1, le=100, description="permutation seeds per layer")
 
 
@@ -83,8 +87,9 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
     name = "sae_layers"
     # 2 (issue 47): the embedding site first, the position budget; older sweeps are recomputed; 3 (issue 48): the
     # sae stage's SAE seeds (sae.claim_seeds) at every plausible site, C1 / C2 pooled over them there; 4 (issue 47
-    # item 2): the position budget pooled over those SAE seeds too, which C2 (rules version 7) reads at each site
-    version = 4
+    # item 2): the position budget pooled over those SAE seeds too, which C2 (rules version 7) reads at each site;
+    # 5 (issue 47 item 4): the permutation images in two halves, the site chosen on half A and read on half B
+    version = 5
     title = "The SAE layer as a sweep (C1, C2 per site, from the embedding)"
     claims = ("C1", "C2")
     result_type = SAELayersResult
@@ -144,7 +149,8 @@ class SAELayersExperiment(Experiment[SAELayersResult, SAELayersStageSettings]):
         seeds = tuple(range(s.seeds))
         sweep = run_sae_sweep(surface, stage.data, self.measures, list(s.layers), sae_kw=kw,
                               permute_images=s.permute_images, seeds=seeds, out=stage.out, sae_data=s.sae_data,
-                              progress=stage.progress, embed=s.embed, claim_seeds=s.claim_seeds)
+                              progress=stage.progress, embed=s.embed, claim_seeds=s.claim_seeds,
+                              split_seed=stage.seed)
         return SAELayersResult(
             **dict(sweep), sae_images=s.images, sae_eval_images=s.eval_images,
             sae_epochs=s.epochs, sae_expansion=s.expansion, sae_k=s.k, permute_images=s.permute_images,

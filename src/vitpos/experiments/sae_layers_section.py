@@ -3,7 +3,9 @@
 The section shows C1 and C2 at every swept site (the embedding first, then each block output) and over
 the plausible ones, read by the claims' own rules: the report hands them in (`ClaimRules`), an
 experiment never imports the claims. Beside C2, each site's position budget: the share of the
-APE-table shuffle's effect its edits reproduce."""
+APE-table shuffle's effect its edits reproduce. Which images chose the plausible sites (half A) and
+which the claims read there (half B) is said in the head, and each site's selecting drop (half A's)
+has its column beside the drops read."""
 
 from __future__ import annotations
 
@@ -86,8 +88,9 @@ def section(r: SAELayersResult, rules: ClaimRules) -> str:
             f"permutation of its positional features on {e(r.permute_images)} {e(r.data)} images (seeds "
             f"{e(fmt_value(r.seeds))}). The layer where "
             "position matters most for behaviour is the largest all-positional drop; its selection frequency is "
-            "bootstrapped over the images (the same resample at every site; the embedding is one more site). "
-            f"Plausible sites (chosen in at least {PLAUSIBLE:.0%} of the resamples): <b>{e(plaus or 'none')}</b>. "
+            f"bootstrapped over the {_selecting(r)} images (the same resample at every site; the embedding is one "
+            f"more site). Plausible sites (chosen in at least {PLAUSIBLE:.0%} of the resamples): "
+            f"<b>{e(plaus or 'none')}</b>; {e(r.selection_said(rule=True))}. "
             f"Over them C1 <b>{e(over['C1'])}</b> and C2 <b>{e(over['C2'])}</b> (a claim holds when it holds at "
             "every plausible site); the claims table reads the curve this way, the single-layer sae and ape_permute "
             f"stages are reported beside it.{_shuffle(r)}{_prefix(r)}</p>")
@@ -101,12 +104,26 @@ def section(r: SAELayersResult, rules: ClaimRules) -> str:
                      _permuted(p, "all_positional"), _permuted(p, "swap_all_positional"),
                      _permuted(p, "random_all_positional"), _budget(p, "all_positional"), _budget(p, "row_only"),
                      _budget(p, "col_only"), _budget(p, "subspace_positional"), _budget(p, "subspace_error"),
-                     f"{p.selection_frequency:.0%}"])
+                     _selection_drop(r, p), f"{p.selection_frequency:.0%}"])
     return head + table(["site (* plausible)", "FVU", "row / col / mixed", "C1 here", "row set: row-probe drop",
                          "its control", "col set: col-probe drop", "its control", "selectivity row; col", "C2 here",
                          "all-positional drop", "same-position swap", "matched random",
                          "position budget: all positional", "row set", "col set", "positional subspace",
-                         "SAE error in it", "selected"], rows)
+                         "SAE error in it", "selecting drop (half A)", "selected"], rows)
+
+
+def _selecting(r: SAELayersResult) -> str:
+    """Which images the selection bootstrap resampled: half A's, or (older sweeps) the verdict's own."""
+    return "same" if r.held_out is None else f"{len(r.held_out.selection)} half-A"
+
+
+def _selection_drop(r: SAELayersResult, p: LayerPoint) -> str:
+    """The all-positional drop that selected the site (half A's), or why there is none."""
+    if r.held_out is None:
+        return "the drop read (same images)"
+    if p.selection_drop is None:
+        return "not measured (no positional latent)"
+    return f"{pts(p.selection_drop)} {ci(p.selection_drop_ci95)}".rstrip()
 
 
 def summary(r: SAELayersResult) -> str:
@@ -115,4 +132,5 @@ def summary(r: SAELayersResult) -> str:
     drops = ", ".join(f"{p.key} ({p.selection_frequency:.0%}): {pts(p.all_positional_drop)} "
                       f"{ci(p.all_positional_drop_ci95)}".rstrip() + f", budget {_budget(p, 'all_positional')}"
                       for p in r.points if p.key in r.plausible_sites)
-    return f"{len(r.points)} sites swept; plausible sites, all-positional drop: {drops or 'none'}"
+    return (f"{len(r.points)} sites swept; plausible sites, all-positional drop: {drops or 'none'} "
+            f"({r.selection_said()})")

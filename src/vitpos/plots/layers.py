@@ -95,7 +95,8 @@ def plot_sae_layers(r: SAELayersResult, path: str | Path) -> Path:
            edgecolor="black", linewidth=0.6)
     a4.set_ylim(0, 1)
     a4.set_ylabel("selection frequency")
-    a4.set_title("how often a site has the largest all-positional drop\n(bootstrap over images; colour: plausible)",
+    over = "images" if r.held_out is None else f"half A's {len(r.held_out.selection)} images"
+    a4.set_title(f"how often a site has the largest all-positional drop\n(bootstrap over {over}; colour: plausible)",
                  fontsize=10)
     budgets = (("all_positional", "all positional", CYCLE[0], "-"), ("row_only", "row set", colors["row"], "--"),
                ("col_only", "col set", colors["col"], "--"), ("subspace_positional", "positional subspace", "0.3", ":"),

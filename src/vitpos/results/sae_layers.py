@@ -4,7 +4,13 @@
 Sites (issue 47): the embedding (`resid_pre` of block 0: the APE-added tokens, where position enters;
 key "embed") first, then every swept block output (`resid_post`; key "L<layer>"). Sweeps written before
 it swept block outputs only: their points load with site resid_post, their `plausible_layers` /
-`selected_layer` as `plausible_sites` / `selected_site`."""
+`selected_layer` as `plausible_sites` / `selected_site`.
+
+Held out (issue 47 item 4): the site is not chosen on the images whose numbers the verdict reads. The
+permutation images are split in two disjoint halves (`HeldOutSplit`): half A selects (each point's
+`selection_frequency`, `selection_drop`), half B gives every number C1 and C2's permutation reads there
+(`permute`, `all_positional_drop`, ...). Sweeps written before it (`held_out` None) chose and read on the
+same images; they load as they were and say so."""
 
 from __future__ import annotations
 
@@ -41,7 +47,11 @@ class LayerPoint(BaseModel):
     all_positional_drop: float | None
     all_positional_drop_ci95: list[float] | None
     swap_null_drop: float | None
-    selection_frequency: float  # how often the bootstrap picks this site as the largest drop
+    selection_frequency: float  # how often the bootstrap (over half A's images) picks this site as the largest drop
+    # the all-positional drop (points) that selects, on half A's images, and its paired-bootstrap interval (None:
+    # a sweep before issue 47 item 4, which selected on `all_positional_drop`, the verdict's own images)
+    selection_drop: float | None = None
+    selection_drop_ci95: list[float] | None = None
     # the all-positional permutation's share of the APE-table shuffle's effect (None: a sweep before issue 47;
     # every edit's: `permute.position_budget`)
     all_positional_budget: PositionBudget | None = None
@@ -69,14 +79,39 @@ class SweepClaim(BaseModel):
     per_plausible_layer: dict[str, str]
 
 
+class HeldOutSplit(BaseModel):
+    """The sweep's permutation images in two disjoint halves: A selects the site, B is read at it."""
+
+    rule: str  # the split in words
+    seed: int  # the split's generator seed (the run seed)
+    n_images: int  # the permutation images split: the first n_images of the test split (indices 0..n_images-1)
+    selection: list[int]  # half A: chooses the plausible sites
+    verdict: list[int]  # half B: every number the claims read at them
+
+    @model_validator(mode="after")
+    def _halves(self) -> HeldOutSplit:
+        a, b = set(self.selection), set(self.verdict)
+        if a & b or a | b != set(range(self.n_images)) or len(a) != len(self.selection) or len(b) != len(self.verdict):
+            raise ValueError("the halves must be disjoint and cover the n_images permutation images, each once")
+        return self
+
+    def said(self, rule: bool = False) -> str:
+        """'site chosen on half A (n images), read on half B (m images)', and how the halves were drawn."""
+        how = f": {self.rule}, seed {self.seed}" if rule else ""
+        return f"site chosen on half A ({len(self.selection)} images), read on half B ({len(self.verdict)} images){how}"
+
+
 class SAESweepResult(BaseModel):
     model: str
     data: str
     layers: list[int]  # the block outputs swept (the embedding, when swept, is the first point)
     layer_rule: str
     points: list[LayerPoint]
-    selected_site: str | None  # the point argmax of the all-positional drop (a point's `key`)
+    selected_site: str | None  # the point argmax of the selecting all-positional drop (half A's; a point's `key`)
     plausible_sites: list[str]  # the points' keys
+    # which images selected the site and which are read at it (None: a sweep before issue 47 item 4, which
+    # selected and read on the same images)
+    held_out: HeldOutSplit | None = None
     # older sweeps only (see LayerPoint.c1): the claims over the plausible layers; the claims read them now
     c1: SweepClaim | None = None
     c2: SweepClaim | None = None
@@ -91,6 +126,13 @@ class SAESweepResult(BaseModel):
             sel = doc.pop("selected_layer", None)
             doc["selected_site"] = None if sel is None else site_key(int(sel), "resid_post")
         return doc
+
+    def selection_said(self, rule: bool = False) -> str:
+        """Which images chose the plausible sites and which the claims read there, in words (`rule`: and how the
+        halves were drawn)."""
+        if self.held_out is not None:
+            return self.held_out.said(rule)
+        return "site chosen and read on the same images (a sweep written before issue 47 item 4)"
 
     @property
     def sites(self) -> list[str]:
