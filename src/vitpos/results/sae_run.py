@@ -232,6 +232,10 @@ class Eta2Null(BaseModel):
     null_col_max: float | None
     null_pos_q: float | None
     null_pos_max: float | None
+    # issue 47 item 3: the conjunction typing's eta2_pos_fired under the same shuffle, over the latents firing in
+    # >= min_conj_images images (None: none, or written before it)
+    null_conj_q: float | None = None
+    null_conj_max: float | None = None
     admitted: list[Eta2Count]  # one per threshold of ETA2_GRID, used for both axis and pos
     null_thresholds: NullThresholds
     used_above_null: bool  # the thresholds the feature lists use are at or above the null's
