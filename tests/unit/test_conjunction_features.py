@@ -143,7 +143,7 @@ def test_run_reports_the_conjunction_inclusive_set_beside_the_positional_one():
     res = run_ape_permute(s, sae, doc, data=toy_images(32), n_images=32, seeds=(0,))
     assert res.feature_counts["conj"] == 3
     cp, ap = res.variant("conj_positional"), res.variant("all_positional")
-    assert cp is not None and ap is not None and cp.n_features == ap.n_features + 3
+    assert cp is not None and ap is not None and ap.n_features is not None and cp.n_features == ap.n_features + 3
     assert res.position_budget is not None and "conj_positional" in res.position_budget
     for v in ("norm_conj_positional", "norm_all_positional_no_conj"):
         assert res.outcome(v) is not None
