@@ -144,7 +144,8 @@ def test_ape_permute_plan_counts_what_runs(monkeypatch, shared, layer, site):
     ape = tiny_own("ape")
     torch.manual_seed(0)
     sae = SAE(SAEConfig.model_validate({"d_in": ape.width, "expansion": 4, "k": 64})).eval()
-    doc = {"layer": layer, "site": site, "row_features": [1, 2], "col_features": [3], "mixed_features": [4]}
+    doc = {"layer": layer, "site": site, "row_features": [1, 2], "col_features": [3], "mixed_features": [4],
+           "conj_features": [5]}  # issue 47 item 3: the conjunction variants run too
     settings = ApePermuteStageSettings(images=40, seeds=2, sae=SAESite(layer=layer, site=site))
     plan = plan_ape_permute(settings, ape, SplitSizes(test=300), shared_prefix=shared)
     with counting(ape, monkeypatch) as counts:

@@ -41,7 +41,18 @@ Issue 47, each with the all-positional set's permutations (no older number moves
   subspace_error       only the SAE error term's component in that span permuted.
 The position budget (`position_budget`): each edit of BUDGET_VARIANTS as a share of the APE-table shuffle's
 effect on the same images, drop(edit) / drop(shuffle), with the paired-bootstrap interval of the ratio; None
-with the reason where the shuffle costs ~nothing (`shuffle_undefined`). Prefix tokens (CLS, registers) are
+with the reason where the shuffle costs ~nothing (`shuffle_undefined`).
+
+Issue 47 item 3 (CONJ_VARIANTS, reported: C2's rule still reads all_positional), from the sae stage's
+`conj_features` (latents whose position shows within their content, `vitpos.sae.features`):
+  conj_positional              the conjunction-inclusive positional set (positional ∪ conjunction) permuted with
+                               the all-positional set's permutations (same seed); its drop, interval and position
+                               budget are reported beside the all-positional set's (and pooled over the SAE seeds).
+  norm_conj_positional         its edit-norm-matched control, drawn from live latents in NEITHER set.
+  norm_all_positional_no_conj  the all-positional set's edit-norm-matched control drawn from latents in neither
+                               set: norm_all_positional (C2 reads it) may draw conjunction latents, this may not.
+Each is skipped, with the reason, where the SAE has no conjunction latents (or its sae.json no typing of them).
+Prefix tokens (CLS, registers) are
 never edited (`prefix_tokens`, `prefix_edited`; what that means at the site: `prefix_scope`).
 
 Uncertainty (analysis/stats.py): `drop_ci95` of every variant is a paired bootstrap over images
@@ -97,6 +108,7 @@ from vitpos.progress import progress_bar
 from vitpos.results.ape_permute import (
     ALL_VARIANTS,
     BUDGET_VARIANTS,
+    CONJ_VARIANTS,
     CONTROLS,
     NULLS,
     SEED_VARIANTS,
@@ -138,7 +150,8 @@ def check_sae_weights(surface: ModelSurface, sae: SAE, sae_doc: Mapping) -> None
     if not 0 <= int(sae_doc["layer"]) < surface.depth:
         raise VitposError(f"sae.json's layer {sae_doc['layer']} is outside 0..{surface.depth - 1} of {surface.spec}; "
                           f"{fix}")
-    named = [*sae_doc["row_features"], *sae_doc["col_features"], *sae_doc.get("mixed_features", [])]
+    named = [*sae_doc["row_features"], *sae_doc["col_features"], *sae_doc.get("mixed_features", []),
+             *(sae_doc.get("conj_features") or [])]
     if any(not 0 <= int(f) < sae.cfg.d_sae for f in named):
         raise VitposError(f"sae.json names features beyond the SAE's {sae.cfg.d_sae} latents: the description and "
                           f"the weights belong to different SAEs; {fix}")
@@ -220,7 +233,8 @@ def run_ape_permute(surface: ModelSurface, sae: SAE, sae_doc: Mapping, data: str
     mass_acts = site_tokens(surface, site, dataset)  # one capture for the codes' statistics and the edit sizes
     st = code_stats(sae, mass_acts)
     feats = FeatureSets(sae, surface.grid, list(sae_doc["row_features"]), list(sae_doc["col_features"]),
-                        list(sae_doc.get("mixed_features", [])), st.mean_code, st.fire >= 0.005, st.spread)
+                        list(sae_doc.get("mixed_features", [])), st.mean_code, st.fire >= 0.005, st.spread,
+                        list(sae_doc.get("conj_features") or []), sae_doc.get("conj_features") is not None)
     runs = [r for r in permute_runs(seeds) if variants is None or r.variant in variants]  # plan_ape_permute counts it
     edits = site_edits(feats, runs)
     sizes = edit_sizes(feats, edits, mass_acts, seeds[0])
@@ -248,7 +262,8 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
         "n_images": len(dataset), "seeds": list(seeds), "baseline_top1": base["top1"],
         "baseline_per_group": base["per_group"], "baseline_top1_ci95": accuracy_interval(base_correct),
         "variants": list(VARIANTS), "controls": dict(CONTROLS), "nulls": dict(NULLS),
-        "feature_counts": {"row": len(row), "col": len(col), "mixed": len(feats.mixed)},
+        "feature_counts": {"row": len(row), "col": len(col), "mixed": len(feats.mixed),
+                           **({"conj": len(feats.conj)} if feats.conj_typed else {})},
         # the edits move patch tokens only (`forward_runs`): what that means for the prefix, `prefix_scope`
         "prefix_tokens": surface.num_prefix_tokens, "prefix_edited": False,
         "subspace_rank": subspace_basis(feats.sae, feats.positional).shape[1] if feats.positional else None}
@@ -257,6 +272,8 @@ def permute_result(surface: ModelSurface, site: Site, data, dataset, seeds: tupl
                "all_positional": len(feats.positional), "random_features": len(row + col),
                "mean_ablate": len(row + col), "pos_embed_shuffle": None}
     for v in ALL_VARIANTS:
+        if v in CONJ_VARIANTS and not feats.conj_typed:  # an SAE without the typing: not measured, not "skipped"
+            continue
         # mean ablation: one run for every seed
         keys = [k for k in ((v, seeds[0]) if v == "mean_ablate" else (v, seed) for seed in seeds) if k in preds.runs]
         if not keys:
@@ -322,7 +339,8 @@ def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, mai
     for r in pool.runs:
         doc = {"model": sae_doc.get("model"), "run": sae_doc.get("run"), "layer": sae_doc["layer"],
                "site": sae_doc.get("site", "resid_post"), "row_features": r.row_features,
-               "col_features": r.col_features, "mixed_features": r.mixed_features}
+               "col_features": r.col_features, "mixed_features": r.mixed_features,
+               **({} if r.conj_features is None else {"conj_features": r.conj_features})}
         c: dict[str, torch.Tensor] = {}
         results.append(run_ape_permute(surface, SAE.load(folder / r.dir), doc, data=data, n_images=n_images,
                                        seeds=seeds, progress=progress, keep_correct=c, variants=SEED_VARIANTS))
@@ -348,8 +366,11 @@ def permute_seed_pool(surface: ModelSurface, folder: Path, sae_doc: Mapping, mai
         why = "the APE-table shuffle's per-image correctness was not kept"
     budget = {v: pooled_budget(draws[:, i], draws[:, -1], out[v].drop_points, None if sh is None else sh.drop_points,
                                why) for i, v in enumerate(SEED_VARIANTS) if v in BUDGET_VARIANTS}
-    return PermuteSeedPool(sae_seeds=list(pool.seeds), interval_sources=list(INTERVAL_SOURCES), variants=out,
-                           budget=budget)
+    # an SAE without the conjunction typing (sae.json before it) has no conjunction set to pool: left out, not 0
+    untyped = [v for v in SEED_VARIANTS if v in CONJ_VARIANTS and main.outcome(v) is None]
+    return PermuteSeedPool(sae_seeds=list(pool.seeds), interval_sources=list(INTERVAL_SOURCES),
+                           variants={k: x for k, x in out.items() if k not in untyped},
+                           budget={k: x for k, x in budget.items() if k not in untyped})
 
 
 def pooled_budget(edit_draws: torch.Tensor, shuffle_draws: torch.Tensor, edit_drop: float,
@@ -450,8 +471,10 @@ class ApePermuteExperiment(Experiment[ApePermuteResult, ApePermuteStageSettings]
     # 2 (issue 28): the nulls by construction and each variant's edit size; 3 (issue 47): the positional
     # subspace variants, the position budget, the prefix tokens (no older number moves); 4 (issue 48): every
     # extra SAE seed's own permutation, pooled (`seed_pool`; the run seed's numbers do not move); 5 (issue 47 item 2):
-    # the position budget pooled over the SAE seeds (`seed_pool.budget`), which C2's rule (version 7) reads
-    version = 5
+    # the position budget pooled over the SAE seeds (`seed_pool.budget`), which C2's rule (version 7) reads; 6 (issue 47
+    # item 3): the conjunction-inclusive positional set and the edit-norm-matched controls drawn outside it
+    # (CONJ_VARIANTS; own streams: no older number moves)
+    version = 6
     title = "APE positional-feature permutation (C2)"
     claims = ("C2",)
     result_type = ApePermuteResult

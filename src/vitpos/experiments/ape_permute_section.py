@@ -5,6 +5,7 @@ from __future__ import annotations
 from vitpos.report.format import budget_text, ci, drop_or_why, drop_text, e, fmt_value, fnum, num, pct, pts, table
 from vitpos.results.ape_permute import (
     BUDGET_VARIANTS,
+    CONJ_VARIANTS,
     ApePermuteResult,
     Outcome,
     VariantResult,
@@ -16,8 +17,18 @@ from vitpos.results.base import Skipped
 
 APE_SET_LABELS = {"all_positional": "all positional (row+col+mixed)", "all": "row+col", "row_only": "row only",
                   "col_only": "col only"}
+CONJ_LABEL = "conjunction-inclusive (positional + conjunction)"
 BUDGET_LABELS = {**APE_SET_LABELS, "subspace_positional": "positional subspace (span of their decoder directions)",
-                 "subspace_error": "SAE error term in that subspace"}
+                 "subspace_error": "SAE error term in that subspace", "conj_positional": CONJ_LABEL}
+# issue 47 item 3: the two positional sets and the edit-norm-matched controls, (variant, label, what it is)
+CONJ_ROWS = (("all_positional", "all positional (row+col+mixed)", "C2 reads it"),
+             ("conj_positional", CONJ_LABEL, "reported; same permutations"),
+             ("norm_all_positional", "edit-norm control of all positional",
+              "drawn from every non-positional latent (conjunction ones included); C2 reads it"),
+             ("norm_all_positional_no_conj", "edit-norm control of all positional",
+              "drawn from latents in neither set"),
+             ("norm_conj_positional", "edit-norm control of conjunction-inclusive",
+              "drawn from latents in neither set"))
 
 
 def summary(r: ApePermuteResult) -> str:
@@ -28,6 +39,10 @@ def summary(r: ApePermuteResult) -> str:
         if isinstance(x, VariantResult):
             c = controls.get(v)
             parts.append(f"{label} {drop_text(x)}" + (f" (control {drop_text(r.outcome(c))})" if c else ""))
+    conj = r.outcome("conj_positional")
+    if isinstance(conj, VariantResult):
+        parts.append(f"conjunction-inclusive {drop_text(conj)} (edit-norm control outside both sets "
+                     f"{drop_text(r.outcome('norm_conj_positional'))})")
     return f"baseline top-1 {pct(r.baseline_top1)}; drop when permuting " + (", ".join(parts) or "n/a")
 
 
@@ -38,7 +53,9 @@ def section(r: ApePermuteResult) -> str:
             f"{e(fmt_value(r.seeds))}; baseline top-1 <b>{pct(r.baseline_top1)}</b>"
             f"{e(' ' + base_ci if base_ci else '')}; "
             f"positional features: {e(fc.get('row', '?'))} row, {e(fc.get('col', '?'))} col, "
-            f"{e(fc.get('mixed', '?'))} mixed. Drops in top-1 points with their 95% paired-bootstrap interval over "
+            f"{e(fc.get('mixed', '?'))} mixed"
+            + (f", and {e(fc['conj'])} conjunction latents (position within content)" if "conj" in fc else "")
+            + ". Drops in top-1 points with their 95% paired-bootstrap interval over "
             "images (seeds pooled); C2 reads the all-positional set against its same-position cross-image swap (a "
             "null by construction); the matched random controls are reported beside it.</p>")
     pairs = []
@@ -53,7 +70,7 @@ def section(r: ApePermuteResult) -> str:
         out += "<h4>each permuted set beside its matched random control</h4>"
         out += table(["permuted set", "features", "drop [95% CI]", "position budget [95% CI]", "control", "features",
                       "control drop [95% CI]", "note"], pairs)
-    out += budget_section(r)
+    out += budget_section(r) + conj_section(r)
     if r.nulls:
         nrows = []
         for v, of in r.nulls.items():
@@ -111,6 +128,41 @@ def budget_section(r: ApePermuteResult) -> str:
             + ("" if undefined is None else f"; <b>undefined here</b>: {e(undefined)}") + f".{rank} "
             f"{_sentence(e(prefix_scope(r)))}.</p>"
             + table(["edit", "drop [95% CI]", "position budget [95% CI]", "note"], rows))
+
+
+def conj_section(r: ApePermuteResult) -> str:
+    """Issue 47 item 3: the all-positional and the conjunction-inclusive sets side by side (latents, drop,
+    position budget, pooled over the SAE seeds where they were) with the edit-norm-matched controls, the one
+    C2 reads and the two drawn from latents in neither set ("" for a result written before them)."""
+    if all(r.outcome(v) is None for v in CONJ_VARIANTS):
+        return ""
+    rows = []
+    for v, label, what in CONJ_ROWS:
+        x = r.outcome(v)
+        pooled = None if r.seed_pool is None else (r.seed_pool.budget or {}).get(v)
+        rows.append([label, str(v), _nf(x), drop_or_why(x), _pooled_cell(r, v),
+                     _budget_cell(r, v) if v in BUDGET_VARIANTS else "",
+                     "" if pooled is None else budget_text(pooled), fnum(_edit_norm(x), 3),
+                     what + (f"; {_note(x)}" if _note(x) else "")])
+    return ("<h4>positional sets with conjunctions (issue 47 item 3)</h4><p>Conjunction latents fire for some "
+            "content only at some positions (\"this object at top-left\"): silent on most tokens, their η² of "
+            "position over all tokens is small and the positional typing misses them. The sae stage types them by "
+            "the bias-adjusted η² of position over the images where the latent fires. The conjunction-inclusive set "
+            "is permuted with the all-positional set's permutations; C2's rule still reads the all-positional set "
+            "and its control drawn from every non-positional latent; the controls drawn from latents in neither set "
+            "show whether that control's cost came from conjunction latents.</p>"
+            + table(["set", "variant", "latents", "drop [95% CI]", "pooled over SAE seeds", "position budget",
+                     "pooled budget", "edit norm", "what"], rows))
+
+
+def _pooled_cell(r: ApePermuteResult, v: str) -> str:
+    """`v`'s drop pooled over the SAE seeds, each seed's drop and latents ("—": not pooled)."""
+    p = r.pooled(v)
+    if p is None:
+        return "—"
+    return (f"{pts(p.drop_points)} {ci(p.drop_ci95)}".rstrip() + " (per SAE seed "
+            + " / ".join(f"{d:.1f}" for d in p.per_seed) + "; latents "
+            + " / ".join(map(str, p.per_seed_n_features)) + ")")
 
 
 def _budget_cell(r: ApePermuteResult, variant: str) -> str:

@@ -6,7 +6,7 @@ sizes, and the APE-table shuffle (`shuffle_pe`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,6 +14,7 @@ from vitpos.analysis.forward import capture_layers
 from vitpos.models.surface import ModelSurface, Site
 from vitpos.results.ape_permute import (
     ALL_VARIANTS,
+    CONJ_VARIANTS,
     CONTROL_VARIANTS,
     CONTROLS,
     NULL_VARIANTS,
@@ -30,6 +31,13 @@ _CONTROL_STREAM = {v: 100_000 * (i + 1) for i, v in enumerate(CONTROL_VARIANTS +
 
 
 EDIT_STREAM = 900_000  # + seed: the fresh draws that measure each variant's edit size
+
+
+# + seed: the conjunction variants' control draws (issue 47 item 3), apart from every older stream
+_CONJ_STREAM = {v: 2_000_000 + 100_000 * i for i, v in enumerate(CONJ_VARIANTS)}
+
+
+NO_CONJ = "no conjunction latents"  # why the conjunction variants are skipped (the set would be the positional one)
 
 
 def permute_features(x: torch.Tensor, z: torch.Tensor, sae: SAE, ids: list[int], perm: torch.Tensor) -> torch.Tensor:
@@ -202,10 +210,18 @@ class FeatureSets:
     mean_code: torch.Tensor  # (F,) mean activation over patch tokens: the controls match on it
     live: torch.Tensor  # (F,) bool: the latents a control may draw
     spread: torch.Tensor  # (F,) within-image spread of z: norm_all_positional matches on it
+    conj: list[int] = field(default_factory=list)  # conjunction latents (issue 47 item 3): not row / col / mixed
+    conj_typed: bool = True  # False: the SAE's description has no conjunction typing (written before it, or given)
 
     @property
     def positional(self) -> list[int]:
         return self.row + self.col + self.mixed
+
+    @property
+    def conj_positional(self) -> list[int]:
+        """The conjunction-inclusive positional set: the positional latents, then the conjunction ones."""
+        pos = set(self.positional)
+        return self.positional + [f for f in self.conj if f not in pos]
 
     def sets(self) -> dict[str, tuple[list[int], str]]:
         """Permuted set -> (its latents, the permutation kind)."""
@@ -240,6 +256,8 @@ class FeatureSets:
             return ids, "all", note
         if v == "swap_all_positional":
             return pos, "all", None
+        if v in CONJ_VARIANTS:
+            return self._conj_moved(v, seed)
         if v in SUBSPACE_VARIANTS:  # the all-positional set's span, moved with that set's permutations
             if not pos:
                 return [], "all", None
@@ -249,6 +267,24 @@ class FeatureSets:
         if v in ("crossed", "mean_ablate"):
             return self.row + self.col, "all", None
         raise ValueError(f"{v} is not a variant edited at the SAE's site")
+
+    def _conj_moved(self, v: str, seed: int) -> tuple[list[int], str, str | None]:
+        """CONJ_VARIANTS: the conjunction-inclusive set (all_positional's permutations: same seed), or an edit-norm
+        matched control of it or of the all-positional set, drawn from live latents in neither set. Without
+        conjunction latents each is skipped: the set would be all_positional and the pool norm_all_positional's."""
+        both = self.conj_positional
+        if not self.conj_typed:
+            return [], "all", "the SAE's description types no conjunction latents (sae.json without conj_features)"
+        if not self.conj:
+            return [], "all", f"{NO_CONJ}: the conjunction-inclusive set is the all-positional one"
+        if v == "conj_positional":
+            return both, "all", None
+        g = torch.Generator().manual_seed(_CONJ_STREAM[v] + seed)
+        targets = both if v == "norm_conj_positional" else self.positional
+        if not targets:
+            return [], "all", "no positional latents to match"
+        ids, note = matched_control(self.spread, targets, both, self.live, g, what="edit size")
+        return ids, "all", note
 
     def edit(self, v: str, ids: list[int], kind: str, stream: int) -> PatchEdit:
         """Variant `v`'s edit of the site's patch tokens moving `ids`, its draws from a generator of

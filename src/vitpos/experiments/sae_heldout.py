@@ -169,17 +169,21 @@ def eta2_null(sae: SAE, batches, grid: tuple[int, int], scores: FeatureScores, s
         v = getattr(null, f"eta2_{stat}")[live]
         stats[f"null_{stat}_q"] = float(torch.quantile(v.double(), quantile)) if v.numel() else None
         stats[f"null_{stat}_max"] = float(v.max()) if v.numel() else None
+    # the conjunction typing's statistic under the same shuffle, over the latents it can type (issue 47 item 3)
+    conj = null.eta2_pos_fired[scores.fire_images >= scores.thresholds.min_conj_images]
+    conj_q = float(torch.quantile(conj.double(), quantile)) if conj.numel() else None
+    conj_max = float(conj.max()) if conj.numel() else None
 
     def counts(t_axis: float, t_pos: float) -> dict[str, int]:
         probe = FeatureScores(scores.grid, scores.n_images, scores.eta2_row, scores.eta2_col, scores.eta2_pos,
-                              scores.fire_rate, scores.cell_means)
+                              scores.fire_rate, scores.cell_means, scores.fire_images, scores.eta2_pos_fired)
         probe.classify(replace(scores.thresholds, min_eta2=t_axis, min_eta2_pos=t_pos))
         return {"row": len(probe.row_features), "col": len(probe.col_features), "mixed": len(probe.mixed_features)}
 
     t_axis = max(stats["null_row_q"] or 0.0, stats["null_col_q"] or 0.0)
     t_pos = stats["null_pos_q"] or 0.0
     used = scores.thresholds
-    return Eta2Null(quantile=quantile, n_live=int(live.sum()), **stats,
+    return Eta2Null(quantile=quantile, n_live=int(live.sum()), **stats, null_conj_q=conj_q, null_conj_max=conj_max,
                     admitted=[Eta2Count(threshold=t, **counts(t, t)) for t in ETA2_GRID],
                     null_thresholds=NullThresholds(min_eta2=t_axis, min_eta2_pos=t_pos, **counts(t_axis, t_pos)),
                     used_above_null=bool(used.min_eta2 >= t_axis and used.min_eta2_pos >= t_pos))

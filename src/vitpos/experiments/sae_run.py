@@ -64,8 +64,9 @@ STABLE_COS = 0.9  # a latent is reproduced by another seed when its matched deco
 # The SAE stage's version: its cache key (SAEExperiment.version) and the run key an SAE dir is
 # reused under (`run_sae`), so bumping it retrains the SAE rather than reloading an older one.
 # 2 (issue 28): the causal check adds the removal controls and top-1, the held-out scoring the eta2 null;
-# 3 (issue 48): the extra SAE seeds C1 reads (`claim_seeds`), each with its own causal check, pooled
-SAE_VERSION = 3
+# 3 (issue 48): the extra SAE seeds C1 reads (`claim_seeds`), each with its own causal check, pooled; 4 (issue 47
+# item 3): the conjunction latents of every SAE seed (`conj_features`) and their eta2 null (no older number moves)
+SAE_VERSION = 4
 SEEDS_DIR = "seeds"  # the extra SAE seeds' weights: <SAE folder>/seeds/seed<k>
 
 
@@ -314,6 +315,7 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
                                row_features=sc.row_features, col_features=sc.col_features,
                                mixed_features=sc.mixed_features, n_row_features=len(sc.row_features),
                                n_col_features=len(sc.col_features), n_mixed_features=len(sc.mixed_features),
+                               conj_features=sc.conj_features, n_conj_features=len(sc.conj_features),
                                causal=None if h.causal is None else CausalCheck.model_validate(h.causal)))
     if runs:
         pooled = pool_causal([result.causal, *(r.causal for r in runs)], keeps)
@@ -353,6 +355,7 @@ def sae_result(job: SAEJob, trained: Trained, held: HeldOut, special: SpecialTok
         "mixed_features": scores.mixed_features,
         "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
         "n_mixed_features": len(scores.mixed_features),
+        "conj_features": scores.conj_features, "n_conj_features": len(scores.conj_features),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
         "causal": held.causal, "eta2_null": held.eta2_null, "fidelity": fidelity, "special_tokens": special,
         "outlier_threshold": trained.outlier_threshold, "include_special": job.include_special,

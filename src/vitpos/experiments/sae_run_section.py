@@ -20,7 +20,8 @@ def _effect(x: AblationEffect | Skipped | None) -> AblationEffect | None:
 
 
 def summary(r: SAEResult) -> str:
-    s = (f"{len(r.row_features)} row / {len(r.col_features)} col / {len(r.mixed_features)} mixed features at "
+    conj = "" if r.conj_features is None else f" (+ {len(r.conj_features)} conjunction)"
+    s = (f"{len(r.row_features)} row / {len(r.col_features)} col / {len(r.mixed_features)} mixed features{conj} at "
          f"layer {r.layer} (FVU {fnum(r.fvu)})")
     if r.causal is None:
         return s
@@ -50,6 +51,11 @@ def section(r: SAEResult) -> str:
              ("row features", ids(r.row_features)),
              ("column features", ids(r.col_features)),
              ("mixed features", ids(r.mixed_features))]
+    if r.conj_features is not None:  # issue 47 item 3 (a result written before it has none)
+        t = r.thresholds
+        pairs.append(("conjunction features (position within content: bias-adjusted η² of position over the "
+                      f"images where the latent fires ≥ {fnum(t.get('min_eta2_conj'), 2)}, on ≥ "
+                      f"{fnum(t.get('min_conj_images'), 0)} images; not row / col / mixed)", ids(r.conj_features)))
     c = r.causal
     if c is not None:
         row, col = _effect(c.ablate_row), _effect(c.ablate_col)
@@ -78,6 +84,9 @@ def section(r: SAEResult) -> str:
                   ("features admitted at the null-derived thresholds",
                    f"{nt.row} row / {nt.col} col / {nt.mixed} mixed"),
                   ("features admitted per η² threshold", adm)]
+        if null.null_conj_q is not None:
+            pairs.append(("conjunction statistic under the same shuffle: q99 / max",
+                          f"{fnum(null.null_conj_q, 4)} / {fnum(null.null_conj_max, 4)}"))
     return kv_table(pairs + _sae_fidelity_pairs(r)) + _seed_pool(r) + _sae_grid(r) + _sae_browser_link(r)
 
 
@@ -87,16 +96,17 @@ def _seed_pool(r: SAEResult) -> str:
     pool = r.seed_pool
     if pool is None:
         return ""
-    counts = [(r.n_row_features, r.n_col_features, r.n_mixed_features, r.fvu),
-              *((x.n_row_features, x.n_col_features, x.n_mixed_features, x.fvu) for x in pool.runs)]
+    counts = [(r.n_row_features, r.n_col_features, r.n_mixed_features, r.n_conj_features, r.fvu),
+              *((x.n_row_features, x.n_col_features, x.n_mixed_features, x.n_conj_features, x.fvu)
+                for x in pool.runs)]
     rows = []
-    for i, (sd, (n_row, n_col, n_mixed, fvu)) in enumerate(zip(pool.seeds, counts, strict=True)):
-        cells = [str(sd), fnum(fvu), f"{n_row} / {n_col} / {n_mixed}"]
+    for i, (sd, (n_row, n_col, n_mixed, n_conj, fvu)) in enumerate(zip(pool.seeds, counts, strict=True)):
+        cells = [str(sd), fnum(fvu), f"{n_row} / {n_col} / {n_mixed}", "n/a" if n_conj is None else str(n_conj)]
         for kind in ("row", "col"):
             p = pool.effect(kind)
             cells.append("n/a" if p is None else fnum(p.per_seed_selectivity[i], 2))
         rows.append(cells)
-    pooled = ["pooled", "", ""]
+    pooled = ["pooled", "", "", ""]
     for kind in ("row", "col"):
         p = pool.effect(kind)
         pooled.append("n/a" if p is None else f"{fnum(p.selectivity, 2)} {ci(p.selectivity_ci95, digits=2)}")
@@ -104,7 +114,7 @@ def _seed_pool(r: SAEResult) -> str:
             f"{', '.join(map(str, pool.seeds))}); each types its own latents and removes its own sets. C1's rule "
             "reads the pooled numbers: the mean over seeds, intervals over SAE seeds × images (hierarchical "
             "bootstrap); each seed's value is reported, not required.</p>"
-            + table(["seed", "FVU", "row / col / mixed", "row-set selectivity", "col-set selectivity"],
+            + table(["seed", "FVU", "row / col / mixed", "conjunction", "row-set selectivity", "col-set selectivity"],
                     [*rows, pooled]))
 
 
@@ -116,7 +126,8 @@ def _sae_grid(r: SAEResult) -> str:
     if g is None:
         return ""
     runs = [[f"{x.seed}{' *' if x.main else ''}", f"×{x.expansion} ({x.d_sae})", fnum(x.fvu), fnum(x.l0, 1),
-             pct(x.dead_frac), f"{x.n_row_features} / {x.n_col_features} / {x.n_mixed_features}"] for x in g.runs]
+             pct(x.dead_frac), f"{x.n_row_features} / {x.n_col_features} / {x.n_mixed_features}",
+             "n/a" if x.n_conj_features is None else str(x.n_conj_features)] for x in g.runs]
     cos = sorted({t for m in g.stability for t in m.stable_frac}, key=float)
     pairs = [[f"{m.seeds[0]} vs {m.seeds[1]}", str(m.d_sae), fnum(m.mean_cos, 2), fnum(m.median_cos, 2),
               *(pct(m.stable_frac.get(t)) for t in cos), pct(m.row_agreement), pct(m.col_agreement)]
@@ -126,7 +137,7 @@ def _sae_grid(r: SAEResult) -> str:
            "C2 read the starred one. Seed pairs of one size are matched one-to-one by decoder direction (Hungarian "
            "on cosine); a latent is stable when its match reaches the cosine (each threshold shown); a positional "
            "set agrees when a row (col) latent's match is a row (col) latent of the other seed.</p>")
-    out += table(["seed", "size (latents)", "FVU", "L0", "dead", "row / col / mixed"], runs)
+    out += table(["seed", "size (latents)", "FVU", "L0", "dead", "row / col / mixed", "conjunction"], runs)
     if pairs:
         out += table(["seeds", "latents", "mean cos", "median cos", *(f"stable at cos ≥ {t}" for t in cos),
                       "row latents matched to a row latent", "col latents matched to a col latent"], pairs)

@@ -96,6 +96,7 @@ def run_sweep(surface: ModelSurface, site: Site, data, main_sae: SAE, train_stor
                                  l0=metrics["l0"], dead_frac=metrics["dead_frac"],
                                  n_row_features=len(feats.row_features), n_col_features=len(feats.col_features),
                                  n_mixed_features=len(feats.mixed_features),
+                                 n_conj_features=len(feats.conj_features),
                                  train_seconds=None if main else round(secs, 1)))
     stability = []
     for exp in sizes:

@@ -32,11 +32,18 @@ NULL_VARIANTS = tuple(NULLS)  # null -> the permuted set it is the null of (C2 r
 SUBSPACE_VARIANTS = ("subspace_positional", "subspace_error")
 
 
-ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS + SUBSPACE_VARIANTS
+# issue 47 item 3: the conjunction-inclusive positional set (row + col + mixed + the sae stage's conjunction
+# latents, `FeatureScores.conj_features`) permuted with the all-positional set's permutations; its edit-norm-matched
+# control; and the all-positional set's edit-norm-matched control, both drawn from live latents in NEITHER set (the
+# older norm_all_positional, which C2 reads, draws from every non-positional latent, conjunction ones included)
+CONJ_VARIANTS = ("conj_positional", "norm_conj_positional", "norm_all_positional_no_conj")
+
+
+ALL_VARIANTS = VARIANTS + CONTROL_VARIANTS + NULL_VARIANTS + SUBSPACE_VARIANTS + CONJ_VARIANTS
 
 
 # the edits a position budget is reported for, in the report's order
-BUDGET_VARIANTS = ("row_only", "col_only", "all", "all_positional", *SUBSPACE_VARIANTS)
+BUDGET_VARIANTS = ("row_only", "col_only", "all", "all_positional", *SUBSPACE_VARIANTS, "conj_positional")
 
 
 # the APE-table shuffle's drop (points) below which it is no denominator: the model reads (nearly) no
@@ -49,18 +56,19 @@ def variant_names(doc: Mapping) -> list[str]:
     names: list[str] = [str(v) for v in doc.get("variants") or VARIANTS]
     names += [c for c in (doc.get("controls") or {}).values() if c not in names]
     names += [c for c in (doc.get("nulls") or {}) if c not in names]
-    return names + [v for v in SUBSPACE_VARIANTS if doc.get(v) is not None and v not in names]
+    return names + [v for v in SUBSPACE_VARIANTS + CONJ_VARIANTS if doc.get(v) is not None and v not in names]
 
 
 # measured since issue 28 (edit sizes, nulls) and 47 (subspaces, the position budget, the prefix tokens):
 # left out of a result's JSON where a result written before them has none
 NEW_FIELDS = frozenset({"edit_norm", "edit_rel", "nulls", *NULL_VARIANTS, *SUBSPACE_VARIANTS, "position_budget",
-                        "prefix_tokens", "prefix_edited", "subspace_rank", "seed_pool"})
+                        "prefix_tokens", "prefix_edited", "subspace_rank", "seed_pool", *CONJ_VARIANTS})
 
 
 # issue 48: the variants each extra SAE seed permutes: C2's set and its null (what the rule reads), the axis
 # sets (reported); the controls stay the run seed's (reported, read by no rule: not worth the forwards)
-SEED_VARIANTS = ("all_positional", "swap_all_positional", "row_only", "col_only")
+# (issue 47 item 3: and the conjunction-inclusive set, reported beside C2's)
+SEED_VARIANTS = ("all_positional", "swap_all_positional", "row_only", "col_only", "conj_positional")
 
 
 class PositionBudget(BaseModel):
@@ -175,6 +183,9 @@ class ApePermuteResult(Result):
     prefix_tokens: int | None = None  # CLS / registers: never edited at the site (see `prefix_scope`)
     prefix_edited: bool | None = None
     seed_pool: PermuteSeedPool | None = None  # issue 48: SEED_VARIANTS over the SAE seeds (None: one seed)
+    conj_positional: Outcome | None = None  # issue 47 item 3 (CONJ_VARIANTS; None: written before them)
+    norm_conj_positional: Outcome | None = None
+    norm_all_positional_no_conj: Outcome | None = None
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -207,7 +218,7 @@ class ApePermuteResult(Result):
         names = list(self.variants or VARIANTS)
         names += [c for c in (self.controls or {}).values() if c not in names]
         names += [c for c in (self.nulls or {}) if c not in names]
-        return names + [v for v in SUBSPACE_VARIANTS if self.outcome(v) is not None and v not in names]
+        return names + [v for v in SUBSPACE_VARIANTS + CONJ_VARIANTS if self.outcome(v) is not None and v not in names]
 
 
 def position_budget(r: ApePermuteResult, variant: str) -> PositionBudget:

@@ -24,6 +24,11 @@ class SweepRun(BaseModel):
     n_col_features: int
     n_mixed_features: int
     train_seconds: float | None = None  # None for the main SAE (its own result has it)
+    n_conj_features: int | None = None  # issue 47 item 3: conjunction latents (None: written before them)
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
 
 
 class SAESweep(BaseModel):
@@ -38,7 +43,8 @@ class SAESweep(BaseModel):
 # measured since issue 28: left out of a result's JSON where a result written before them has none
 ISSUE28_FIELDS = frozenset({"n_features", "edit_norm", "top1", "top1_drop", "top1_drop_ci95", "per_group_drop",
                             "control_row", "control_col", "clean_top1", "eta2_null", "data",
-                            "seed_pool"})  # issue 48: the SAE seeds' pooled causal check
+                            "seed_pool",  # issue 48: the SAE seeds' pooled causal check
+                            "conj_features", "n_conj_features"})  # issue 47 item 3: conjunction latents
 
 
 class AblationEffect(BaseModel):
@@ -141,6 +147,13 @@ class SAESeedRun(BaseModel):
     n_col_features: int
     n_mixed_features: int
     causal: CausalCheck | None
+    # issue 47 item 3: this seed's conjunction latents (`FeatureScores.conj_features`; None: written before them)
+    conj_features: list[int] | None = None
+    n_conj_features: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_unmeasured(self, handler(self), ISSUE28_FIELDS)
 
 
 class SAESeedPool(BaseModel):
@@ -232,6 +245,10 @@ class Eta2Null(BaseModel):
     null_col_max: float | None
     null_pos_q: float | None
     null_pos_max: float | None
+    # issue 47 item 3: the conjunction typing's eta2_pos_fired under the same shuffle, over the latents firing in
+    # >= min_conj_images images (None: none, or written before it)
+    null_conj_q: float | None = None
+    null_conj_max: float | None = None
     admitted: list[Eta2Count]  # one per threshold of ETA2_GRID, used for both axis and pos
     null_thresholds: NullThresholds
     used_above_null: bool  # the thresholds the feature lists use are at or above the null's
@@ -271,6 +288,10 @@ class SAEResult(Result):
     n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
+    # issue 47 item 3: latents whose position dependence shows within their content (`FeatureScores.conj_features`:
+    # not row / col / mixed); positional + these is the set ape_permute's conj_positional moves (None: written before)
+    conj_features: list[int] | None = None
+    n_conj_features: int | None = None
     eta2_null: Eta2Null | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
