@@ -125,9 +125,7 @@ def test_an_older_sweep_is_recomputed_and_reads_as_block_outputs(tmp_path):
         "seeds": [0]}
     path = cache.path("m", "sae_layers", old_key)
     path.parent.mkdir(parents=True)
-    import json
-
-    path.write_text(json.dumps({"key": old_key, "seconds": 1.0, "result": old_doc}))
+    cache.put(path, old_key, old_doc, 1.0)  # as the previous version's stage wrote it
     assert cache.get(path) is not None  # the old entry is there ...
     assert cache.get(cache.path("m", "sae_layers", new_key)) is None  # ... and not served: recomputed
     old = exp.load(old_doc)  # an older results.json: its choices by layer read as block outputs' keys
