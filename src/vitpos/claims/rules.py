@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-VERSION = 7
+VERSION = 8
 Thresholds = Mapping[str, float]  # threshold name (e.g. "C1.selective") -> value
 
 
@@ -128,6 +128,15 @@ CHANGES = {
        "98.0], budget 1.03 [0.82, 1.31]; ape:colour_beside_position (above_null, taking over from "
        "colour_in_position) drop 78.7 [72.0, 84.7], swap 68.7 [61.3, 76.0], norm control 0.0, shuffle 12.7 "
        "[8.0, 18.0], budget 6.2 [4.2, 10.3]. Stage versions: ape_permute 5, sae_layers 4 (the pooled budget).",
+    8: "issue 47 (item 4): where the layer sweep runs, C1 and C2 no longer read the images that chose the site. "
+       "The sweep's permutation images are split by a seeded shuffle into half A, whose all-positional drops "
+       "alone give the bootstrap selection frequencies (the plausible sites and the selected one), and half B, "
+       "on which every variant, null, control and budget the rules read at those sites is measured (C1's causal "
+       "check still reads the SAE's held-out images: it is not the selecting statistic). No threshold changed. "
+       "Made before seeing any result under it (the change was written from the issue; its tests use "
+       "constructed per-image drops); each verdict's drop now rests on half the images, so its interval is "
+       "about sqrt(2) wider. Stage version sae_layers 5. Reported only, no rule reads them: conjunction latents "
+       "(sae stage, SAE_VERSION 4) and the conjunction-inclusive C2 variants (ape_permute 6).",
 }
 
 FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0)  # sweep of a "more than this times its control" threshold
