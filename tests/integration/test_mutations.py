@@ -46,8 +46,6 @@ def test_there_are_at_least_twelve_mutations_and_the_issue_six():
 BLIND = {
     "C3.removed always holds": "the MLP read-out is measured against chance on the same layers, so a removal "
                                "that leaves too much for the linear floored fraction leaves it for the MLP too",
-    "C3 floor at chance": "content that raises the floor also fails removed / mlp_removed against chance; only a "
-                          "head that erases content under the row rotation could pass them (not built)",
 }
 
 
