@@ -44,10 +44,10 @@ def test_there_are_at_least_twelve_mutations_and_the_issue_six():
 # Mutations no planted case sees yet (issue 46, open): each is a defence the table cannot vouch for.
 # Strict: the day a case makes one flip, this list must lose it.
 BLIND = {
-    "C3.removed always holds": "the MLP read-out is measured against chance on the same layers, so a removal "
-                               "that leaves too much for the linear floored fraction leaves it for the MLP too",
-    "C3 floor at chance": "content that raises the floor also fails removed / mlp_removed against chance; only a "
-                          "head that erases content under the row rotation could pass them (not built)",
+    "C3.removed always holds": "the floored fraction is < 1 at a layer only where no_row decodes more row than "
+                               "no_both: the column rotations must unmask row content that no rotation hides, "
+                               "and the MLP read-out (last layer, against chance) must not see it; a prototype "
+                               "(issue 46, docs/methods.md) is not balanced yet",
 }
 
 

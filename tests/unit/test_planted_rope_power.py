@@ -25,16 +25,20 @@ TARGETS: dict[str, str | None] = {
     "redundant rebuilders": "head_share",
     "weakly biased rebuilders": "specialised",
     "specialised where it rebuilds": None,
+    "column in content": None,
 }
-# case name -> the pipeline mutation that must flip its verdict (only that defence tells it apart)
-MUTATED: dict[str, str] = {
-    "weakly biased rebuilders": "C4 S threshold 0.5",
-    "specialised where it rebuilds": "C4 S from clean attention",
+# case name -> the pipeline mutation that must flip its verdict (only that defence tells it apart) and the
+# condition whose outcome it moves
+MUTATED: dict[str, tuple[str, str]] = {
+    "weakly biased rebuilders": ("C4 S threshold 0.5", "specialised"),
+    "specialised where it rebuilds": ("C4 S from clean attention", "specialised"),
+    "column in content": ("C3 floor at chance", "removed"),
 }
 CASES = [c for c in rope_cases() if c.name in TARGETS]
 
 
-DESIGN = {"interacting axes"}  # built with the rule condition it decides (rules version 5)
+# built knowing the rule condition (or defence) that decides them: rules version 5, issue 46's mutations
+DESIGN = {"interacting axes", "column in content"}
 
 
 def test_every_power_case_is_listed_and_its_split_says_whether_a_rule_saw_it():
@@ -96,13 +100,18 @@ def test_the_inverted_gate_reads_the_columns_on_the_top_rows_and_everywhere_once
 def test_the_mutation_it_was_built_for_flips_it(name):
     """Under its mutation the case's verdict moves: the weakly biased rebuilders' S (between 0.5 and
     the null threshold) passes a 0.5 threshold; the hidden-axis head's clean-attention S (~0.6) fails
-    the null threshold that its restore-condition S (~1) clears."""
+    the null threshold that its restore-condition S (~1) clears; the column in content, measured
+    against chance, looks kept where content carries it (layer 0: nothing removed), so under half of
+    it reads removed."""
     (case,) = [c for c in CASES if c.name == name]
-    (m,) = [m for m in PIPELINE_MUTATIONS if m.name == MUTATED[name]]
+    mutation, condition = MUTATED[name]
+    (m,) = [m for m in PIPELINE_MUTATIONS if m.name == mutation]
     with applied(m):
         (row,) = validation_table([rope_case(case)]).rows
     assert not row.passes, (row.verdict, row.conditions)
-    assert row.conditions["specialised"] == ("fails" if case.truth else "holds"), row.conditions
+    assert row.conditions[condition] == ("fails" if case.truth else "holds"), row.conditions
+    if name == "column in content":  # the col removal alone moves it
+        assert [k for k, v in row.conditions.items() if v != "holds"] == ["removed"], row.conditions
 
 
 def test_the_hidden_channels_are_quiet_only_where_the_head_rebuilds():
@@ -124,3 +133,21 @@ def test_the_hidden_channels_are_quiet_only_where_the_head_rebuilds():
             return float(q[..., cols].norm(dim=-1).mean())
 
     assert col_query(restored) < 0.15 * col_query(clean), (col_query(restored), col_query(clean))
+
+
+def test_the_content_floor_holds_the_column_content_gives(planted_inputs):
+    """column in content: layer 0 (the embedding: block 0 silent) decodes the column from content
+    alone, well above chance, and alike under the baseline, no_col and no_both, so above its floor it
+    drops out; at layer 1 the rotations add the rest and removing them leaves about the floor. Above the
+    floor ~all of the column is removed; above chance layer 0 counts as nothing removed (at most half)."""
+    (case,) = [c for c in CASES if c.name == "column in content"]
+    ra = planted_inputs(rope_case(case), 300, (0, 1)).rope_axis
+    assert ra is not None and ra.removal_floored is not None and ra.removal is not None
+    c, chance = ra.conditions, ra.chance_col
+    layer0 = {n: c[n].col_acc[0] for n in ("baseline", "no_col", "no_both")}
+    assert len(set(layer0.values())) == 1 and layer0["no_both"] > chance + 0.1, layer0
+    assert c["baseline"].col_acc[1] > 0.9 and abs(c["no_col"].col_acc[1] - c["no_both"].col_acc[1]) < 0.05
+    floored = ra.removal_floored["no_col"]
+    assert floored.removed_layers == [1] and floored.removed_ci95 is not None and floored.removed_ci95[0] > 0.9
+    above_chance = ra.removal["no_col"]
+    assert above_chance.removed is not None and above_chance.removed <= 0.5 and above_chance.removed_layers == [0, 1]

@@ -1,7 +1,7 @@
 """Planted RoPE models with power (issue 46): each planted-false case below passes every condition
 of its claim's rule but one, so that condition alone decides it (METHODS.md, Power; the table's
 `ValidationTable.power()` counts them); a planted-true case here holds only through one defence
-(the restore-condition S), so the pipeline mutation that switches it off flips it. Built after rules
+(the restore-condition S, the content floor), so the pipeline mutation that switches it off flips it. Built after rules
 version 4 was frozen (hash bfb33fb5b1333858): held out, no rule was tuned on them.
 
 They reuse the exact edits of `vitpos.models.planted_rope` (inert, one-axis, silent) on the same
@@ -34,6 +34,20 @@ The cases (claim, planted truth, the one condition that decides it):
             same point). Removing the row rotations leaves the row in the content: linearly it is
             gone (no_row's linear row accuracy ~ the no_both floor's: removed ~ 100 % above the
             floor), but the MLP probe reads the ring's radius, so it finds the row kept
+  C3 true   column in content (the content floor; rules version 5, built for the mutation "C3
+            floor at chance", so a design case): depth 2, block 0 silent, block 1 C3-true's
+            one-axis heads (head 0 row-only, head 1 col-only), on images whose patches carry their
+            column weakly in content: a fixed pixel pattern times COL_AMP * (col - 1.5) plus
+            COL_SPREAD times a standard normal per patch and image (a noisy linear code: a linear
+            probe reads the column at ~0.42 against chance 0.25, content alone). Layer 0 is the
+            embedding under every condition (block 0 is the identity), so there the baseline, no_col
+            and the no_both floor decode the column alike from content: above its floor the layer
+            has nothing of the rotations' and drops out, and the removed fraction reads layer 1,
+            where the rotations add the rest (~1.0) and removing them leaves the content's ~0.4:
+            ~100 % removed above the floor. Against chance layer 0 enters with 0 removed (content
+            the rotations never carried), so the fraction is at most half: only the floor tells
+            content from position that survives the removal. The MLP read-out (last layer only,
+            against chance) finds ~90 % removed: the code is weak enough for it
   C4 false  complete rebuild (`partial`): the one-axis rebuilders of C4-true written
             COMPLETE_SCALE / REBUILD_SCALE = 16 times as strongly: once restored they put back all
             the position the clean model has at the last layer, on both axes (the clean probes
@@ -89,6 +103,9 @@ COMPLETE_SCALE = 4.0  # the rebuilders' output scale of the complete rebuild (C4
 GATE_SCORE = 40.0  # the gate head's class-token score where the row rotation is the identity (row 0)
 GATE_SPREAD = 2.0  # the step of its class-token score from one column to the next
 RING_AMP = 0.05  # pixel amplitude step of the rings: row r's ring has radius RING_AMP * (r + 1)
+# column in content: the pixel step of the column code and the spread of its per-patch noise (a linear
+# probe reads the column at ~0.42 from content alone: well above chance + MIN_ABOVE_CHANCE, weak for the MLP)
+COL_AMP, COL_SPREAD = 0.015, 0.025
 # the weakly biased rebuilders' other-axis query / key scale (row head, col head): chosen so that both
 # restore-condition S lie inside (0.5, null threshold), S ~ 0.63 and -0.71 against a threshold ~0.82
 WEAK_SCALES = (2.0, 0.55)
@@ -269,4 +286,37 @@ def c3_entangled() -> OwnSurface:
     make_one_axis(s, 0, 0, "row")
     make_gate(s, 0, 1)
     make_silent(s, 1)
+    return s
+
+
+def col_content_images(n: int, seed: int = 0, amp: float = COL_AMP, spread: float = COL_SPREAD,
+                       noise: float = 0.03) -> torch.Tensor:
+    """uint8 images: one fixed pattern per patch (at mid grey) plus, per patch of column c,
+    (amp * (c - 1.5) + spread * z) P with z standard normal per patch and image (P a fixed pixel
+    pattern), plus a little noise: the column in content, linear and noisy."""
+    side = GRID_PX // PATCH
+    g0 = torch.Generator().manual_seed(0)  # the same patterns for every seed
+    patch = torch.rand(3, PATCH, PATCH, generator=g0)
+    p = torch.randn(3, PATCH, PATCH, generator=g0)
+    p = p / p.abs().max()
+    g = torch.Generator().manual_seed(seed)
+    col = torch.arange(side, dtype=torch.float).view(1, 1, side, 1, 1, 1) - (side - 1) / 2
+    z = torch.randn(n, side, side, generator=g)[..., None, None, None]
+    code = ((amp * col + spread * z) * p).permute(0, 3, 1, 4, 2, 5).reshape(n, 3, GRID_PX, GRID_PX)
+    base = (0.3 + 0.4 * patch).repeat(1, side, side)
+    x = (base + code + noise * torch.rand(n, 3, GRID_PX, GRID_PX, generator=g)).clamp(0, 1)
+    return (x * 255).to(torch.uint8)
+
+
+def col_content_data(s: OwnSurface) -> TensorImageDataset:
+    return dataset(col_content_images(240))
+
+
+def c3_late_axes() -> OwnSurface:
+    """Block 0 silent (layer 0 is the embedding under every condition); block 1 a row-only and a
+    col-only head (C3-true's)."""
+    s = planted_surface("rope-axial", depth=2)
+    make_silent(s, 0)
+    make_one_axis(s, 1, 0, "row")
+    make_one_axis(s, 1, 1, "col")
     return s

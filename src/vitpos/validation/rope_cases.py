@@ -17,10 +17,12 @@ from vitpos.models.planted_rope import c3_model, c4_model, c5_model, classified,
 from vitpos.models.planted_rope_power import (
     c3_entangled,
     c3_interacting,
+    c3_late_axes,
     c4_complete,
     c4_hidden,
     c4_redundant,
     c4_weak,
+    col_content_data,
     ring_data,
 )
 from vitpos.models.spec import OwnSurface
@@ -66,6 +68,10 @@ def rope_cases() -> list[PlantedCase]:
         PlantedCase("C3", "interacting axes", False, "a head reads the columns on the top rows only; removing the "
                     "row rotations makes every row look like row 0 and opens it everywhere: the columns gain",
                     c3_interacting, flat_data),
+        # built for the pipeline mutation "C3 floor at chance" (issue 46), knowing the floor decides it: a design case
+        PlantedCase("C3", "column in content", True, "content carries the column weakly (a noisy linear code) and "
+                    "the rotations the rest: removing the col rotations removes all they add above the content "
+                    "floor, though against chance the content's share looks kept", c3_late_axes, col_content_data),
         PlantedCase("C4", "complete rebuild", False, "one-axis rebuilders that put back all of the position",
                     c4_complete, flat_data, split="held_out"),
         PlantedCase("C4", "redundant rebuilders", False, "two heads per axis share the rebuild: none carries much",
