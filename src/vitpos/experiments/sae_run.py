@@ -310,13 +310,9 @@ def run_sae(surface: ModelSurface, layer: int, site: str = "resid_post", data: s
         keeps.append({})
         h = evaluate_sae(surface, other, job.site, eval_set, seed=seed, logits=no_logits is None,
                          outlier_threshold=trained.cut, causal_set=causal_set, with_splice=False, keep=keeps[-1])
-        sc = h.scores
-        runs.append(SAESeedRun(seed=sd, dir=f"{SEEDS_DIR}/seed{sd}", fvu=h.metrics["fvu"],
-                               row_features=sc.row_features, col_features=sc.col_features,
-                               mixed_features=sc.mixed_features, n_row_features=len(sc.row_features),
-                               n_col_features=len(sc.col_features), n_mixed_features=len(sc.mixed_features),
-                               conj_features=sc.conj_features, n_conj_features=len(sc.conj_features),
-                               causal=None if h.causal is None else CausalCheck.model_validate(h.causal)))
+        runs.append(SAESeedRun.model_validate({
+            "seed": sd, "dir": f"{SEEDS_DIR}/seed{sd}", "fvu": h.metrics["fvu"], **SAESeedRun.of(h.scores),
+            "causal": None if h.causal is None else CausalCheck.model_validate(h.causal)}))
     if runs:
         pooled = pool_causal([result.causal, *(r.causal for r in runs)], keeps)
         result = result.model_copy(update={"seed_pool": SAESeedPool(
@@ -351,11 +347,7 @@ def sae_result(job: SAEJob, trained: Trained, held: HeldOut, special: SpecialTok
         **held.metrics, "logit_kl": held.logit_kl, "top1": held.top1, "top1_spliced": held.top1_spliced,
         "top1_change_points": held.top1_change_points, "train_tokens": trained.tokens,
         "train_seconds": round(trained.seconds, 1), "training": trained.training,
-        "row_features": scores.row_features, "col_features": scores.col_features,
-        "mixed_features": scores.mixed_features,
-        "n_row_features": len(scores.row_features), "n_col_features": len(scores.col_features),
-        "n_mixed_features": len(scores.mixed_features),
-        "conj_features": scores.conj_features, "n_conj_features": len(scores.conj_features),
+        **SAEResult.of(scores),
         "thresholds": vars(scores.thresholds) if hasattr(scores.thresholds, "__dict__") else str(scores.thresholds),
         "causal": held.causal, "eta2_null": held.eta2_null, "fidelity": fidelity, "special_tokens": special,
         "outlier_threshold": trained.outlier_threshold, "include_special": job.include_special,

@@ -3,7 +3,7 @@ seed x size sweep beside it (`vitpos.experiments.sae_run` and `sae_seeds` measur
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
@@ -132,7 +132,39 @@ class PooledEffect(BaseModel):
     per_seed_top1_drop: list[float | None]
 
 
-class SAESeedRun(BaseModel):
+class FeatureSets(Protocol):
+    """What `TypedLatents.of` reads of an SAE's feature scores."""
+
+    row_features: list[int]
+    col_features: list[int]
+    mixed_features: list[int]
+    conj_features: list[int]
+
+
+class TypedLatents(BaseModel):
+    """An SAE's latents as typed on its held-out images (`vitpos.sae.features`): the row, col and mixed
+    positional sets and, since issue 47 item 3, the conjunction latents (positional within their content:
+    not row / col / mixed; positional + these is the set ape_permute's conj_positional moves; None: written
+    before them). The run seed's SAE (`SAEResult`) and each extra seed's (`SAESeedRun`) carry the same."""
+
+    row_features: list[int]
+    col_features: list[int]
+    mixed_features: list[int]
+    n_row_features: int
+    n_col_features: int
+    n_mixed_features: int
+    conj_features: list[int] | None = None
+    n_conj_features: int | None = None
+
+    @staticmethod
+    def of(scores: FeatureSets) -> dict[str, Any]:
+        """These fields from an SAE's feature scores (`vitpos.sae.features.FeatureScores`), counts included."""
+        sets = {name: list(getattr(scores, name)) for name in
+                ("row_features", "col_features", "mixed_features", "conj_features")}
+        return {**sets, **{f"n_{name}": len(v) for name, v in sets.items()}}
+
+
+class SAESeedRun(TypedLatents):
     """One extra SAE seed of the sae stage (issue 48): trained as the run seed's on the same tokens, its
     own latents typed on the same held-out images, its own causal check. `dir`: its weights, relative to
     the stage's SAE folder."""
@@ -140,16 +172,7 @@ class SAESeedRun(BaseModel):
     seed: int
     dir: str
     fvu: float
-    row_features: list[int]
-    col_features: list[int]
-    mixed_features: list[int]
-    n_row_features: int
-    n_col_features: int
-    n_mixed_features: int
     causal: CausalCheck | None
-    # issue 47 item 3: this seed's conjunction latents (`FeatureScores.conj_features`; None: written before them)
-    conj_features: list[int] | None = None
-    n_conj_features: int | None = None
 
     @model_serializer(mode="wrap")
     def _without_unmeasured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -254,7 +277,7 @@ class Eta2Null(BaseModel):
     used_above_null: bool  # the thresholds the feature lists use are at or above the null's
 
 
-class SAEResult(Result):
+class SAEResult(Result, TypedLatents):
     """sae.json: the run key, held-out metrics, the positional features and their causal check."""
 
     run: dict[str, Any]  # the settings that identify this SAE (a finished run with the same key is reused)
@@ -280,18 +303,8 @@ class SAEResult(Result):
     train_tokens: int
     train_seconds: float
     training: SAETraining
-    row_features: list[int]
-    col_features: list[int]
-    mixed_features: list[int]
-    n_row_features: int
-    n_col_features: int
-    n_mixed_features: int
     thresholds: dict[str, float]
     causal: CausalCheck | None
-    # issue 47 item 3: latents whose position dependence shows within their content (`FeatureScores.conj_features`:
-    # not row / col / mixed); positional + these is the set ape_permute's conj_positional moves (None: written before)
-    conj_features: list[int] | None = None
-    n_conj_features: int | None = None
     eta2_null: Eta2Null | None = None  # issue 28: eta2 with positions shuffled in-image; counts per threshold
     sae_dir: str | None = None  # set by the study: where the weights live
     layer_choice: str | None = None  # set by the study: how the layer was chosen
