@@ -780,6 +780,20 @@ def test_c2_beats_the_edit_norm_matched_control(norm, result):
     assert "edit-norm-matched control costs" in c["text"]
 
 
+def test_c2_says_when_the_norm_control_could_not_be_matched():
+    """Issue 47: with fewer non-positional latents than the positional set the control moves every one (its note)
+    and its edit is another size: the condition's numbers carry both, beside the drops it compared."""
+    unmatched = {**variant(58.7, (53.0, 64.0), n=82, note="only 82 live non-positional latents for a set of 152: "
+                           "the control moves all 82"), "edit_norm": 1.25}
+    doc = {**ape((49.0, (43.3, 55.0)), (10.7, (7.3, 14.3))), "norm_all_positional": unmatched}
+    doc["all_positional"] = {**doc["all_positional"], "edit_norm": 2.99}
+    conds = {r["name"]: r for r in claim({"m": {"ape_permute": doc}}, "C2")["conditions"]["m"]}
+    nums = conds["above_norm_control"]["numbers"]
+    assert conds["above_norm_control"]["outcome"] == INCONCLUSIVE  # 49 [43, 55] vs 58.7 [53, 64], as measured
+    assert "moves all 82" in nums["norm_control_note"]
+    assert (nums["norm_control_edit_norm"], nums["all_positional_edit_norm"]) == (1.25, 2.99)
+
+
 def test_c3_says_no_rotary_position_where_no_layer_decodes_an_axis_above_its_floor():
     """An axis whose baseline is at chance everywhere (the rotations add nothing decodable) gives no
     fraction to read: C3 fails on its precondition `rotary_position`, naming the axis, and on every

@@ -190,10 +190,16 @@ def _above_norm(v: View, t: Thresholds) -> tuple[Outcome, dict[str, Number]] | N
     skipped: undecided)."""
     if not v.norm_measured:
         return None
+    # how well the control is matched, beside its drop: too few non-positional latents and it moves every one
+    # (its note says so), with an edit of another size than the positional set's
+    control, treated = v.permute.variant("norm_all_positional"), v.permute.variant("all_positional")
     return (exceeds(v.norm_treated, v.norm, t["C2.norm_factor"]),
             {"norm_compared_drop": as_list(v.norm_treated), "norm_control_drop": as_list(v.norm),
              "norm_read_on": "pooled SAE seeds" if v.norm_pooled or v.permute.seed_pool is None
-             else "the run seed's SAE", "C2.norm_factor": t["C2.norm_factor"]})
+             else "the run seed's SAE", "C2.norm_factor": t["C2.norm_factor"],
+             "norm_control_note": None if control is None else control.note,
+             "norm_control_edit_norm": None if control is None else control.edit_norm,
+             "all_positional_edit_norm": None if treated is None else treated.edit_norm})
 
 
 CONDITIONS: tuple[Condition[View], ...] = (
