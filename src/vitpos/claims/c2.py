@@ -228,12 +228,12 @@ def _describe(spec: str, v: View, t: Thresholds) -> tuple[dict[str, Any], str]:
     pool = ap.seed_pool
 
     def point(name: str) -> float | None:  # pooled over the SAE seeds where there are several
-        p = ap.pooled(name)
-        return _points(ap.variant(name)) if p is None else p.drop_points
+        read = ap.drop_as_read(name)
+        return None if read is None else read[0]
 
     def seeds_of(name: str) -> str:
         p = ap.pooled(name)
-        return "" if p is None else " (per SAE seed " + " / ".join(f"{x:.1f}" for x in p.per_seed) + ")"
+        return "" if p is None else f" (per SAE seed {p.seeds_text()})"
 
     allpos, allpos0 = point("all_positional"), _points(allpos_v)  # pooled (what the rule reads), the run seed's
     in_range = allpos is not None and t["C2.study_low"] <= allpos <= t["C2.study_high"]

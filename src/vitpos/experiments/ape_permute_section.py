@@ -160,8 +160,7 @@ def _pooled_cell(r: ApePermuteResult, v: str) -> str:
     p = r.pooled(v)
     if p is None:
         return "—"
-    return (f"{pts(p.drop_points)} {ci(p.drop_ci95)}".rstrip() + " (per SAE seed "
-            + " / ".join(f"{d:.1f}" for d in p.per_seed) + "; latents "
+    return (f"{pts(p.drop_points)} {ci(p.drop_ci95)}".rstrip() + f" (per SAE seed {p.seeds_text()}; latents "
             + " / ".join(map(str, p.per_seed_n_features)) + ")")
 
 

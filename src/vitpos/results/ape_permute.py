@@ -136,6 +136,10 @@ class PooledDrop(BaseModel):
     per_seed: list[float]
     per_seed_n_features: list[int]
 
+    def seeds_text(self) -> str:
+        """Each SAE seed's drop, "a / b / c" (points, one decimal), as the claim text and the section print it."""
+        return " / ".join(f"{x:.1f}" for x in self.per_seed)
+
 
 class PermuteSeedPool(BaseModel):
     """The permutation of every SAE seed's own positional latents (the run seed's SAE first: this result's
